@@ -1,0 +1,58 @@
+# Every dependency of pulse, found the same way on Debian and on a cluster's modules.
+# Point CMake at other installs with <Pkg>_ROOT (Kokkos_ROOT, HDF5_ROOT, MPI_HOME) or
+# PKG_CONFIG_PATH (OpenBLAS, zstd, lz4, xxHash, libsodium).
+
+include(PulseKokkos)
+
+# ---- MPI and parallel HDF5 ----
+find_package(MPI REQUIRED COMPONENTS C CXX)
+set(HDF5_PREFER_PARALLEL TRUE)
+find_package(HDF5 REQUIRED COMPONENTS C)
+if(NOT HDF5_IS_PARALLEL)
+  message(FATAL_ERROR "pulse: HDF5 at ${HDF5_INCLUDE_DIRS} is serial; pulse needs parallel HDF5 (Debian: libhdf5-openmpi-dev, or HDF5_ROOT=<parallel install>)")
+endif()
+
+# ---- codecs, hashing, signing, BLAS (pkg-config names as Debian and Spack install them) ----
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
+
+# ---- GEMM: cuBLAS with a CUDA Kokkos, OpenBLAS otherwise ----
+set(PULSE_HAVE_CUBLAS OFF)
+if(PULSE_KOKKOS_CUDA)
+  find_package(CUDAToolkit REQUIRED)
+  set(PULSE_HAVE_CUBLAS ON)
+  set(PULSE_BLAS_TARGET CUDA::cublas)
+else()
+  pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+  set(PULSE_BLAS_TARGET PkgConfig::OPENBLAS)
+endif()
+
+# ---- command line, JSON ----
+find_package(CLI11 REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+
+# ---- tests and benchmarks ----
+if(PULSE_ENABLE_TESTS)
+  find_package(GTest REQUIRED)
+  # Debian's python carries python3-torch/numpy; a pyenv python first on PATH does not.
+  if(NOT PULSE_PYTHON)
+    find_program(PULSE_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+    if(NOT PULSE_PYTHON)
+      find_program(PULSE_PYTHON NAMES python3)
+    endif()
+  endif()
+  execute_process(COMMAND ${PULSE_PYTHON} -c "import torch, numpy"
+    RESULT_VARIABLE _pulse_torch_rc OUTPUT_QUIET ERROR_QUIET)
+  if(_pulse_torch_rc EQUAL 0)
+    set(PULSE_HAVE_TORCH ON)
+  else()
+    set(PULSE_HAVE_TORCH OFF)
+    message(WARNING "pulse: ${PULSE_PYTHON} cannot import torch and numpy; the PyTorch oracle tests are skipped (Debian: python3-torch python3-numpy)")
+  endif()
+endif()
+if(PULSE_ENABLE_BENCHMARKS)
+  find_package(benchmark REQUIRED)
+endif()

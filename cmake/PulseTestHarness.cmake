@@ -1,0 +1,57 @@
+# One helper registers every test (Cabana's test_harness idea):
+#   pulse_add_test(NAME n SOURCES a.cpp... [MPI] [LABELS l...] [ARGS a...] [TIMEOUT s])
+# builds one GoogleTest executable; an MPI test runs at np 1, 2 and 4 through MPIEXEC_EXECUTABLE.
+#   pulse_add_python_test(NAME n SCRIPT file.py [ARGS a...] [LABELS l...] [TIMEOUT s])
+# runs a script with Debian's python (PULSE_PYTHON), e.g. the PyTorch oracles.
+
+set(PULSE_TEST_NPROCS 1 2 4 CACHE STRING "Rank counts at which MPI tests run")
+
+# Open MPI refuses more ranks than cores and refuses root unless told; other MPIs need neither.
+set(PULSE_MPIEXEC_EXTRA_FLAGS "")
+execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _pulse_mpiexec_version ERROR_QUIET)
+if(_pulse_mpiexec_version MATCHES "Open MPI|OpenRTE")
+  list(APPEND PULSE_MPIEXEC_EXTRA_FLAGS --oversubscribe)
+  execute_process(COMMAND id -u OUTPUT_VARIABLE _pulse_uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(_pulse_uid STREQUAL "0")
+    list(APPEND PULSE_MPIEXEC_EXTRA_FLAGS --allow-run-as-root)
+  endif()
+endif()
+
+add_library(pulse_test_main STATIC ${CMAKE_CURRENT_LIST_DIR}/../tests/support/test_main.cpp)
+target_link_libraries(pulse_test_main PUBLIC pulse GTest::gtest)
+add_library(pulse_test_main_mpi STATIC ${CMAKE_CURRENT_LIST_DIR}/../tests/support/test_main_mpi.cpp)
+target_link_libraries(pulse_test_main_mpi PUBLIC pulse GTest::gtest)
+
+function(pulse_add_test)
+  cmake_parse_arguments(T "MPI" "NAME;TIMEOUT" "SOURCES;LABELS;ARGS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  if(T_MPI)
+    target_link_libraries(${T_NAME} PRIVATE pulse_test_main_mpi)
+    foreach(np IN LISTS PULSE_TEST_NPROCS)
+      add_test(NAME ${T_NAME}_np${np}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${PULSE_MPIEXEC_EXTRA_FLAGS}
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_NAME}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
+      set_tests_properties(${T_NAME}_np${np} PROPERTIES
+        PROCESSORS ${np} TIMEOUT ${T_TIMEOUT} LABELS "mpi;${T_LABELS}")
+    endforeach()
+  else()
+    target_link_libraries(${T_NAME} PRIVATE pulse_test_main)
+    add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;${T_LABELS}")
+  endif()
+endfunction()
+
+function(pulse_add_python_test)
+  cmake_parse_arguments(T "" "NAME;SCRIPT;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  if(NOT PULSE_HAVE_TORCH)
+    return()
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  add_test(NAME ${T_NAME} COMMAND ${PULSE_PYTHON} ${T_SCRIPT} ${T_ARGS})
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "python;${T_LABELS}")
+endfunction()

@@ -1,0 +1,94 @@
+#pragma once
+// BF16 <-> FP32 conversion and the BF16 quantities the sparsity science is built on.
+// Rounding is round-to-nearest-even on the bit pattern, exactly as PyTorch's c10::BFloat16
+// (round_to_nearest_even); every NaN becomes the canonical quiet NaN 0x7FC0.
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/types.hpp"
+
+namespace pulse {
+
+constexpr bf16_bits bf16_canonical_nan = 0x7FC0;
+
+KOKKOS_INLINE_FUNCTION std::uint32_t float_to_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+KOKKOS_INLINE_FUNCTION float bits_to_float(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+KOKKOS_INLINE_FUNCTION bf16_bits float_to_bf16(float x) {
+  const std::uint32_t u = float_to_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bf16_canonical_nan;
+  // Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even; a carry out of
+  // the mantissa correctly bumps the exponent (and the largest finite values to infinity).
+  return static_cast<bf16_bits>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+KOKKOS_INLINE_FUNCTION float bf16_to_float(bf16_bits b) {
+  return bits_to_float(static_cast<std::uint32_t>(b) << 16);
+}
+
+// Round an FP32 value to the nearest BF16 value, kept in FP32 (PyTorch's per-op rounding).
+KOKKOS_INLINE_FUNCTION float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+KOKKOS_INLINE_FUNCTION int bf16_biased_exponent(bf16_bits b) { return (b >> 7) & 0xFF; }
+
+// 2^p as an FP32 value for p in [-149, 127], built from bits (exact, no libm).
+KOKKOS_INLINE_FUNCTION float exp2_exact(int p) {
+  return p >= -126 ? bits_to_float(static_cast<std::uint32_t>(p + 127) << 23)
+                   : bits_to_float(1u << (p + 149));
+}
+
+// Distance from |x| to the next BF16 value away from zero (zeros and subnormals share the
+// smallest normal's spacing, 2^-133). +inf for infinities, NaN for NaNs.
+KOKKOS_INLINE_FUNCTION float bf16_ulp(bf16_bits b) {
+  const int e = bf16_biased_exponent(b);
+  if (e == 0xFF) return (b & 0x7F) ? bf16_to_float(bf16_canonical_nan) : bits_to_float(0x7F800000u);
+  return exp2_exact((e == 0 ? 1 : e) - 127 - 7);
+}
+
+// Half an ulp: an update smaller than this is absorbed when added to the value.
+KOKKOS_INLINE_FUNCTION float bf16_half_ulp(bf16_bits b) {
+  const int e = bf16_biased_exponent(b);
+  if (e == 0xFF) return bf16_ulp(b);
+  return exp2_exact((e == 0 ? 1 : e) - 127 - 8);
+}
+
+// Monotone integer key: a < b as floats (with -0 < +0) iff key(a) < key(b). NaNs sort
+// outside the infinities. Differences of keys count BF16 steps between two values.
+KOKKOS_INLINE_FUNCTION std::uint16_t bf16_key(bf16_bits b) {
+  return static_cast<std::uint16_t>((b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u));
+}
+
+KOKKOS_INLINE_FUNCTION bf16_bits bf16_from_key(std::uint16_t k) {
+  return static_cast<bf16_bits>((k & 0x8000u) ? (k & 0x7FFFu) : (~k & 0xFFFFu));
+}
+
+// ---- array kernels ----
+
+template <class ExecSpace, class FloatView, class Bf16View>
+void cast_to_bf16(const ExecSpace& space, const FloatView& in, const Bf16View& out) {
+  static_assert(std::is_same_v<typename FloatView::non_const_value_type, float>);
+  static_assert(std::is_same_v<typename Bf16View::value_type, bf16_bits>);
+  Kokkos::parallel_for(
+      "pulse::bf16::cast_to_bf16", Kokkos::RangePolicy<ExecSpace>(space, 0, in.extent(0)),
+      KOKKOS_LAMBDA(const index_t i) { out(i) = float_to_bf16(in(i)); });
+}
+
+template <class ExecSpace, class Bf16View, class FloatView>
+void cast_to_float(const ExecSpace& space, const Bf16View& in, const FloatView& out) {
+  static_assert(std::is_same_v<typename Bf16View::non_const_value_type, bf16_bits>);
+  static_assert(std::is_same_v<typename FloatView::value_type, float>);
+  Kokkos::parallel_for(
+      "pulse::bf16::cast_to_float", Kokkos::RangePolicy<ExecSpace>(space, 0, in.extent(0)),
+      KOKKOS_LAMBDA(const index_t i) { out(i) = bf16_to_float(in(i)); });
+}
+
+}  // namespace pulse

@@ -1,0 +1,54 @@
+#pragma once
+// Tensor segments: the flat parameter buffer cut at tensor boundaries into pieces of at most
+// max_length elements. One team per segment lets a single kernel pass over the whole buffer
+// still know which tensor each element belongs to (per-tensor weight decay, per-tensor counts).
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/types.hpp"
+
+namespace pulse {
+
+struct Segment {
+  index_t begin;  // first flat index
+  index_t end;    // one past the last flat index
+  int tensor;     // position in the tensor table
+};
+
+template <class MemSpace = DefaultMem>
+struct TensorSegments {
+  Kokkos::View<const Segment*, MemSpace> segments;
+  int num_tensors = 0;
+  index_t num_elements = 0;
+};
+
+constexpr index_t default_segment_length = index_t(1) << 15;
+
+// offsets: num_tensors + 1 non-decreasing flat offsets, offsets[0] == 0. Empty tensors get no
+// segment but keep their place in per-tensor results.
+template <class MemSpace = DefaultMem>
+TensorSegments<MemSpace> make_segments(const std::vector<index_t>& offsets,
+                                       index_t max_length = default_segment_length) {
+  PULSE_CHECK(!offsets.empty() && offsets.front() == 0, "tensor offsets must start at 0");
+  PULSE_CHECK(max_length > 0, "segment length must be positive, got " + std::to_string(max_length));
+  std::vector<Segment> host;
+  for (std::size_t t = 0; t + 1 < offsets.size(); ++t) {
+    PULSE_CHECK(offsets[t + 1] >= offsets[t], "tensor offsets decrease at tensor " + std::to_string(t));
+    for (index_t b = offsets[t]; b < offsets[t + 1]; b += max_length)
+      host.push_back({b, std::min(b + max_length, offsets[t + 1]), static_cast<int>(t)});
+  }
+  Kokkos::View<Segment*, MemSpace> device(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::segments"),
+                                          host.size());
+  Kokkos::deep_copy(device, Kokkos::View<const Segment*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                                host.data(), host.size()));
+  return {device, static_cast<int>(offsets.size()) - 1, offsets.back()};
+}
+
+// A whole buffer as one tensor.
+template <class MemSpace = DefaultMem>
+TensorSegments<MemSpace> make_segments(index_t num_elements) {
+  return make_segments<MemSpace>(std::vector<index_t>{0, num_elements});
+}
+
+}  // namespace pulse

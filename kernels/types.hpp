@@ -1,0 +1,24 @@
+#pragma once
+// The one header that fixes pulse's precision and index types.
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+
+namespace pulse {
+
+// A BF16 value is carried as its bit pattern: comparisons are on bits, never on floats,
+// so +0/-0 and NaN payloads survive exactly.
+using bf16_bits = std::uint16_t;
+// Element index into a flat parameter buffer (models beyond 2^31 elements exist).
+using index_t = std::int64_t;
+// Accumulation type of all reductions over floats.
+using accum_t = double;
+
+enum class Precision {
+  mixed,  // FP32 master weights, FP32 Adam moments, BF16 copy written in the same pass
+  bf16,   // weights and Adam moments stored in BF16, as PyTorch does for a .bfloat16() model
+};
+
+using DefaultExec = Kokkos::DefaultExecutionSpace;
+using DefaultMem = DefaultExec::memory_space;
+
+}  // namespace pulse
