@@ -1,0 +1,191 @@
+#pragma once
+// Fused AdamW: one pass over the flat parameter buffer, bit-identical to
+// torch.optim.AdamW(foreach=False) from PyTorch 1.13 (Debian bookworm).
+//
+// PyTorch runs AdamW as a chain of tensor ops; to match it bit for bit we keep its order of
+// operations, round where it rounds, and fuse a multiply-add exactly where its CPU kernels do
+// (add_ with alpha and addcmul_ compile to FMA). The project builds with contraction off so
+// nothing else is fused.
+//   mixed: every op in FP32; the BF16 copy of the new weights is written in the same pass.
+//   bf16:  every op computes in FP32 and rounds its result to BF16, like PyTorch on a
+//          .bfloat16() model; scalar operands of mul_/div/add are first rounded to BF16, those
+//          of add_(alpha), addcmul_ and addcdiv_ stay FP32 (what PyTorch 1.13 does).
+#include <cmath>
+
+#include "kernels/bf16.hpp"
+#include "kernels/segments.hpp"
+
+namespace pulse {
+
+// Hyper-parameters in double: PyTorch computes its per-step scalars in Python floats.
+struct AdamWHyper {
+  double lr = 3e-6;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// The scalars one step hands to the element kernel, rounded as PyTorch rounds them.
+struct AdamWScalars {
+  float decay;            // 1 - lr * weight_decay, for tensors with weight decay on
+  float beta1;
+  float one_minus_beta1;
+  float beta2;
+  float one_minus_beta2;
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float eps;
+  float neg_step_size;    // -lr / (1 - beta1^t)
+  float grad_scale;       // gradient-clipping coefficient, 1 when not clipping
+};
+
+// step is 1-based (PyTorch increments its step counter before using it).
+inline AdamWScalars adamw_scalars(const AdamWHyper& h, std::int64_t step, float grad_scale,
+                                  Precision precision) {
+  PULSE_CHECK(step >= 1, "AdamW step must be >= 1, got " + std::to_string(step));
+  const double t = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
+  // Scalars of mul_/div/add (tensor op Python number) take the tensor's dtype.
+  auto as_operand = [precision](double x) {
+    const float f = static_cast<float>(x);
+    return precision == Precision::bf16 ? round_to_bf16(f) : f;
+  };
+  AdamWScalars s;
+  s.decay = as_operand(1.0 - h.lr * h.weight_decay);
+  s.beta1 = as_operand(h.beta1);
+  s.one_minus_beta1 = as_operand(1.0 - h.beta1);  // add_(alpha=) on BF16 rounds alpha too
+  s.beta2 = as_operand(h.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);  // addcmul_ keeps value in FP32
+  s.bias_correction2_sqrt = as_operand(std::sqrt(bias_correction2));
+  s.eps = as_operand(h.eps);
+  s.neg_step_size = static_cast<float>(-(h.lr / bias_correction1));  // addcdiv_ keeps FP32
+  s.grad_scale = grad_scale;
+  return s;
+}
+
+namespace detail {
+
+// One element of the mixed-precision step; returns the new FP32 weight.
+KOKKOS_INLINE_FUNCTION float adamw_mixed_element(const AdamWScalars& s, bool decay, float w, float g,
+                                                 float& m, float& v) {
+  g = g * s.grad_scale;
+  if (decay) w = w * s.decay;
+  m = fmaf(g, s.one_minus_beta1, m * s.beta1);
+  v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);
+  const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
+  return w + (s.neg_step_size * m) / denom;
+}
+
+// One element of the BF16 step: every PyTorch op rounds its result to BF16.
+KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool decay, bf16_bits w_bits,
+                                                    bf16_bits g_bits, bf16_bits& m_bits, bf16_bits& v_bits) {
+  float g = bf16_to_float(g_bits);
+  g = round_to_bf16(g * s.grad_scale);
+  float w = bf16_to_float(w_bits);
+  if (decay) w = round_to_bf16(w * s.decay);
+  float m = round_to_bf16(bf16_to_float(m_bits) * s.beta1);
+  m = round_to_bf16(fmaf(g, s.one_minus_beta1, m));
+  float v = round_to_bf16(bf16_to_float(v_bits) * s.beta2);
+  v = round_to_bf16(fmaf(s.one_minus_beta2 * g, g, v));
+  float denom = round_to_bf16(sqrtf(v));
+  denom = round_to_bf16(denom / s.bias_correction2_sqrt);
+  denom = round_to_bf16(denom + s.eps);
+  m_bits = float_to_bf16(m);
+  v_bits = float_to_bf16(v);
+  return float_to_bf16(w + (s.neg_step_size * m) / denom);
+}
+
+}  // namespace detail
+
+// Mixed precision: updates master, m, v in place and writes bf16(master) into weights_bf16.
+// decay_mask holds one byte per tensor (1: weight decay on). With count_changes, returns the
+// number of elements whose BF16 bits changed (weights_bf16 must hold the previous copy);
+// otherwise returns -1 and does not read weights_bf16.
+template <class ExecSpace, class Mem, class MaskView, class MasterView, class GradView, class MomentView,
+          class Bf16View>
+index_t adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
+                    const AdamWScalars& s, const MasterView& master, const GradView& grad,
+                    const MomentView& m, const MomentView& v, const Bf16View& weights_bf16,
+                    bool count_changes) {
+  static_assert(std::is_same_v<typename MasterView::value_type, float>);
+  static_assert(std::is_same_v<typename GradView::non_const_value_type, float>);
+  static_assert(std::is_same_v<typename MomentView::value_type, float>);
+  static_assert(std::is_same_v<typename Bf16View::value_type, bf16_bits>);
+  const index_t n = segs.num_elements;
+  PULSE_CHECK(master.extent(0) == std::size_t(n) && grad.extent(0) == std::size_t(n) &&
+                  m.extent(0) == std::size_t(n) && v.extent(0) == std::size_t(n) &&
+                  weights_bf16.extent(0) == std::size_t(n),
+              "adamw_mixed: every buffer must hold " + std::to_string(n) + " elements");
+  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_mixed: one decay flag per tensor");
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const auto segments = segs.segments;
+  const Kokkos::TeamPolicy<ExecSpace> policy(space, segments.extent(0), Kokkos::AUTO);
+  index_t changed = 0;
+  Kokkos::parallel_reduce(
+      "pulse::adamw::mixed", policy,
+      KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
+        const Segment seg = segments(team.league_rank());
+        const bool decay = decay_mask(seg.tensor) != 0;
+        index_t seg_changed = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, seg.begin, seg.end),
+            [&](const index_t i, index_t& c) {
+              float mi = m(i), vi = v(i);
+              const float w = detail::adamw_mixed_element(s, decay, master(i), grad(i), mi, vi);
+              const bf16_bits b = float_to_bf16(w);
+              if (count_changes) c += (b != weights_bf16(i));
+              master(i) = w;
+              m(i) = mi;
+              v(i) = vi;
+              weights_bf16(i) = b;
+            },
+            seg_changed);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
+      },
+      changed);
+  return count_changes ? changed : -1;
+}
+
+// Pure BF16: weights, m and v are BF16 bit patterns, updated in place. Returns the number of
+// weights whose bits changed (always counted: the old bits are read anyway).
+template <class ExecSpace, class Mem, class MaskView, class WeightView, class GradView>
+index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
+                   const AdamWScalars& s, const WeightView& weights, const GradView& grad,
+                   const WeightView& m, const WeightView& v) {
+  static_assert(std::is_same_v<typename WeightView::value_type, bf16_bits>);
+  static_assert(std::is_same_v<typename GradView::non_const_value_type, bf16_bits>);
+  const index_t n = segs.num_elements;
+  PULSE_CHECK(weights.extent(0) == std::size_t(n) && grad.extent(0) == std::size_t(n) &&
+                  m.extent(0) == std::size_t(n) && v.extent(0) == std::size_t(n),
+              "adamw_bf16: every buffer must hold " + std::to_string(n) + " elements");
+  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_bf16: one decay flag per tensor");
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const auto segments = segs.segments;
+  const Kokkos::TeamPolicy<ExecSpace> policy(space, segments.extent(0), Kokkos::AUTO);
+  index_t changed = 0;
+  Kokkos::parallel_reduce(
+      "pulse::adamw::bf16", policy,
+      KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
+        const Segment seg = segments(team.league_rank());
+        const bool decay = decay_mask(seg.tensor) != 0;
+        index_t seg_changed = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, seg.begin, seg.end),
+            [&](const index_t i, index_t& c) {
+              bf16_bits mi = m(i), vi = v(i);
+              const bf16_bits old = weights(i);
+              const bf16_bits w = detail::adamw_bf16_element(s, decay, old, grad(i), mi, vi);
+              c += (w != old);
+              weights(i) = w;
+              m(i) = mi;
+              v(i) = vi;
+            },
+            seg_changed);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
+      },
+      changed);
+  return changed;
+}
+
+}  // namespace pulse

@@ -1,0 +1,30 @@
+#pragma once
+// Raw little-endian arrays exchanged with the Python oracles (numpy tofile/fromfile).
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace pulse::oracle {
+
+template <class T>
+std::vector<T> read_raw(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  PULSE_CHECK(in, "cannot open " + path);
+  const auto bytes = static_cast<std::size_t>(in.tellg());
+  PULSE_CHECK(bytes % sizeof(T) == 0, path + ": size is not a multiple of the element size");
+  std::vector<T> out(bytes / sizeof(T));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(bytes));
+  return out;
+}
+
+template <class T>
+void write_raw(const std::string& path, const T* data, std::size_t count) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(count * sizeof(T)));
+  PULSE_CHECK(out, "cannot write " + path);
+}
+
+}  // namespace pulse::oracle

@@ -1,0 +1,157 @@
+// AdamW and gradient clipping: hand-derived cases and invariants (the bit-exact comparison with
+// PyTorch is tests/oracle/test_adamw_torch.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/adamw.hpp"
+#include "kernels/grad_norm.hpp"
+
+using namespace pulse;
+
+namespace {
+
+template <class T>
+Kokkos::View<T*> device(const std::vector<T>& h) {
+  Kokkos::View<T*> v("v", h.size());
+  Kokkos::deep_copy(v, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()));
+  return v;
+}
+
+template <class T>
+std::vector<T> host(const Kokkos::View<T*>& v) {
+  std::vector<T> h(v.extent(0));
+  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()), v);
+  return h;
+}
+
+struct MixedState {
+  Kokkos::View<float*> master, grad, m, v;
+  Kokkos::View<bf16_bits*> bf16;
+};
+
+MixedState mixed_state(const std::vector<float>& w, const std::vector<float>& g) {
+  MixedState s{device(w), device(g), Kokkos::View<float*>("m", w.size()), Kokkos::View<float*>("v", w.size()),
+               Kokkos::View<bf16_bits*>("bf16", w.size())};
+  cast_to_bf16(DefaultExec(), s.master, s.bf16);
+  return s;
+}
+
+}  // namespace
+
+TEST(AdamW, FirstStepMovesEachWeightByAboutLr) {
+  // Step 1 from zero moments: m_hat = g, v_hat = g^2, so w -= lr * g / (|g| + eps).
+  const std::vector<float> w{1.0f, -2.0f, 0.5f, 3.0f}, g{0.1f, -4.0f, 1e-3f, 0.0f};
+  auto s = mixed_state(w, g);
+  auto segs = make_segments(4);
+  auto mask = device(std::vector<std::uint8_t>{0});
+  AdamWHyper h;
+  h.lr = 1e-2;
+  adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v,
+              s.bf16, false);
+  const auto out = host(s.master);
+  for (int i = 0; i < 4; ++i) {
+    const double expected = w[i] - h.lr * g[i] / (std::fabs(double(g[i])) + h.eps);
+    EXPECT_NEAR(out[i], expected, 2e-7 * std::fabs(expected)) << i;
+  }
+  EXPECT_EQ(out[3], 3.0f);  // zero gradient, no decay: untouched
+}
+
+TEST(AdamW, WeightDecayFollowsThePerTensorMask) {
+  // Zero gradients: only decoupled decay acts, w *= 1 - lr*wd on decayed tensors.
+  const std::vector<float> w{1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
+  auto s = mixed_state(w, std::vector<float>(5, 0.0f));
+  auto segs = make_segments(std::vector<index_t>{0, 2, 5});
+  auto mask = device(std::vector<std::uint8_t>{1, 0});
+  AdamWHyper h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.5;
+  adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v,
+              s.bf16, false);
+  const auto out = host(s.master);
+  const float decay = static_cast<float>(1.0 - 1e-2 * 0.5);
+  EXPECT_EQ(out[0], 1.0f * decay);
+  EXPECT_EQ(out[1], 2.0f * decay);
+  for (int i = 2; i < 5; ++i) EXPECT_EQ(out[i], w[i]);
+}
+
+TEST(AdamW, ChangedCountEqualsBitsThatChanged) {
+  const int n = 10007;
+  std::vector<float> w(n), g(n);
+  for (int i = 0; i < n; ++i) {
+    w[i] = std::ldexp(1.0f + (i % 127) / 128.0f, (i % 20) - 10) * (i % 3 ? 1 : -1);
+    g[i] = std::sin(0.37f * i);
+  }
+  auto s = mixed_state(w, g);
+  auto segs = make_segments(std::vector<index_t>{0, 5000, n}, 999);
+  auto mask = device(std::vector<std::uint8_t>{1, 0});
+  const auto before = host(s.bf16);
+  AdamWHyper h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.1;
+  const index_t changed = adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed),
+                                      s.master, s.grad, s.m, s.v, s.bf16, true);
+  const auto after = host(s.bf16);
+  const auto master = host(s.master);
+  index_t expected = 0;
+  for (int i = 0; i < n; ++i) {
+    expected += before[i] != after[i];
+    ASSERT_EQ(after[i], float_to_bf16(master[i])) << i;
+  }
+  EXPECT_EQ(changed, expected);
+  EXPECT_GT(changed, 0);
+  EXPECT_LT(changed, n);  // small weights move by more than half an ulp, large ones do not
+}
+
+TEST(AdamW, Bf16ModeTinyLearningRateIsAbsorbed) {
+  const int n = 4096;
+  std::vector<bf16_bits> w(n), g(n);
+  for (int i = 0; i < n; ++i) {
+    w[i] = float_to_bf16(0.5f + i * 1e-4f);
+    g[i] = float_to_bf16(std::cos(0.1f * i));
+  }
+  auto wv = device(w), gv = device(g);
+  Kokkos::View<bf16_bits*> m("m", n), v("v", n);
+  auto segs = make_segments(n);
+  auto mask = device(std::vector<std::uint8_t>{0});
+  AdamWHyper h;
+  h.lr = 1e-5;  // |update| ~ 1e-5 < half-ulp(0.5) = 2^-9
+  EXPECT_EQ(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::bf16), wv, gv, m, v), 0);
+  EXPECT_EQ(host(wv), w);
+  h.lr = 1e-2;  // now every weight moves
+  EXPECT_EQ(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, 2, 1.0f, Precision::bf16), wv, gv, m, v), n);
+}
+
+TEST(AdamW, Bf16ScalarsAreRoundedWherePyTorchRoundsThem) {
+  AdamWHyper h;
+  const auto s = adamw_scalars(h, 3, 1.0f, Precision::bf16);
+  EXPECT_EQ(s.beta1, round_to_bf16(0.9f));
+  EXPECT_EQ(s.beta2, round_to_bf16(0.999f));
+  EXPECT_EQ(s.one_minus_beta2, static_cast<float>(1.0 - 0.999));  // addcmul_ keeps FP32
+  EXPECT_EQ(s.neg_step_size, static_cast<float>(-3e-6 / (1.0 - std::pow(0.9, 3.0))));
+  EXPECT_THROW(adamw_scalars(h, 0, 1.0f, Precision::bf16), Error);
+}
+
+TEST(AdamW, RejectsMismatchedBuffers) {
+  auto s = mixed_state(std::vector<float>(8, 1.0f), std::vector<float>(8, 0.0f));
+  auto segs = make_segments(9);
+  auto mask = device(std::vector<std::uint8_t>{0});
+  EXPECT_THROW(adamw_mixed(DefaultExec(), segs, mask, adamw_scalars({}, 1, 1.0f, Precision::mixed), s.master, s.grad,
+                           s.m, s.v, s.bf16, false),
+               Error);
+}
+
+TEST(GradNorm, HandDerivedNormsAndCoefficient) {
+  // Tensor 0: (3, 4) -> 5; tensor 1: (12) -> 12; empty tensor 2 -> 0; total 13.
+  auto g = device(std::vector<float>{3.0f, 4.0f, 12.0f});
+  auto segs = make_segments(std::vector<index_t>{0, 2, 3, 3}, 1);
+  const auto norm = grad_norm(DefaultExec(), segs, g, Precision::mixed);
+  EXPECT_EQ(norm.per_tensor, (std::vector<float>{5.0f, 12.0f, 0.0f}));
+  EXPECT_EQ(norm.total, 13.0f);
+  const float coef = clip_coefficient(norm.total, 1.0, Precision::mixed);
+  EXPECT_EQ(coef, (1.0f / (13.0f + static_cast<float>(1e-6))) * 1.0f);
+  EXPECT_EQ(clip_coefficient(0.5f, 1.0, Precision::mixed), 1.0f);  // below max_norm: no clipping
+  EXPECT_TRUE(std::isnan(clip_coefficient(NAN, 1.0, Precision::mixed)));
+}
