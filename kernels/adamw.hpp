@@ -70,7 +70,7 @@ namespace detail {
 KOKKOS_INLINE_FUNCTION float adamw_mixed_element(const AdamWScalars& s, bool decay, float w, float g,
                                                  float& m, float& v) {
   g = g * s.grad_scale;
-  if (decay) w = w * s.decay;
+  w = w * (decay ? s.decay : 1.0f);  // times 1 is exact: PyTorch's mul_(1 - lr*0)
   m = fmaf(g, s.one_minus_beta1, m * s.beta1);
   v = fmaf(s.one_minus_beta2 * g, g, v * s.beta2);
   const float denom = sqrtf(v) / s.bias_correction2_sqrt + s.eps;
@@ -82,8 +82,7 @@ KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool 
                                                     bf16_bits g_bits, bf16_bits& m_bits, bf16_bits& v_bits) {
   float g = bf16_to_float(g_bits);
   g = round_to_bf16(g * s.grad_scale);
-  float w = bf16_to_float(w_bits);
-  if (decay) w = round_to_bf16(w * s.decay);
+  const float w = round_to_bf16(bf16_to_float(w_bits) * (decay ? s.decay : 1.0f));
   float m = round_to_bf16(bf16_to_float(m_bits) * s.beta1);
   m = round_to_bf16(fmaf(g, s.one_minus_beta1, m));
   float v = round_to_bf16(bf16_to_float(v_bits) * s.beta2);
@@ -94,6 +93,41 @@ KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool 
   m_bits = float_to_bf16(m);
   v_bits = float_to_bf16(v);
   return float_to_bf16(w + (s.neg_step_size * m) / denom);
+}
+
+}  // namespace detail
+
+namespace detail {
+
+template <bool CountChanges, class ExecSpace, class Mem, class MaskView, class MasterView, class GradView,
+          class MomentView, class Bf16View>
+index_t adamw_mixed_pass(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
+                         const AdamWScalars& s, const MasterView& master, const GradView& grad, const MomentView& m,
+                         const MomentView& v, const Bf16View& weights_bf16) {
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const auto segments = segs.segments;
+  index_t changed = 0;
+  Kokkos::parallel_reduce(
+      "pulse::adamw::mixed", segment_policy(space, segs),
+      KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
+        const Segment seg = segments(team.league_rank());
+        const bool decay = decay_mask(seg.tensor) != 0;
+        const index_t seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
+          float mi = m(i), vi = v(i);
+          const float w = adamw_mixed_element(s, decay, master(i), grad(i), mi, vi);
+          const bf16_bits b = float_to_bf16(w);
+          index_t c = 0;
+          if constexpr (CountChanges) c = b != weights_bf16(i);
+          master(i) = w;
+          m(i) = mi;
+          v(i) = vi;
+          weights_bf16(i) = b;
+          return c;
+        });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
+      },
+      changed);
+  return changed;
 }
 
 }  // namespace detail
@@ -118,33 +152,11 @@ index_t adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, con
                   weights_bf16.extent(0) == std::size_t(n),
               "adamw_mixed: every buffer must hold " + std::to_string(n) + " elements");
   PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_mixed: one decay flag per tensor");
-  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
-  const auto segments = segs.segments;
-  const Kokkos::TeamPolicy<ExecSpace> policy(space, segments.extent(0), Kokkos::AUTO);
-  index_t changed = 0;
-  Kokkos::parallel_reduce(
-      "pulse::adamw::mixed", policy,
-      KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
-        const Segment seg = segments(team.league_rank());
-        const bool decay = decay_mask(seg.tensor) != 0;
-        index_t seg_changed = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, seg.begin, seg.end),
-            [&](const index_t i, index_t& c) {
-              float mi = m(i), vi = v(i);
-              const float w = detail::adamw_mixed_element(s, decay, master(i), grad(i), mi, vi);
-              const bf16_bits b = float_to_bf16(w);
-              if (count_changes) c += (b != weights_bf16(i));
-              master(i) = w;
-              m(i) = mi;
-              v(i) = vi;
-              weights_bf16(i) = b;
-            },
-            seg_changed);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
-      },
-      changed);
-  return count_changes ? changed : -1;
+  // Two instantiations: the loop without the count has no extra load and vectorises fully.
+  if (count_changes)
+    return detail::adamw_mixed_pass<true>(space, segs, decay_mask, s, master, grad, m, v, weights_bf16);
+  detail::adamw_mixed_pass<false>(space, segs, decay_mask, s, master, grad, m, v, weights_bf16);
+  return -1;
 }
 
 // Pure BF16: weights, m and v are BF16 bit patterns, updated in place. Returns the number of
@@ -162,26 +174,21 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
   PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_bf16: one decay flag per tensor");
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
-  const Kokkos::TeamPolicy<ExecSpace> policy(space, segments.extent(0), Kokkos::AUTO);
   index_t changed = 0;
   Kokkos::parallel_reduce(
-      "pulse::adamw::bf16", policy,
+      "pulse::adamw::bf16", segment_policy(space, segs),
       KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
-        index_t seg_changed = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, seg.begin, seg.end),
-            [&](const index_t i, index_t& c) {
-              bf16_bits mi = m(i), vi = v(i);
-              const bf16_bits old = weights(i);
-              const bf16_bits w = detail::adamw_bf16_element(s, decay, old, grad(i), mi, vi);
-              c += (w != old);
-              weights(i) = w;
-              m(i) = mi;
-              v(i) = vi;
-            },
-            seg_changed);
+        const index_t seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
+          bf16_bits mi = m(i), vi = v(i);
+          const bf16_bits old = weights(i);
+          const bf16_bits w = detail::adamw_bf16_element(s, decay, old, grad(i), mi, vi);
+          weights(i) = w;
+          m(i) = mi;
+          v(i) = vi;
+          return w != old;
+        });
         Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
       },
       changed);

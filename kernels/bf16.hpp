@@ -25,10 +25,11 @@ KOKKOS_INLINE_FUNCTION float bits_to_float(std::uint32_t u) {
 
 KOKKOS_INLINE_FUNCTION bf16_bits float_to_bf16(float x) {
   const std::uint32_t u = float_to_bits(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return bf16_canonical_nan;
   // Adding 0x7FFF plus the lowest kept bit rounds to nearest, ties to even; a carry out of
   // the mantissa correctly bumps the exponent (and the largest finite values to infinity).
-  return static_cast<bf16_bits>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  // A select, not a branch, so loops over arrays vectorise.
+  return static_cast<bf16_bits>((u & 0x7FFFFFFFu) > 0x7F800000u ? bf16_canonical_nan : rounded);
 }
 
 KOKKOS_INLINE_FUNCTION float bf16_to_float(bf16_bits b) {

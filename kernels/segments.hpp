@@ -45,6 +45,35 @@ TensorSegments<MemSpace> make_segments(const std::vector<index_t>& offsets,
   return {device, static_cast<int>(offsets.size()) - 1, offsets.back()};
 }
 
+// Host backends run one thread per segment over a plain loop, which the compiler vectorises;
+// devices run a team per segment.
+template <class ExecSpace>
+constexpr bool runs_on_host =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+
+template <class ExecSpace, class Mem>
+Kokkos::TeamPolicy<ExecSpace> segment_policy(const ExecSpace& space, const TensorSegments<Mem>& segs) {
+  if constexpr (runs_on_host<ExecSpace>)
+    return Kokkos::TeamPolicy<ExecSpace>(space, segs.segments.extent(0), 1);
+  else
+    return Kokkos::TeamPolicy<ExecSpace>(space, segs.segments.extent(0), Kokkos::AUTO);
+}
+
+// Calls body(i) for every element of the segment, by the whole team, and returns the sum of
+// what it returns (an integer count, so the result is the same on every backend).
+template <class ExecSpace, class Team, class Body>
+KOKKOS_INLINE_FUNCTION index_t segment_sum(const Team& team, const Segment& seg, const Body& body) {
+  index_t sum = 0;
+  if constexpr (runs_on_host<ExecSpace>) {
+    for (index_t i = seg.begin; i < seg.end; ++i) sum += body(i);
+  } else {
+    Kokkos::parallel_reduce(
+        Kokkos::TeamThreadRange(team, seg.begin, seg.end), [&](const index_t i, index_t& acc) { acc += body(i); },
+        sum);
+  }
+  return sum;
+}
+
 // A whole buffer as one tensor.
 template <class MemSpace = DefaultMem>
 TensorSegments<MemSpace> make_segments(index_t num_elements) {
