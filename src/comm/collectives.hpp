@@ -1,0 +1,191 @@
+#pragma once
+// Typed collectives over rank-1 Kokkos Views (wrap other contiguous memory with as_view).
+// Each one checks shapes and contiguity on every rank before the first MPI call (so a bad
+// argument throws everywhere instead of deadlocking), fences Kokkos so pending kernels have
+// written the buffers, and adds to the communicator's byte counters:
+//   sent     = bytes of this rank's send buffer handed to MPI,
+//   received = bytes MPI writes into this rank's receive buffer (own block included).
+// These are the logical payload sizes, not what the MPI algorithm puts on the wire.
+// Views must be readable by MPI: host memory, or device memory with a CUDA-aware MPI.
+#include <Kokkos_Core.hpp>
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/mpi_type.hpp"
+#include "core/error.hpp"
+#include "kernels/types.hpp"
+
+namespace pulse {
+
+enum class ReduceOp { sum, max, min };
+
+inline MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  throw_error(__FILE__, __LINE__, "invalid ReduceOp " + std::to_string(static_cast<int>(op)));
+}
+
+// An unmanaged host view over n elements at data, for memory that Kokkos does not own.
+template <class T>
+Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> as_view(T* data, std::size_t n) {
+  return Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(data, n);
+}
+
+namespace detail {
+
+template <class View>
+void check_buffer(const View& view, const char* collective) {
+  static_assert(Kokkos::is_view<View>::value, "pulse collectives take Kokkos Views");
+  static_assert(View::rank == 1, "pulse collectives take rank-1 Views; flatten or use as_view");
+  PULSE_CHECK(view.span_is_contiguous(), std::string(collective) + ": view '" + view.label() +
+                                             "' is not contiguous");
+}
+
+template <class InView, class OutView>
+void check_pair(const InView& in, const OutView& out, const char* collective) {
+  static_assert(std::is_same_v<typename InView::non_const_value_type, typename OutView::value_type>,
+                "pulse collectives: output element type must be the non-const input type");
+  check_buffer(in, collective);
+  check_buffer(out, collective);
+}
+
+inline int mpi_count(std::size_t n, const char* collective) {
+  PULSE_CHECK(n <= static_cast<std::size_t>(INT_MAX),
+              std::string(collective) + ": " + std::to_string(n) +
+                  " elements exceed MPI's int count; split the exchange");
+  return static_cast<int>(n);
+}
+
+template <class View>
+std::uint64_t bytes_of(const View& view) {
+  return static_cast<std::uint64_t>(view.size()) * sizeof(typename View::value_type);
+}
+
+}  // namespace detail
+
+// out[i] = op over ranks of in[i]; every rank gets the result.
+template <class InView, class OutView>
+void allreduce(const Communicator& comm, const InView& in, const OutView& out, ReduceOp op,
+               Channel channel = Channel::control) {
+  detail::check_pair(in, out, "allreduce");
+  PULSE_CHECK(in.size() == out.size(), "allreduce: input has " + std::to_string(in.size()) +
+                                           " elements, output " + std::to_string(out.size()));
+  using T = typename OutView::value_type;
+  const int count = detail::mpi_count(in.size(), "allreduce");
+  Kokkos::fence();
+  check_mpi(MPI_Allreduce(in.data(), out.data(), count, mpi_type<T>(), mpi_op(op), comm.raw()),
+            "MPI_Allreduce");
+  comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
+}
+
+// In place: inout[i] = op over ranks of inout[i].
+template <class View>
+void allreduce(const Communicator& comm, const View& inout, ReduceOp op,
+               Channel channel = Channel::control) {
+  detail::check_buffer(inout, "allreduce");
+  using T = typename View::value_type;
+  static_assert(!std::is_const_v<T>, "allreduce in place needs a writable view");
+  const int count = detail::mpi_count(inout.size(), "allreduce");
+  Kokkos::fence();
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, inout.data(), count, mpi_type<T>(), mpi_op(op),
+                          comm.raw()),
+            "MPI_Allreduce");
+  comm.count_bytes(channel, detail::bytes_of(inout), detail::bytes_of(inout));
+}
+
+// One value (a loss, a count) reduced over ranks.
+template <class T>
+T allreduce_value(const Communicator& comm, T value, ReduceOp op,
+                  Channel channel = Channel::control) {
+  T result{};
+  check_mpi(MPI_Allreduce(&value, &result, 1, mpi_type<T>(), mpi_op(op), comm.raw()),
+            "MPI_Allreduce");
+  comm.count_bytes(channel, sizeof(T), sizeof(T));
+  return result;
+}
+
+// Every rank contributes in.size() elements (the same on all ranks); out holds rank r's block
+// at [r * in.size(), (r + 1) * in.size()).
+template <class InView, class OutView>
+void allgather(const Communicator& comm, const InView& in, const OutView& out,
+               Channel channel = Channel::control) {
+  detail::check_pair(in, out, "allgather");
+  PULSE_CHECK(out.size() == in.size() * static_cast<std::size_t>(comm.size()),
+              "allgather: output has " + std::to_string(out.size()) + " elements, expected " +
+                  std::to_string(in.size()) + " x " + std::to_string(comm.size()) + " ranks");
+  using T = typename OutView::value_type;
+  const int count = detail::mpi_count(in.size(), "allgather");
+  detail::mpi_count(out.size(), "allgather");
+  Kokkos::fence();
+  check_mpi(MPI_Allgather(in.data(), count, mpi_type<T>(), out.data(), count, mpi_type<T>(),
+                          comm.raw()),
+            "MPI_Allgather");
+  comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
+}
+
+// Every rank contributes any number of elements (zero included). The counts are gathered
+// first (counted on the same channel); a managed out is reallocated to the total when its
+// size differs, an unmanaged one must already have it.
+// Returns comm.size() + 1 offsets: rank r's elements are out[offsets[r], offsets[r + 1]).
+template <class InView, class OutView>
+std::vector<index_t> allgatherv(const Communicator& comm, const InView& in, OutView& out,
+                                Channel channel = Channel::control) {
+  detail::check_pair(in, out, "allgatherv");
+  const std::int64_t my_count = static_cast<std::int64_t>(in.size());
+  std::vector<std::int64_t> counts(comm.size());
+  allgather(comm, as_view(&my_count, 1), as_view(counts.data(), counts.size()), channel);
+
+  std::vector<index_t> offsets(comm.size() + 1, 0);
+  for (int r = 0; r < comm.size(); ++r) offsets[r + 1] = offsets[r] + counts[r];
+  const int total = detail::mpi_count(static_cast<std::size_t>(offsets.back()), "allgatherv");
+  std::vector<int> mpi_counts(comm.size()), mpi_displs(comm.size());
+  for (int r = 0; r < comm.size(); ++r) {
+    mpi_counts[r] = static_cast<int>(counts[r]);
+    mpi_displs[r] = static_cast<int>(offsets[r]);
+  }
+  if (out.size() != static_cast<std::size_t>(total)) {
+    if constexpr (OutView::traits::is_managed) {
+      Kokkos::realloc(out, total);
+    } else {
+      throw_error(__FILE__, __LINE__, "allgatherv: unmanaged output view '" + out.label() +
+                                          "' has " + std::to_string(out.size()) +
+                                          " elements, the ranks send " + std::to_string(total));
+    }
+  }
+
+  using T = typename OutView::value_type;
+  Kokkos::fence();
+  check_mpi(MPI_Allgatherv(in.data(), mpi_counts[comm.rank()], mpi_type<T>(), out.data(),
+                           mpi_counts.data(), mpi_displs.data(), mpi_type<T>(), comm.raw()),
+            "MPI_Allgatherv");
+  comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
+  return offsets;
+}
+
+// Copies root's view into every rank's view; all views have the same size.
+template <class View>
+void broadcast(const Communicator& comm, const View& view, int root,
+               Channel channel = Channel::control) {
+  detail::check_buffer(view, "broadcast");
+  using T = typename View::value_type;
+  static_assert(!std::is_const_v<T>, "broadcast needs a writable view");
+  PULSE_CHECK(root >= 0 && root < comm.size(), "broadcast: root " + std::to_string(root) +
+                                                   " is not a rank of a communicator of size " +
+                                                   std::to_string(comm.size()));
+  const int count = detail::mpi_count(view.size(), "broadcast");
+  Kokkos::fence();
+  check_mpi(MPI_Bcast(view.data(), count, mpi_type<T>(), root, comm.raw()), "MPI_Bcast");
+  const bool is_root = comm.rank() == root;
+  comm.count_bytes(channel, is_root ? detail::bytes_of(view) : 0,
+                   is_root ? 0 : detail::bytes_of(view));
+}
+
+}  // namespace pulse
