@@ -1,0 +1,273 @@
+#pragma once
+// Sparsity of BF16 weight updates: which elements changed between two BF16 snapshots (bit
+// patterns, so +0/-0 and NaN payload changes count), per tensor, compacted into sorted
+// (index, new bits) lists, against the last k snapshots, and how many gradients are tiny.
+// All counts are integer reductions, so results are identical on every backend.
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/bf16.hpp"
+#include "kernels/segments.hpp"
+#include "kernels/types.hpp"
+
+namespace pulse {
+
+// Flat buffers may exceed 2^32 elements; the default RangePolicy index on CUDA is 32-bit.
+template <class ExecSpace>
+using FlatPolicy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+
+namespace detail {
+
+// Sum of a runtime-length array of counts; body(i, counts) adds element i's contributions.
+// Kokkos 3.4 takes runtime-length reductions only from a functor with value_count.
+template <class Body>
+struct CountArray {
+  using value_type = index_t[];
+  std::size_t value_count;
+  Body body;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t i, index_t* counts) const { body(i, counts); }
+  KOKKOS_INLINE_FUNCTION void init(index_t* counts) const {
+    for (std::size_t j = 0; j < value_count; ++j) counts[j] = 0;
+  }
+#if KOKKOS_VERSION < 40000
+  KOKKOS_INLINE_FUNCTION void join(volatile index_t* dst, const volatile index_t* src) const {
+    for (std::size_t j = 0; j < value_count; ++j) dst[j] += src[j];
+  }
+#else
+  KOKKOS_INLINE_FUNCTION void join(index_t* dst, const index_t* src) const {
+    for (std::size_t j = 0; j < value_count; ++j) dst[j] += src[j];
+  }
+#endif
+};
+
+template <class ExecSpace, class Body>
+std::vector<index_t> count_array(const ExecSpace& space, const std::string& label, index_t n,
+                                 std::size_t num_counts, const Body& body) {
+  std::vector<index_t> counts(num_counts, 0);
+  if (num_counts == 0) return counts;
+  Kokkos::View<index_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> result(counts.data(), num_counts);
+  Kokkos::parallel_reduce(label, FlatPolicy<ExecSpace>(space, 0, n), CountArray<Body>{num_counts, body},
+                          result);
+  space.fence();
+  return counts;
+}
+
+template <class ExecSpace, class T>
+Kokkos::View<T*, typename ExecSpace::memory_space> to_device(const ExecSpace& space, const std::string& label,
+                                                             const std::vector<T>& host) {
+  Kokkos::View<T*, typename ExecSpace::memory_space> device(Kokkos::view_alloc(Kokkos::WithoutInitializing, label),
+                                                            host.size());
+  Kokkos::deep_copy(space, device,
+                    Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(host.data(), host.size()));
+  space.fence();  // the host vector may die before an asynchronous copy would have run
+  return device;
+}
+
+template <class OldView, class NewView>
+void check_bf16_pair(const OldView& old_bits, const NewView& new_bits) {
+  static_assert(std::is_same_v<typename OldView::non_const_value_type, bf16_bits>);
+  static_assert(std::is_same_v<typename NewView::non_const_value_type, bf16_bits>);
+  static_assert(OldView::rank == 1 && NewView::rank == 1);
+  PULSE_CHECK(old_bits.extent(0) == new_bits.extent(0),
+              "BF16 snapshots differ in length: " + std::to_string(old_bits.extent(0)) + " vs " +
+                  std::to_string(new_bits.extent(0)));
+}
+
+}  // namespace detail
+
+// ---- compaction ----
+
+// Writes, in increasing order, every i in [0, n) with keep(i) to indices_out and value(i) to
+// values_out, but at most capacity = indices_out.extent(0) of them, and returns how many i
+// satisfy keep. The caller sizes the outputs from a guess (say the previous step's count): if
+// the returned count exceeds the capacity, only the first `capacity` entries were written, so
+// grow the outputs to the count and call again. One call is one scan over [0, n).
+template <class ExecSpace, class Keep, class Value, class IndexView, class ValueView>
+index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, const Keep& keep,
+                   const Value& value, const IndexView& indices_out, const ValueView& values_out) {
+  static_assert(std::is_same_v<typename IndexView::value_type, index_t>);
+  PULSE_CHECK(indices_out.extent(0) == values_out.extent(0),
+              "compaction outputs differ in capacity: " + std::to_string(indices_out.extent(0)) + " indices vs " +
+                  std::to_string(values_out.extent(0)) + " values");
+  const index_t capacity = static_cast<index_t>(indices_out.extent(0));
+  index_t count = 0;
+  Kokkos::parallel_scan(
+      label, FlatPolicy<ExecSpace>(space, 0, n),
+      KOKKOS_LAMBDA(const index_t i, index_t& offset, const bool final) {
+        if (!keep(i)) return;
+        if (final && offset < capacity) {
+          indices_out(offset) = i;
+          values_out(offset) = value(i);
+        }
+        ++offset;
+      },
+      count);
+  return count;
+}
+
+// ---- changed elements between two BF16 snapshots ----
+
+template <class ExecSpace, class OldView, class NewView>
+index_t count_changed(const ExecSpace& space, const OldView& old_bits, const NewView& new_bits) {
+  detail::check_bf16_pair(old_bits, new_bits);
+  index_t count = 0;
+  Kokkos::parallel_reduce(
+      "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, old_bits.extent(0)),
+      KOKKOS_LAMBDA(const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+  return count;
+}
+
+struct ChangeCounts {
+  index_t total = 0;
+  std::vector<index_t> per_tensor;  // indexed by tensor-table position; empty tensors count 0
+};
+
+// Per-tensor counts in one pass: one team per segment, one atomic add per segment.
+template <class ExecSpace, class MemSpace, class OldView, class NewView>
+ChangeCounts count_changed(const ExecSpace& space, const TensorSegments<MemSpace>& segments,
+                           const OldView& old_bits, const NewView& new_bits) {
+  detail::check_bf16_pair(old_bits, new_bits);
+  PULSE_CHECK(segments.num_elements == static_cast<index_t>(old_bits.extent(0)),
+              "tensor segments cover " + std::to_string(segments.num_elements) + " elements, snapshots hold " +
+                  std::to_string(old_bits.extent(0)));
+  Kokkos::View<index_t*, typename ExecSpace::memory_space> per_tensor("pulse::sparsity::per_tensor",
+                                                                      segments.num_tensors);
+  const auto segs = segments.segments;
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  Kokkos::parallel_for(
+      "pulse::sparsity::count_per_tensor",
+      Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(segs.extent(0)), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const Team& team) {
+        const Segment seg = segs(team.league_rank());
+        index_t count = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, seg.begin, seg.end),
+            [&](const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { Kokkos::atomic_add(&per_tensor(seg.tensor), count); });
+      });
+  ChangeCounts result;
+  result.per_tensor.resize(segments.num_tensors);
+  Kokkos::deep_copy(space, Kokkos::View<index_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                               result.per_tensor.data(), result.per_tensor.size()),
+                    per_tensor);
+  space.fence();
+  for (const index_t c : result.per_tensor) result.total += c;
+  return result;
+}
+
+// Sorted flat indices of changed elements and their new bit patterns (a PULSESync patch's
+// content). Capacity contract as compact_if: returns the true count, writes at most the
+// outputs' extent.
+template <class ExecSpace, class OldView, class NewView, class IndexView, class ValueView>
+index_t compact_changed(const ExecSpace& space, const OldView& old_bits, const NewView& new_bits,
+                        const IndexView& indices_out, const ValueView& values_out) {
+  detail::check_bf16_pair(old_bits, new_bits);
+  static_assert(std::is_same_v<typename ValueView::value_type, bf16_bits>);
+  return compact_if(
+      space, "pulse::sparsity::compact", static_cast<index_t>(old_bits.extent(0)),
+      KOKKOS_LAMBDA(const index_t i) { return old_bits(i) != new_bits(i); },
+      KOKKOS_LAMBDA(const index_t i) { return new_bits(i); }, indices_out, values_out);
+}
+
+// ---- k-step sparsity ----
+
+// The last `depth` BF16 snapshots, one row each of a depth x n view. Compare first, then push:
+// count_changed_k(current, {1}) against the previous push is the per-step change count.
+template <class MemSpace = DefaultMem>
+class SnapshotRing {
+ public:
+  SnapshotRing(int depth, index_t num_elements)
+      : history_(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::sparsity::snapshots"),
+                 check_depth(depth), num_elements) {}
+
+  int depth() const { return static_cast<int>(history_.extent(0)); }
+  int size() const { return size_; }
+  index_t num_elements() const { return static_cast<index_t>(history_.extent(1)); }
+
+  // The snapshot pushed k pushes ago (k = 1: the latest), 1 <= k <= size().
+  Kokkos::View<const bf16_bits*, Kokkos::LayoutRight, MemSpace> snapshot(int k) const {
+    PULSE_CHECK(k >= 1 && k <= size_, "snapshot " + std::to_string(k) + " steps back, ring holds " +
+                                          std::to_string(size_));
+    return Kokkos::subview(history_, row(k), Kokkos::ALL);
+  }
+
+  template <class ExecSpace, class View>
+  void push(const ExecSpace& space, const View& current) {
+    check_current(current);
+    Kokkos::deep_copy(space, Kokkos::subview(history_, head_, Kokkos::ALL), current);
+    head_ = (head_ + 1) % depth();
+    if (size_ < depth()) ++size_;
+  }
+
+  // For each k in ks, the count of elements whose bits differ between current and the snapshot
+  // from k pushes ago, or -1 where the ring does not reach back k pushes. One pass over current.
+  template <class ExecSpace, class View>
+  std::vector<index_t> count_changed_k(const ExecSpace& space, const View& current,
+                                       const std::vector<int>& ks) const {
+    check_current(current);
+    std::vector<int> rows;  // ring rows of the ks that the history reaches
+    for (const int k : ks) {
+      PULSE_CHECK(k >= 1, "k-step distance must be at least 1, got " + std::to_string(k));
+      if (k <= size_) rows.push_back(row(k));
+    }
+    const auto rows_d = detail::to_device(space, "pulse::sparsity::kstep_rows", rows);
+    const auto history = history_;
+    const std::size_t num_rows = rows.size();
+    const auto counts = detail::count_array(
+        space, "pulse::sparsity::count_k", num_elements(), num_rows,
+        KOKKOS_LAMBDA(const index_t i, index_t* c) {
+          const bf16_bits now = current(i);
+          for (std::size_t j = 0; j < num_rows; ++j) c[j] += history(rows_d(j), i) != now;
+        });
+    std::vector<index_t> result;
+    std::size_t next = 0;
+    for (const int k : ks) result.push_back(k <= size_ ? counts[next++] : -1);
+    return result;
+  }
+
+ private:
+  static int check_depth(int depth) {
+    PULSE_CHECK(depth >= 1, "snapshot ring depth must be at least 1, got " + std::to_string(depth));
+    return depth;
+  }
+
+  int row(int k) const { return ((head_ - k) % depth() + depth()) % depth(); }
+
+  template <class View>
+  void check_current(const View& current) const {
+    static_assert(std::is_same_v<typename View::non_const_value_type, bf16_bits>);
+    static_assert(View::rank == 1);
+    PULSE_CHECK(static_cast<index_t>(current.extent(0)) == num_elements(),
+                "snapshot of " + std::to_string(current.extent(0)) + " elements, ring holds " +
+                    std::to_string(num_elements()));
+  }
+
+  Kokkos::View<bf16_bits**, Kokkos::LayoutRight, MemSpace> history_;
+  int head_ = 0;  // row the next push writes
+  int size_ = 0;  // snapshots held, at most depth
+};
+
+// ---- gradient sparsity ----
+
+// For each tau, the count of |g| <= tau, compared in FP32 as PyTorch compares a float tensor
+// with a Python scalar. NaN never counts. One pass over grad.
+template <class ExecSpace, class GradView>
+std::vector<index_t> count_small(const ExecSpace& space, const GradView& grad, const std::vector<float>& taus) {
+  static_assert(std::is_same_v<typename GradView::non_const_value_type, float>);
+  static_assert(GradView::rank == 1);
+  for (const float tau : taus) PULSE_CHECK(!std::isnan(tau), "gradient threshold is NaN");
+  const auto taus_d = detail::to_device(space, "pulse::sparsity::taus", taus);
+  const std::size_t num_taus = taus.size();
+  return detail::count_array(
+      space, "pulse::sparsity::count_small", static_cast<index_t>(grad.extent(0)), num_taus,
+      KOKKOS_LAMBDA(const index_t i, index_t* c) {
+        const float a = bits_to_float(float_to_bits(grad(i)) & 0x7FFFFFFFu);  // |g| without libm
+        for (std::size_t j = 0; j < num_taus; ++j) c[j] += a <= taus_d(j);
+      });
+}
+
+}  // namespace pulse

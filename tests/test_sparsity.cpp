@@ -1,0 +1,283 @@
+// Sparsity kernels against naive host loops: change counts (total and per tensor), compaction
+// with its capacity contract, the k-step snapshot ring and gradient thresholds, on random and
+// adversarial inputs (+0/-0 flips, NaN payloads, empty and odd-sized buffers, tiny segments).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/sparsity.hpp"
+
+namespace {
+
+using pulse::bf16_bits;
+using pulse::index_t;
+using Bits = std::vector<bf16_bits>;
+
+const std::vector<index_t> odd_sizes = {0, 1, 7, 33, 1000003};
+
+template <class T>
+Kokkos::View<T*> to_view(const std::vector<T>& host) {
+  Kokkos::View<T*> v("v", host.size());
+  Kokkos::deep_copy(v, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(host.data(), host.size()));
+  return v;
+}
+
+template <class View>
+std::vector<typename View::non_const_value_type> to_host(const View& v) {
+  std::vector<typename View::non_const_value_type> host(v.extent(0));
+  Kokkos::deep_copy(Kokkos::View<typename View::non_const_value_type*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                        host.data(), host.size()),
+                    v);
+  return host;
+}
+
+// A pair of snapshots (old, new) of one kind.
+enum class Kind { random, all_changed, none_changed, signed_zero_flips, nan_payloads };
+
+std::pair<Bits, Bits> make_pair(Kind kind, index_t n, std::mt19937_64& rng) {
+  Bits old_bits(n), new_bits(n);
+  std::uniform_int_distribution<int> any(0, 0xFFFF);
+  std::bernoulli_distribution flip(0.02);
+  for (index_t i = 0; i < n; ++i) {
+    old_bits[i] = static_cast<bf16_bits>(any(rng));
+    switch (kind) {
+      case Kind::random:
+        new_bits[i] = flip(rng) ? static_cast<bf16_bits>(any(rng)) : old_bits[i];
+        break;
+      case Kind::all_changed:
+        new_bits[i] = static_cast<bf16_bits>(old_bits[i] ^ (1u << (i % 16)));
+        break;
+      case Kind::none_changed:
+        new_bits[i] = old_bits[i];
+        break;
+      case Kind::signed_zero_flips:  // +0 <-> -0 on every third element, equal zeros elsewhere
+        old_bits[i] = (i % 2) ? 0x8000 : 0x0000;
+        new_bits[i] = (i % 3 == 0) ? static_cast<bf16_bits>(old_bits[i] ^ 0x8000) : old_bits[i];
+        break;
+      case Kind::nan_payloads:  // NaNs whose payload or sign changes on odd elements
+        old_bits[i] = static_cast<bf16_bits>(0x7FC0 | (i & 0x3F));
+        new_bits[i] = (i % 2) ? static_cast<bf16_bits>(old_bits[i] ^ (i % 4 == 1 ? 0x0001 : 0x8000)) : old_bits[i];
+        break;
+    }
+  }
+  return {old_bits, new_bits};
+}
+
+const std::vector<Kind> all_kinds = {Kind::random, Kind::all_changed, Kind::none_changed, Kind::signed_zero_flips,
+                                     Kind::nan_payloads};
+
+index_t naive_count(const Bits& a, const Bits& b) {
+  index_t c = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) c += a[i] != b[i];
+  return c;
+}
+
+TEST(CountChanged, HandDerived) {
+  // +0 -> -0, NaN payload 0x7FC1 -> 0x7FC0, equal 1.0, equal -inf, 1.0 -> next value up.
+  const auto old_bits = to_view<bf16_bits>({0x0000, 0x7FC1, 0x3F80, 0xFF80, 0x3F80});
+  const auto new_bits = to_view<bf16_bits>({0x8000, 0x7FC0, 0x3F80, 0xFF80, 0x3F81});
+  EXPECT_EQ(pulse::count_changed(pulse::DefaultExec(), old_bits, new_bits), 3);
+}
+
+TEST(CountChanged, MatchesNaiveLoop) {
+  std::mt19937_64 rng(1);
+  for (const index_t n : odd_sizes)
+    for (const Kind kind : all_kinds) {
+      const auto [a, b] = make_pair(kind, n, rng);
+      const index_t expected = naive_count(a, b);
+      EXPECT_EQ(pulse::count_changed(pulse::DefaultExec(), to_view(a), to_view(b)), expected)
+          << "n " << n << " kind " << int(kind);
+      if (kind == Kind::all_changed) {
+        EXPECT_EQ(expected, n);
+      }
+      if (kind == Kind::none_changed) {
+        EXPECT_EQ(expected, 0);
+      }
+    }
+}
+
+TEST(CountChanged, RejectsLengthMismatch) {
+  EXPECT_THROW(pulse::count_changed(pulse::DefaultExec(), Kokkos::View<bf16_bits*>("a", 3),
+                                    Kokkos::View<bf16_bits*>("b", 4)),
+               pulse::Error);
+}
+
+TEST(CountChangedPerTensor, MatchesNaiveLoopAcrossSegmentBoundaries) {
+  std::mt19937_64 rng(2);
+  // Tensor sizes with empty and one-element tensors, sizes off any vector width.
+  const std::vector<index_t> sizes = {0, 1, 7, 0, 33, 1, 100003, 0, 2, 64, 65};
+  std::vector<index_t> offsets = {0};
+  for (const index_t s : sizes) offsets.push_back(offsets.back() + s);
+  const index_t n = offsets.back();
+  for (const index_t max_length : {index_t(1), index_t(3), index_t(64), pulse::default_segment_length})
+    for (const Kind kind : all_kinds) {
+      const auto segments = pulse::make_segments(offsets, max_length);
+      const auto [a, b] = make_pair(kind, n, rng);
+      const auto counts = pulse::count_changed(pulse::DefaultExec(), segments, to_view(a), to_view(b));
+      ASSERT_EQ(counts.per_tensor.size(), sizes.size());
+      for (std::size_t t = 0; t < sizes.size(); ++t) {
+        const Bits ta(a.begin() + offsets[t], a.begin() + offsets[t + 1]);
+        const Bits tb(b.begin() + offsets[t], b.begin() + offsets[t + 1]);
+        EXPECT_EQ(counts.per_tensor[t], naive_count(ta, tb))
+            << "tensor " << t << " max_length " << max_length << " kind " << int(kind);
+      }
+      EXPECT_EQ(counts.total, naive_count(a, b));
+    }
+}
+
+TEST(CountChangedPerTensor, EmptyBufferAndMismatch) {
+  const auto empty = pulse::make_segments(std::vector<index_t>{0, 0, 0});
+  const Kokkos::View<bf16_bits*> none("none", 0);
+  const auto counts = pulse::count_changed(pulse::DefaultExec(), empty, none, none);
+  EXPECT_EQ(counts.total, 0);
+  EXPECT_EQ(counts.per_tensor, (std::vector<index_t>{0, 0}));
+  const Kokkos::View<bf16_bits*> five("five", 5);
+  EXPECT_THROW(pulse::count_changed(pulse::DefaultExec(), pulse::make_segments(4), five, five), pulse::Error);
+}
+
+// Runs compact_changed with a given capacity and checks the contract: true count returned, the
+// first min(count, capacity) entries are the sorted changed indices and new bits, and nothing
+// beyond them is written.
+void check_compaction(const Bits& a, const Bits& b, index_t capacity) {
+  std::vector<index_t> expected_indices;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) expected_indices.push_back(static_cast<index_t>(i));
+  const index_t sentinel_index = -7;
+  const bf16_bits sentinel_value = 0xABCD;
+  const auto indices = to_view(std::vector<index_t>(capacity, sentinel_index));
+  const auto values = to_view(std::vector<bf16_bits>(capacity, sentinel_value));
+  const index_t count = pulse::compact_changed(pulse::DefaultExec(), to_view(a), to_view(b), indices, values);
+  ASSERT_EQ(count, static_cast<index_t>(expected_indices.size())) << "capacity " << capacity;
+  const auto got_indices = to_host(indices);
+  const auto got_values = to_host(values);
+  for (index_t j = 0; j < capacity; ++j) {
+    if (j < count) {
+      ASSERT_EQ(got_indices[j], expected_indices[j]) << "entry " << j << " capacity " << capacity;
+      ASSERT_EQ(got_values[j], b[expected_indices[j]]) << "entry " << j;
+    } else {
+      ASSERT_EQ(got_indices[j], sentinel_index) << "entry " << j << " written beyond the count";
+      ASSERT_EQ(got_values[j], sentinel_value) << "entry " << j << " written beyond the count";
+    }
+  }
+}
+
+TEST(CompactChanged, MatchesNaiveLoopAtEveryCapacity) {
+  std::mt19937_64 rng(3);
+  for (const index_t n : odd_sizes)
+    for (const Kind kind : all_kinds) {
+      const auto [a, b] = make_pair(kind, n, rng);
+      const index_t count = naive_count(a, b);
+      for (const index_t capacity : {index_t(0), index_t(1), count / 2, count, count + 5})
+        if (capacity >= 0) check_compaction(a, b, capacity);
+    }
+}
+
+TEST(CompactChanged, GrowAndRetryReachesEveryChange) {
+  std::mt19937_64 rng(4);
+  const auto [a, b] = make_pair(Kind::random, 33333, rng);
+  const auto old_bits = to_view(a), new_bits = to_view(b);
+  Kokkos::View<index_t*> indices("indices", 10);
+  Kokkos::View<bf16_bits*> values("values", 10);
+  index_t count = pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values);
+  ASSERT_GT(count, 10);
+  Kokkos::resize(indices, count);
+  Kokkos::resize(values, count);
+  EXPECT_EQ(pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values), count);
+  const auto got = to_host(values);
+  const auto got_indices = to_host(indices);
+  for (index_t j = 0; j < count; ++j) ASSERT_EQ(got[j], b[got_indices[j]]);
+  EXPECT_EQ(count, naive_count(a, b));
+}
+
+TEST(CompactChanged, RejectsUnequalOutputCapacities) {
+  const Kokkos::View<bf16_bits*> x("x", 4);
+  EXPECT_THROW(pulse::compact_changed(pulse::DefaultExec(), x, x, Kokkos::View<index_t*>("i", 3),
+                                      Kokkos::View<bf16_bits*>("v", 2)),
+               pulse::Error);
+}
+
+TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
+  std::mt19937_64 rng(5);
+  for (const index_t n : {index_t(1), index_t(33), index_t(10007)}) {
+    const int depth = 4;
+    pulse::SnapshotRing<> ring(depth, n);
+    const std::vector<int> ks = {1, 2, 3, 4, 5, 8, 2};
+    std::vector<Bits> history;  // every snapshot ever pushed
+    Bits current = make_pair(Kind::random, n, rng).first;
+    for (int step = 0; step < 11; ++step) {
+      // Change a few elements each step, including a +0/-0 flip and a NaN payload change.
+      Bits next = make_pair(Kind::random, n, rng).second;
+      for (index_t i = 0; i < n; ++i) next[i] = (rng() % 10 == 0) ? next[i] : current[i];
+      next[0] = step % 2 ? 0x8000 : 0x0000;
+      if (n > 1) next[n - 1] = static_cast<bf16_bits>(0x7FC0 | (step % 3));
+      current = next;
+
+      const auto counts = ring.count_changed_k(pulse::DefaultExec(), to_view(current), ks);
+      ASSERT_EQ(counts.size(), ks.size());
+      for (std::size_t j = 0; j < ks.size(); ++j) {
+        const int k = ks[j];
+        const bool held = k <= std::min<int>(history.size(), depth);
+        const index_t expected = held ? naive_count(history[history.size() - k], current) : -1;
+        EXPECT_EQ(counts[j], expected) << "n " << n << " step " << step << " k " << k;
+      }
+      ring.push(pulse::DefaultExec(), to_view(current));
+      history.push_back(current);
+      EXPECT_EQ(ring.size(), std::min<int>(history.size(), depth));
+      for (int k = 1; k <= ring.size(); ++k) ASSERT_EQ(to_host(ring.snapshot(k)), history[history.size() - k]);
+    }
+  }
+}
+
+TEST(SnapshotRing, RejectsBadArguments) {
+  EXPECT_THROW(pulse::SnapshotRing<>(0, 5), pulse::Error);
+  pulse::SnapshotRing<> ring(2, 5);
+  const Kokkos::View<bf16_bits*> x("x", 5), y("y", 6);
+  EXPECT_THROW(ring.push(pulse::DefaultExec(), y), pulse::Error);
+  EXPECT_THROW(ring.count_changed_k(pulse::DefaultExec(), x, {0}), pulse::Error);
+  EXPECT_THROW(ring.snapshot(1), pulse::Error);
+  EXPECT_EQ(ring.count_changed_k(pulse::DefaultExec(), x, {1, 2}), (std::vector<index_t>{-1, -1}));
+}
+
+float from_bits(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+TEST(CountSmall, HandDerived) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const auto grad = to_view<float>({0.0f, -0.0f, 1e-9f, -1e-8f, 2e-8f, -1e-4f, nan, -nan, inf, -inf, 1.0f,
+                                    from_bits(0x00000001)});
+  const auto counts = pulse::count_small(pulse::DefaultExec(), grad, {0.0f, 1e-8f, 1e-6f, 1e-4f, -1.0f, inf});
+  // tau 0: the two zeros; 1e-8: + 1e-9, -1e-8, the subnormal; 1e-4: + 2e-8, -1e-4; inf: all but NaNs.
+  EXPECT_EQ(counts, (std::vector<index_t>{2, 5, 6, 7, 0, 10}));
+}
+
+TEST(CountSmall, MatchesNaiveLoop) {
+  std::mt19937_64 rng(6);
+  const std::vector<float> taus = {0.0f, 1e-8f, 1e-6f, 1e-4f};
+  std::uniform_real_distribution<double> log_mag(-40, 2);
+  for (const index_t n : odd_sizes) {
+    std::vector<float> grad(n);
+    for (index_t i = 0; i < n; ++i) {
+      switch (rng() % 8) {
+        case 0: grad[i] = (rng() % 2) ? 0.0f : -0.0f; break;
+        case 1: grad[i] = from_bits(0x7FC00000u | static_cast<std::uint32_t>(rng() & 0x803FFFFFu)); break;  // NaNs
+        case 2: grad[i] = taus[rng() % taus.size()] * ((rng() % 2) ? 1.0f : -1.0f); break;  // exactly at tau
+        case 3: grad[i] = from_bits(static_cast<std::uint32_t>(rng() & 0x807FFFFFu)); break;  // subnormals
+        default: grad[i] = static_cast<float>(std::pow(10.0, log_mag(rng))) * ((rng() % 2) ? 1.0f : -1.0f);
+      }
+    }
+    std::vector<index_t> expected(taus.size(), 0);
+    for (const float g : grad)
+      for (std::size_t j = 0; j < taus.size(); ++j) expected[j] += std::fabs(g) <= taus[j];
+    EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), to_view(grad), taus), expected) << "n " << n;
+  }
+  EXPECT_TRUE(pulse::count_small(pulse::DefaultExec(), to_view(std::vector<float>{1.0f}), {}).empty());
+}
+
+}  // namespace
