@@ -79,7 +79,7 @@ void cast_to_bf16(const ExecSpace& space, const FloatView& in, const Bf16View& o
   static_assert(std::is_same_v<typename FloatView::non_const_value_type, float>);
   static_assert(std::is_same_v<typename Bf16View::value_type, bf16_bits>);
   Kokkos::parallel_for(
-      "pulse::bf16::cast_to_bf16", Kokkos::RangePolicy<ExecSpace>(space, 0, in.extent(0)),
+      "pulse::bf16::cast_to_bf16", FlatPolicy<ExecSpace>(space, 0, in.extent(0)),
       KOKKOS_LAMBDA(const index_t i) { out(i) = float_to_bf16(in(i)); });
 }
 
@@ -88,7 +88,7 @@ void cast_to_float(const ExecSpace& space, const Bf16View& in, const FloatView& 
   static_assert(std::is_same_v<typename Bf16View::non_const_value_type, bf16_bits>);
   static_assert(std::is_same_v<typename FloatView::value_type, float>);
   Kokkos::parallel_for(
-      "pulse::bf16::cast_to_float", Kokkos::RangePolicy<ExecSpace>(space, 0, in.extent(0)),
+      "pulse::bf16::cast_to_float", FlatPolicy<ExecSpace>(space, 0, in.extent(0)),
       KOKKOS_LAMBDA(const index_t i) { out(i) = bf16_to_float(in(i)); });
 }
 

@@ -4,6 +4,7 @@
 // (index, new bits) lists, against the last k snapshots, and how many gradients are tiny.
 // All counts are integer reductions, so results are identical on every backend.
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -14,10 +15,6 @@
 #include "kernels/types.hpp"
 
 namespace pulse {
-
-// Flat buffers may exceed 2^32 elements; the default RangePolicy index on CUDA is 32-bit.
-template <class ExecSpace>
-using FlatPolicy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
 
 namespace detail {
 
@@ -95,17 +92,53 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
                   std::to_string(values_out.extent(0)) + " values");
   const index_t capacity = static_cast<index_t>(indices_out.extent(0));
   index_t count = 0;
-  Kokkos::parallel_scan(
-      label, FlatPolicy<ExecSpace>(space, 0, n),
-      KOKKOS_LAMBDA(const index_t i, index_t& offset, const bool final) {
-        if (!keep(i)) return;
-        if (final && offset < capacity) {
-          indices_out(offset) = i;
-          values_out(offset) = value(i);
-        }
-        ++offset;
-      },
-      count);
+  if constexpr (runs_on_host<ExecSpace>) {
+    // Host: scan blocks of 64, not elements. The keep flags of a block come from a loop the
+    // compiler vectorises and are packed into a 64-bit mask eight at a time; at the sparsity
+    // of weight updates most blocks then have nothing to write.
+    constexpr int block = 64;
+    Kokkos::parallel_scan(
+        label, FlatPolicy<ExecSpace>(space, 0, (n + block - 1) / block),
+        [=](const index_t b, index_t& offset, const bool final) {
+          const index_t begin = b * block;
+          const int length = begin + block <= n ? block : static_cast<int>(n - begin);
+          std::uint8_t flags[block] = {};
+          if (length == block) {  // a fixed trip count unrolls into straight vector code
+            for (int j = 0; j < block; ++j) flags[j] = keep(begin + j) ? 1 : 0;
+          } else {
+            for (int j = 0; j < length; ++j) flags[j] = keep(begin + j) ? 1 : 0;
+          }
+          std::uint64_t mask = 0;
+          for (int k = 0; k < block / 8; ++k) {
+            std::uint64_t eight;  // flags 8k..8k+7, one per byte (little-endian)
+            std::memcpy(&eight, flags + 8 * k, 8);
+            // The multiply moves byte j's bit to bit 56 + j without carries.
+            mask |= ((eight * 0x0102040810204080ull) >> 56) << (8 * k);
+          }
+          const int kept = __builtin_popcountll(mask);
+          if (final) {
+            for (index_t out = offset; mask != 0 && out < capacity; ++out, mask &= mask - 1) {
+              const index_t i = begin + __builtin_ctzll(mask);
+              indices_out(out) = i;
+              values_out(out) = value(i);
+            }
+          }
+          offset += kept;
+        },
+        count);
+  } else {
+    Kokkos::parallel_scan(
+        label, FlatPolicy<ExecSpace>(space, 0, n),
+        KOKKOS_LAMBDA(const index_t i, index_t& offset, const bool final) {
+          if (!keep(i)) return;
+          if (final && offset < capacity) {
+            indices_out(offset) = i;
+            values_out(offset) = value(i);
+          }
+          ++offset;
+        },
+        count);
+  }
   return count;
 }
 
@@ -139,14 +172,10 @@ ChangeCounts count_changed(const ExecSpace& space, const TensorSegments<MemSpace
   const auto segs = segments.segments;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::parallel_for(
-      "pulse::sparsity::count_per_tensor",
-      Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(segs.extent(0)), Kokkos::AUTO),
-      KOKKOS_LAMBDA(const Team& team) {
+      "pulse::sparsity::count_per_tensor", segment_policy(space, segments), KOKKOS_LAMBDA(const Team& team) {
         const Segment seg = segs(team.league_rank());
-        index_t count = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, seg.begin, seg.end),
-            [&](const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+        const index_t count =
+            segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t { return old_bits(i) != new_bits(i); });
         Kokkos::single(Kokkos::PerTeam(team), [&]() { Kokkos::atomic_add(&per_tensor(seg.tensor), count); });
       });
   ChangeCounts result;

@@ -18,6 +18,10 @@ enum class Precision {
   bf16,   // weights and Adam moments stored in BF16, as PyTorch does for a .bfloat16() model
 };
 
+// Flat buffers may exceed 2^32 elements; the default RangePolicy index on CUDA is 32-bit.
+template <class ExecSpace>
+using FlatPolicy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+
 using DefaultExec = Kokkos::DefaultExecutionSpace;
 using DefaultMem = DefaultExec::memory_space;
 
