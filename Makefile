@@ -16,6 +16,7 @@ build: deps
 
 run: build
 	$(BUILD)/apps/pulse-absorb --out runs/default
+	cd analysis && $(PYTHON) -m pulse_analysis absorb ../runs/default/absorption.json -o ../runs/default
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
