@@ -17,6 +17,7 @@
 #include "core/version.hpp"
 #include "kernels/absorption.hpp"
 #include "kernels/adamw.hpp"
+#include "kernels/host_copy.hpp"
 #include "kernels/sparsity.hpp"
 
 using namespace pulse;
@@ -64,10 +65,7 @@ int run(const Options& opt) {
   const TensorTable table = synthetic_table(opt.elements);
   const index_t n = table.num_elements();
   const auto segs = make_segments(table.offsets());
-  const auto mask_host = table.weight_decay_mask();
-  Kokkos::View<std::uint8_t*> decay_mask("decay_mask", mask_host.size());
-  Kokkos::deep_copy(decay_mask, Kokkos::View<const std::uint8_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                                    mask_host.data(), mask_host.size()));
+  const auto decay_mask = to_device(table.weight_decay_mask());
 
   Kokkos::Random_XorShift64_Pool<DefaultExec> pool(opt.seed);
   Kokkos::View<float*> master("master", n), before("before", n), update("update", n), grad("grad", n);

@@ -161,12 +161,13 @@ index_t adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, con
 
 // Pure BF16: weights, m and v are BF16 bit patterns, updated in place. Returns the number of
 // weights whose bits changed (always counted: the old bits are read anyway).
-template <class ExecSpace, class Mem, class MaskView, class WeightView, class GradView>
+template <class ExecSpace, class Mem, class MaskView, class WeightView, class GradView, class MomentView>
 index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
                    const AdamWScalars& s, const WeightView& weights, const GradView& grad,
-                   const WeightView& m, const WeightView& v) {
+                   const MomentView& m, const MomentView& v) {
   static_assert(std::is_same_v<typename WeightView::value_type, bf16_bits>);
   static_assert(std::is_same_v<typename GradView::non_const_value_type, bf16_bits>);
+  static_assert(std::is_same_v<typename MomentView::value_type, bf16_bits>);
   const index_t n = segs.num_elements;
   PULSE_CHECK(weights.extent(0) == std::size_t(n) && grad.extent(0) == std::size_t(n) &&
                   m.extent(0) == std::size_t(n) && v.extent(0) == std::size_t(n),

@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
+#include "kernels/host_copy.hpp"
 #include "kernels/segments.hpp"
 #include "kernels/types.hpp"
 
@@ -51,17 +52,6 @@ std::vector<index_t> count_array(const ExecSpace& space, const std::string& labe
                           result);
   space.fence();
   return counts;
-}
-
-template <class ExecSpace, class T>
-Kokkos::View<T*, typename ExecSpace::memory_space> to_device(const ExecSpace& space, const std::string& label,
-                                                             const std::vector<T>& host) {
-  Kokkos::View<T*, typename ExecSpace::memory_space> device(Kokkos::view_alloc(Kokkos::WithoutInitializing, label),
-                                                            host.size());
-  Kokkos::deep_copy(space, device,
-                    Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(host.data(), host.size()));
-  space.fence();  // the host vector may die before an asynchronous copy would have run
-  return device;
 }
 
 template <class OldView, class NewView>
@@ -243,7 +233,7 @@ class SnapshotRing {
       PULSE_CHECK(k >= 1, "k-step distance must be at least 1, got " + std::to_string(k));
       if (k <= size_) rows.push_back(row(k));
     }
-    const auto rows_d = detail::to_device(space, "pulse::sparsity::kstep_rows", rows);
+    const auto rows_d = to_device<typename ExecSpace::memory_space>(rows, "pulse::sparsity::kstep_rows");
     const auto history = history_;
     const std::size_t num_rows = rows.size();
     const auto counts = detail::count_array(
@@ -289,7 +279,7 @@ std::vector<index_t> count_small(const ExecSpace& space, const GradView& grad, c
   static_assert(std::is_same_v<typename GradView::non_const_value_type, float>);
   static_assert(GradView::rank == 1);
   for (const float tau : taus) PULSE_CHECK(!std::isnan(tau), "gradient threshold is NaN");
-  const auto taus_d = detail::to_device(space, "pulse::sparsity::taus", taus);
+  const auto taus_d = to_device<typename ExecSpace::memory_space>(taus, "pulse::sparsity::taus");
   const std::size_t num_taus = taus.size();
   return detail::count_array(
       space, "pulse::sparsity::count_small", static_cast<index_t>(grad.extent(0)), num_taus,

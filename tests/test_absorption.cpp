@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/absorption.hpp"
+#include "kernels/host_copy.hpp"
 
 namespace {
 
@@ -23,12 +24,6 @@ float from_bits(std::uint32_t u) {
   float x;
   std::memcpy(&x, &u, 4);
   return x;
-}
-
-Kokkos::View<float*> to_view(const std::vector<float>& host) {
-  Kokkos::View<float*> v("v", host.size());
-  Kokkos::deep_copy(v, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(host.data(), host.size()));
-  return v;
 }
 
 Log2Histogram empty_histogram(Log2Range r) {
@@ -92,7 +87,7 @@ TEST(Absorption, HandDerived) {
   const std::vector<float> w = {1, 1, 1, -1, 1, 0, 0, nan_f, from_bits(0x7F7FFFFF), 1, -inf_f, 1};
   const std::vector<float> u = {0x1p-9f, 0x1p-8f,    3 * 0x1p-8f, -0.0f, nan_f, 0x1p-140f,
                                 from_bits(1), 1, 1, -inf_f, 0, 0x1p-30f};
-  const auto s = pulse::absorption_stats(pulse::DefaultExec(), to_view(w), to_view(u), {-16, 16});
+  const auto s = pulse::absorption_stats(pulse::DefaultExec(), pulse::to_device(w), pulse::to_device(u), {-16, 16});
   const auto& r = s.ratio;
   EXPECT_EQ(r.bins[-1 + 16], 1);  // 2^-9 / 2^-8 = 1/2
   EXPECT_EQ(r.bins[0 + 16], 1);   // exactly one half ulp: ratio 1, not absorbed
@@ -148,7 +143,7 @@ TEST(Absorption, MatchesNaiveLoop) {
       {{-16, 16}, pulse::all_float_binades}, {{-4, 2}, {-10, 0}}, {{0, 1}, {-200, 200}}};
   for (const index_t n : {0, 1, 7, 33, 1000003}) {
     const auto [w, u] = random_inputs(n, rng);
-    const auto wv = to_view(w), uv = to_view(u);
+    const auto wv = pulse::to_device(w), uv = pulse::to_device(u);
     for (const auto& [ratio_range, weight_range] : ranges) {
       const auto got = pulse::absorption_stats(pulse::DefaultExec(), wv, uv, ratio_range, weight_range);
       const auto want = naive(w, u, ratio_range, weight_range);

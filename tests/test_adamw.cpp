@@ -8,24 +8,11 @@
 #include "core/error.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/grad_norm.hpp"
+#include "kernels/host_copy.hpp"
 
 using namespace pulse;
 
 namespace {
-
-template <class T>
-Kokkos::View<T*> device(const std::vector<T>& h) {
-  Kokkos::View<T*> v("v", h.size());
-  Kokkos::deep_copy(v, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()));
-  return v;
-}
-
-template <class T>
-std::vector<T> host(const Kokkos::View<T*>& v) {
-  std::vector<T> h(v.extent(0));
-  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()), v);
-  return h;
-}
 
 struct MixedState {
   Kokkos::View<float*> master, grad, m, v;
@@ -33,7 +20,7 @@ struct MixedState {
 };
 
 MixedState mixed_state(const std::vector<float>& w, const std::vector<float>& g) {
-  MixedState s{device(w), device(g), Kokkos::View<float*>("m", w.size()), Kokkos::View<float*>("v", w.size()),
+  MixedState s{to_device(w), to_device(g), Kokkos::View<float*>("m", w.size()), Kokkos::View<float*>("v", w.size()),
                Kokkos::View<bf16_bits*>("bf16", w.size())};
   cast_to_bf16(DefaultExec(), s.master, s.bf16);
   return s;
@@ -46,12 +33,12 @@ TEST(AdamW, FirstStepMovesEachWeightByAboutLr) {
   const std::vector<float> w{1.0f, -2.0f, 0.5f, 3.0f}, g{0.1f, -4.0f, 1e-3f, 0.0f};
   auto s = mixed_state(w, g);
   auto segs = make_segments(4);
-  auto mask = device(std::vector<std::uint8_t>{0});
+  auto mask = to_device(std::vector<std::uint8_t>{0});
   AdamWHyper h;
   h.lr = 1e-2;
   adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v,
               s.bf16, false);
-  const auto out = host(s.master);
+  const auto out = to_host(s.master);
   for (int i = 0; i < 4; ++i) {
     const double expected = w[i] - h.lr * g[i] / (std::fabs(double(g[i])) + h.eps);
     EXPECT_NEAR(out[i], expected, 2e-7 * std::fabs(expected)) << i;
@@ -64,13 +51,13 @@ TEST(AdamW, WeightDecayFollowsThePerTensorMask) {
   const std::vector<float> w{1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
   auto s = mixed_state(w, std::vector<float>(5, 0.0f));
   auto segs = make_segments(std::vector<index_t>{0, 2, 5});
-  auto mask = device(std::vector<std::uint8_t>{1, 0});
+  auto mask = to_device(std::vector<std::uint8_t>{1, 0});
   AdamWHyper h;
   h.lr = 1e-2;
   h.weight_decay = 0.5;
   adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v,
               s.bf16, false);
-  const auto out = host(s.master);
+  const auto out = to_host(s.master);
   const float decay = static_cast<float>(1.0 - 1e-2 * 0.5);
   EXPECT_EQ(out[0], 1.0f * decay);
   EXPECT_EQ(out[1], 2.0f * decay);
@@ -86,15 +73,15 @@ TEST(AdamW, ChangedCountEqualsBitsThatChanged) {
   }
   auto s = mixed_state(w, g);
   auto segs = make_segments(std::vector<index_t>{0, 5000, n}, 999);
-  auto mask = device(std::vector<std::uint8_t>{1, 0});
-  const auto before = host(s.bf16);
+  auto mask = to_device(std::vector<std::uint8_t>{1, 0});
+  const auto before = to_host(s.bf16);
   AdamWHyper h;
   h.lr = 1e-3;
   h.weight_decay = 0.1;
   const index_t changed = adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed),
                                       s.master, s.grad, s.m, s.v, s.bf16, true);
-  const auto after = host(s.bf16);
-  const auto master = host(s.master);
+  const auto after = to_host(s.bf16);
+  const auto master = to_host(s.master);
   index_t expected = 0;
   for (int i = 0; i < n; ++i) {
     expected += before[i] != after[i];
@@ -112,14 +99,14 @@ TEST(AdamW, Bf16ModeTinyLearningRateIsAbsorbed) {
     w[i] = float_to_bf16(0.5f + i * 1e-4f);
     g[i] = float_to_bf16(std::cos(0.1f * i));
   }
-  auto wv = device(w), gv = device(g);
+  auto wv = to_device(w), gv = to_device(g);
   Kokkos::View<bf16_bits*> m("m", n), v("v", n);
   auto segs = make_segments(n);
-  auto mask = device(std::vector<std::uint8_t>{0});
+  auto mask = to_device(std::vector<std::uint8_t>{0});
   AdamWHyper h;
   h.lr = 1e-5;  // |update| ~ 1e-5 < half-ulp(0.5) = 2^-9
   EXPECT_EQ(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::bf16), wv, gv, m, v), 0);
-  EXPECT_EQ(host(wv), w);
+  EXPECT_EQ(to_host(wv), w);
   h.lr = 1e-2;  // now every weight moves
   EXPECT_EQ(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, 2, 1.0f, Precision::bf16), wv, gv, m, v), n);
 }
@@ -137,7 +124,7 @@ TEST(AdamW, Bf16ScalarsAreRoundedWherePyTorchRoundsThem) {
 TEST(AdamW, RejectsMismatchedBuffers) {
   auto s = mixed_state(std::vector<float>(8, 1.0f), std::vector<float>(8, 0.0f));
   auto segs = make_segments(9);
-  auto mask = device(std::vector<std::uint8_t>{0});
+  auto mask = to_device(std::vector<std::uint8_t>{0});
   EXPECT_THROW(adamw_mixed(DefaultExec(), segs, mask, adamw_scalars({}, 1, 1.0f, Precision::mixed), s.master, s.grad,
                            s.m, s.v, s.bf16, false),
                Error);
@@ -145,7 +132,7 @@ TEST(AdamW, RejectsMismatchedBuffers) {
 
 TEST(GradNorm, HandDerivedNormsAndCoefficient) {
   // Tensor 0: (3, 4) -> 5; tensor 1: (12) -> 12; empty tensor 2 -> 0; total 13.
-  auto g = device(std::vector<float>{3.0f, 4.0f, 12.0f});
+  auto g = to_device(std::vector<float>{3.0f, 4.0f, 12.0f});
   auto segs = make_segments(std::vector<index_t>{0, 2, 3, 3}, 1);
   const auto norm = grad_norm(DefaultExec(), segs, g, Precision::mixed);
   EXPECT_EQ(norm.per_tensor, (std::vector<float>{5.0f, 12.0f, 0.0f}));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/gate.hpp"
+#include "kernels/host_copy.hpp"
 
 namespace {
 
@@ -16,22 +17,6 @@ using pulse::index_t;
 
 const float nan_f = std::numeric_limits<float>::quiet_NaN();
 const float inf_f = std::numeric_limits<float>::infinity();
-
-template <class T>
-Kokkos::View<T*> to_view(const std::vector<T>& host) {
-  Kokkos::View<T*> v("v", host.size());
-  Kokkos::deep_copy(v, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(host.data(), host.size()));
-  return v;
-}
-
-template <class View>
-std::vector<typename View::non_const_value_type> to_host(const View& v) {
-  std::vector<typename View::non_const_value_type> host(v.extent(0));
-  Kokkos::deep_copy(Kokkos::View<typename View::non_const_value_type*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                        host.data(), host.size()),
-                    v);
-  return host;
-}
 
 std::uint32_t bits_of(float x) {
   std::uint32_t u;
@@ -64,8 +49,8 @@ TEST(Gate, HandDerived) {
   const std::vector<std::uint8_t> expected = {0, 0, 1, 0, 1, 0, 1, 1, 0, 0, 1, 0};
   ASSERT_EQ(naive_mask(theta, s), expected);
   Kokkos::View<std::uint8_t*> mask("mask", theta.size());
-  EXPECT_EQ(pulse::gate_mask(pulse::DefaultExec(), to_view(theta), to_view(s), mask), 5);
-  EXPECT_EQ(to_host(mask), expected);
+  EXPECT_EQ(pulse::gate_mask(pulse::DefaultExec(), pulse::to_device(theta), pulse::to_device(s), mask), 5);
+  EXPECT_EQ(pulse::to_host(mask), expected);
 }
 
 std::pair<std::vector<float>, std::vector<float>> random_inputs(index_t n, std::mt19937_64& rng) {
@@ -93,11 +78,11 @@ TEST(Gate, MaskAndCompactionMatchNaiveLoop) {
     std::vector<index_t> fired;
     for (index_t i = 0; i < n; ++i)
       if (expected[i]) fired.push_back(i);
-    const auto theta_v = to_view(theta), s_v = to_view(s);
+    const auto theta_v = pulse::to_device(theta), s_v = pulse::to_device(s);
 
     Kokkos::View<std::uint8_t*> mask("mask", n);
     EXPECT_EQ(pulse::gate_mask(pulse::DefaultExec(), theta_v, s_v, mask), static_cast<index_t>(fired.size()));
-    EXPECT_EQ(to_host(mask), expected) << "n " << n;
+    EXPECT_EQ(pulse::to_host(mask), expected) << "n " << n;
     if (n > 1000) {  // the random mix must exercise both outcomes
       EXPECT_GT(fired.size(), std::size_t(n / 10));
       EXPECT_LT(fired.size(), std::size_t(n - n / 10));
@@ -106,11 +91,11 @@ TEST(Gate, MaskAndCompactionMatchNaiveLoop) {
     const index_t count = static_cast<index_t>(fired.size());
     for (const index_t capacity : {index_t(0), count / 2, count, count + 3}) {
       const float sentinel = -12345.0f;
-      const auto indices = to_view(std::vector<index_t>(capacity, -1));
-      const auto values = to_view(std::vector<float>(capacity, sentinel));
+      const auto indices = pulse::to_device(std::vector<index_t>(capacity, -1));
+      const auto values = pulse::to_device(std::vector<float>(capacity, sentinel));
       ASSERT_EQ(pulse::compact_fired(pulse::DefaultExec(), theta_v, s_v, indices, values), count);
-      const auto got_i = to_host(indices);
-      const auto got_v = to_host(values);
+      const auto got_i = pulse::to_host(indices);
+      const auto got_v = pulse::to_host(values);
       for (index_t j = 0; j < capacity; ++j) {
         if (j < count) {
           ASSERT_EQ(got_i[j], fired[j]) << "n " << n << " capacity " << capacity << " entry " << j;

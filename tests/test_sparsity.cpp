@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/sparsity.hpp"
+#include "kernels/host_copy.hpp"
 
 namespace {
 
@@ -18,22 +19,6 @@ using pulse::index_t;
 using Bits = std::vector<bf16_bits>;
 
 const std::vector<index_t> odd_sizes = {0, 1, 7, 33, 1000003};
-
-template <class T>
-Kokkos::View<T*> to_view(const std::vector<T>& host) {
-  Kokkos::View<T*> v("v", host.size());
-  Kokkos::deep_copy(v, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(host.data(), host.size()));
-  return v;
-}
-
-template <class View>
-std::vector<typename View::non_const_value_type> to_host(const View& v) {
-  std::vector<typename View::non_const_value_type> host(v.extent(0));
-  Kokkos::deep_copy(Kokkos::View<typename View::non_const_value_type*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                        host.data(), host.size()),
-                    v);
-  return host;
-}
 
 // A pair of snapshots (old, new) of one kind.
 enum class Kind { random, all_changed, none_changed, signed_zero_flips, nan_payloads };
@@ -78,8 +63,8 @@ index_t naive_count(const Bits& a, const Bits& b) {
 
 TEST(CountChanged, HandDerived) {
   // +0 -> -0, NaN payload 0x7FC1 -> 0x7FC0, equal 1.0, equal -inf, 1.0 -> next value up.
-  const auto old_bits = to_view<bf16_bits>({0x0000, 0x7FC1, 0x3F80, 0xFF80, 0x3F80});
-  const auto new_bits = to_view<bf16_bits>({0x8000, 0x7FC0, 0x3F80, 0xFF80, 0x3F81});
+  const auto old_bits = pulse::to_device(Bits{0x0000, 0x7FC1, 0x3F80, 0xFF80, 0x3F80});
+  const auto new_bits = pulse::to_device(Bits{0x8000, 0x7FC0, 0x3F80, 0xFF80, 0x3F81});
   EXPECT_EQ(pulse::count_changed(pulse::DefaultExec(), old_bits, new_bits), 3);
 }
 
@@ -89,7 +74,7 @@ TEST(CountChanged, MatchesNaiveLoop) {
     for (const Kind kind : all_kinds) {
       const auto [a, b] = make_pair(kind, n, rng);
       const index_t expected = naive_count(a, b);
-      EXPECT_EQ(pulse::count_changed(pulse::DefaultExec(), to_view(a), to_view(b)), expected)
+      EXPECT_EQ(pulse::count_changed(pulse::DefaultExec(), pulse::to_device(a), pulse::to_device(b)), expected)
           << "n " << n << " kind " << int(kind);
       if (kind == Kind::all_changed) {
         EXPECT_EQ(expected, n);
@@ -117,7 +102,7 @@ TEST(CountChangedPerTensor, MatchesNaiveLoopAcrossSegmentBoundaries) {
     for (const Kind kind : all_kinds) {
       const auto segments = pulse::make_segments(offsets, max_length);
       const auto [a, b] = make_pair(kind, n, rng);
-      const auto counts = pulse::count_changed(pulse::DefaultExec(), segments, to_view(a), to_view(b));
+      const auto counts = pulse::count_changed(pulse::DefaultExec(), segments, pulse::to_device(a), pulse::to_device(b));
       ASSERT_EQ(counts.per_tensor.size(), sizes.size());
       for (std::size_t t = 0; t < sizes.size(); ++t) {
         const Bits ta(a.begin() + offsets[t], a.begin() + offsets[t + 1]);
@@ -148,12 +133,12 @@ void check_compaction(const Bits& a, const Bits& b, index_t capacity) {
     if (a[i] != b[i]) expected_indices.push_back(static_cast<index_t>(i));
   const index_t sentinel_index = -7;
   const bf16_bits sentinel_value = 0xABCD;
-  const auto indices = to_view(std::vector<index_t>(capacity, sentinel_index));
-  const auto values = to_view(std::vector<bf16_bits>(capacity, sentinel_value));
-  const index_t count = pulse::compact_changed(pulse::DefaultExec(), to_view(a), to_view(b), indices, values);
+  const auto indices = pulse::to_device(std::vector<index_t>(capacity, sentinel_index));
+  const auto values = pulse::to_device(std::vector<bf16_bits>(capacity, sentinel_value));
+  const index_t count = pulse::compact_changed(pulse::DefaultExec(), pulse::to_device(a), pulse::to_device(b), indices, values);
   ASSERT_EQ(count, static_cast<index_t>(expected_indices.size())) << "capacity " << capacity;
-  const auto got_indices = to_host(indices);
-  const auto got_values = to_host(values);
+  const auto got_indices = pulse::to_host(indices);
+  const auto got_values = pulse::to_host(values);
   for (index_t j = 0; j < capacity; ++j) {
     if (j < count) {
       ASSERT_EQ(got_indices[j], expected_indices[j]) << "entry " << j << " capacity " << capacity;
@@ -179,7 +164,7 @@ TEST(CompactChanged, MatchesNaiveLoopAtEveryCapacity) {
 TEST(CompactChanged, GrowAndRetryReachesEveryChange) {
   std::mt19937_64 rng(4);
   const auto [a, b] = make_pair(Kind::random, 33333, rng);
-  const auto old_bits = to_view(a), new_bits = to_view(b);
+  const auto old_bits = pulse::to_device(a), new_bits = pulse::to_device(b);
   Kokkos::View<index_t*> indices("indices", 10);
   Kokkos::View<bf16_bits*> values("values", 10);
   index_t count = pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values);
@@ -187,8 +172,8 @@ TEST(CompactChanged, GrowAndRetryReachesEveryChange) {
   Kokkos::resize(indices, count);
   Kokkos::resize(values, count);
   EXPECT_EQ(pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values), count);
-  const auto got = to_host(values);
-  const auto got_indices = to_host(indices);
+  const auto got = pulse::to_host(values);
+  const auto got_indices = pulse::to_host(indices);
   for (index_t j = 0; j < count; ++j) ASSERT_EQ(got[j], b[got_indices[j]]);
   EXPECT_EQ(count, naive_count(a, b));
 }
@@ -216,7 +201,7 @@ TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
       if (n > 1) next[n - 1] = static_cast<bf16_bits>(0x7FC0 | (step % 3));
       current = next;
 
-      const auto counts = ring.count_changed_k(pulse::DefaultExec(), to_view(current), ks);
+      const auto counts = ring.count_changed_k(pulse::DefaultExec(), pulse::to_device(current), ks);
       ASSERT_EQ(counts.size(), ks.size());
       for (std::size_t j = 0; j < ks.size(); ++j) {
         const int k = ks[j];
@@ -224,10 +209,10 @@ TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
         const index_t expected = held ? naive_count(history[history.size() - k], current) : -1;
         EXPECT_EQ(counts[j], expected) << "n " << n << " step " << step << " k " << k;
       }
-      ring.push(pulse::DefaultExec(), to_view(current));
+      ring.push(pulse::DefaultExec(), pulse::to_device(current));
       history.push_back(current);
       EXPECT_EQ(ring.size(), std::min<int>(history.size(), depth));
-      for (int k = 1; k <= ring.size(); ++k) ASSERT_EQ(to_host(ring.snapshot(k)), history[history.size() - k]);
+      for (int k = 1; k <= ring.size(); ++k) ASSERT_EQ(pulse::to_host(ring.snapshot(k)), history[history.size() - k]);
     }
   }
 }
@@ -250,7 +235,7 @@ float from_bits(std::uint32_t u) {
 
 TEST(CountSmall, HandDerived) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  const auto grad = to_view<float>({0.0f, -0.0f, 1e-9f, -1e-8f, 2e-8f, -1e-4f, nan, -nan, inf, -inf, 1.0f,
+  const auto grad = pulse::to_device(std::vector<float>{0.0f, -0.0f, 1e-9f, -1e-8f, 2e-8f, -1e-4f, nan, -nan, inf, -inf, 1.0f,
                                     from_bits(0x00000001)});
   const auto counts = pulse::count_small(pulse::DefaultExec(), grad, {0.0f, 1e-8f, 1e-6f, 1e-4f, -1.0f, inf});
   // tau 0: the two zeros; 1e-8: + 1e-9, -1e-8, the subnormal; 1e-4: + 2e-8, -1e-4; inf: all but NaNs.
@@ -275,9 +260,9 @@ TEST(CountSmall, MatchesNaiveLoop) {
     std::vector<index_t> expected(taus.size(), 0);
     for (const float g : grad)
       for (std::size_t j = 0; j < taus.size(); ++j) expected[j] += std::fabs(g) <= taus[j];
-    EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), to_view(grad), taus), expected) << "n " << n;
+    EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), taus), expected) << "n " << n;
   }
-  EXPECT_TRUE(pulse::count_small(pulse::DefaultExec(), to_view(std::vector<float>{1.0f}), {}).empty());
+  EXPECT_TRUE(pulse::count_small(pulse::DefaultExec(), pulse::to_device(std::vector<float>{1.0f}), {}).empty());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "core/tensor_table.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/grad_norm.hpp"
+#include "kernels/host_copy.hpp"
 #include "raw_io.hpp"
 
 using namespace pulse;
@@ -16,16 +17,8 @@ using namespace pulse;
 namespace {
 
 template <class T>
-Kokkos::View<T*> to_device(const std::vector<T>& host, const char* label) {
-  Kokkos::View<T*> out(std::string(label), host.size());
-  Kokkos::deep_copy(out, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(host.data(), host.size()));
-  return out;
-}
-
-template <class T>
 void save(const std::string& path, const Kokkos::View<T*>& v) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-  oracle::write_raw(path, h.data(), h.extent(0));
+  oracle::write_raw(path, to_host(v));
 }
 
 int run(const std::string& dir) {
@@ -40,7 +33,7 @@ int run(const std::string& dir) {
   const index_t n = table.num_elements();
   const auto segs = make_segments(table.offsets());
   const auto mask_host = table.weight_decay_mask();
-  const auto mask = to_device(mask_host, "mask");
+  const auto mask = to_device(mask_host);
 
   AdamWHyper hyper;
   hyper.beta1 = cfg["beta1"];

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "kernels/bf16.hpp"
+#include "kernels/host_copy.hpp"
 #include "raw_io.hpp"
 
 int main(int argc, char** argv) {
@@ -13,12 +14,9 @@ int main(int argc, char** argv) {
   }
   try {
     const auto in = pulse::oracle::read_raw<float>(argv[1]);
-    Kokkos::View<float*> x("x", in.size());
-    Kokkos::View<pulse::bf16_bits*> y("y", in.size());
-    Kokkos::deep_copy(x, Kokkos::View<const float*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(in.data(), in.size()));
-    pulse::cast_to_bf16(pulse::DefaultExec(), x, y);
-    auto out = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
-    pulse::oracle::write_raw(argv[2], out.data(), out.extent(0));
+    Kokkos::View<pulse::bf16_bits*> out("out", in.size());
+    pulse::cast_to_bf16(pulse::DefaultExec(), pulse::to_device(in), out);
+    pulse::oracle::write_raw(argv[2], pulse::to_host(out));
   } catch (const std::exception& e) {
     std::cerr << "cast_driver: " << e.what() << "\n";
     return 1;

@@ -16,44 +16,20 @@
 
 #include "kernels/absorption.hpp"
 #include "kernels/gate.hpp"
+#include "kernels/host_copy.hpp"
 #include "kernels/sparsity.hpp"
+#include "raw_io.hpp"
 
 namespace {
 
 using pulse::index_t;
-using HostUnmanaged = Kokkos::MemoryUnmanaged;
-
-template <class T>
-std::vector<T> read_array(const std::string& path, std::size_t count) {
-  std::ifstream in(path, std::ios::binary);
-  PULSE_CHECK(in.good(), "cannot open " + path);
-  std::vector<T> data(count);
-  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(count * sizeof(T)));
-  PULSE_CHECK(in.gcount() == static_cast<std::streamsize>(count * sizeof(T)) && in.peek() == EOF,
-              path + " does not hold exactly " + std::to_string(count) + " values");
-  return data;
-}
-
-template <class T>
-void write_array(const std::string& path, const std::vector<T>& data) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(T)));
-  PULSE_CHECK(out.good(), "cannot write " + path);
-}
-
-template <class T>
-Kokkos::View<T*> to_device(const std::vector<T>& host) {
-  Kokkos::View<T*> v(Kokkos::view_alloc(Kokkos::WithoutInitializing, "input"), host.size());
-  Kokkos::deep_copy(v, Kokkos::View<const T*, Kokkos::HostSpace, HostUnmanaged>(host.data(), host.size()));
-  return v;
-}
+using pulse::to_device;
+using pulse::oracle::read_raw;
+using pulse::oracle::write_raw;
 
 template <class T>
 std::vector<T> to_host(const Kokkos::View<T*>& v, std::size_t count) {
-  std::vector<T> host(count);
-  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, HostUnmanaged>(host.data(), count),
-                    Kokkos::subview(v, std::make_pair(std::size_t(0), count)));
-  return host;
+  return pulse::to_host(Kokkos::subview(v, std::make_pair(std::size_t(0), count)));
 }
 
 // Calls compact(indices, values) from the given capacity, growing once if the count exceeds it.
@@ -69,8 +45,8 @@ nlohmann::json compact_with_retry(index_t capacity, const Compact& compact, cons
     Kokkos::resize(values, first);
     count = compact(indices, values);
   }
-  write_array(dir + "/" + name + "_indices.bin", to_host(indices, count));
-  write_array(dir + "/" + name + "_values.bin", to_host(values, count));
+  write_raw(dir + "/" + name + "_indices.bin", to_host(indices, count));
+  write_raw(dir + "/" + name + "_values.bin", to_host(values, count));
   return {{"count", count}, {"first_attempt_count", first}};
 }
 
@@ -90,8 +66,8 @@ void run_case(const std::string& dir) {
   nlohmann::json result;
 
   // Changed elements between two BF16 snapshots.
-  const auto old_bits = to_device(read_array<pulse::bf16_bits>(dir + "/old.bin", n));
-  const auto new_bits = to_device(read_array<pulse::bf16_bits>(dir + "/new.bin", n));
+  const auto old_bits = to_device(read_raw<pulse::bf16_bits>(dir + "/old.bin", n));
+  const auto new_bits = to_device(read_raw<pulse::bf16_bits>(dir + "/new.bin", n));
   result["changed"] = pulse::count_changed(space, old_bits, new_bits);
   const auto segments = pulse::make_segments(params.at("offsets").get<std::vector<index_t>>(),
                                              params.at("max_segment_length").get<index_t>());
@@ -107,7 +83,7 @@ void run_case(const std::string& dir) {
 
   // k-step counts: compare each snapshot with the ring, then push it.
   const std::size_t num_snapshots = params.at("num_snapshots");
-  const auto history = read_array<pulse::bf16_bits>(dir + "/history.bin", num_snapshots * n);
+  const auto history = read_raw<pulse::bf16_bits>(dir + "/history.bin", num_snapshots * n);
   pulse::SnapshotRing<> ring(params.at("depth").get<int>(), static_cast<index_t>(n));
   const auto ks = params.at("ks").get<std::vector<int>>();
   result["kstep"] = nlohmann::json::array();
@@ -118,12 +94,12 @@ void run_case(const std::string& dir) {
   }
 
   // Gradient thresholds.
-  const auto grad = to_device(read_array<float>(dir + "/grad.bin", n));
+  const auto grad = to_device(read_raw<float>(dir + "/grad.bin", n));
   result["small"] = pulse::count_small(space, grad, params.at("taus").get<std::vector<float>>());
 
   // Absorption.
-  const auto weights = to_device(read_array<float>(dir + "/weights.bin", n));
-  const auto updates = to_device(read_array<float>(dir + "/updates.bin", n));
+  const auto weights = to_device(read_raw<float>(dir + "/weights.bin", n));
+  const auto updates = to_device(read_raw<float>(dir + "/updates.bin", n));
   const auto ratio_range = params.at("ratio_range").get<std::vector<int>>();
   const auto stats = pulse::absorption_stats(space, weights, updates, {ratio_range.at(0), ratio_range.at(1)});
   result["absorption"] = {{"ratio", histogram_json(stats.ratio)},
@@ -131,11 +107,11 @@ void run_case(const std::string& dir) {
                           {"absorbed", stats.absorbed}};
 
   // Gate.
-  const auto theta = to_device(read_array<float>(dir + "/theta.bin", n));
-  const auto s = to_device(read_array<float>(dir + "/s.bin", n));
+  const auto theta = to_device(read_raw<float>(dir + "/theta.bin", n));
+  const auto s = to_device(read_raw<float>(dir + "/s.bin", n));
   Kokkos::View<std::uint8_t*> mask("mask", n);
   result["fired"] = pulse::gate_mask(space, theta, s, mask);
-  write_array(dir + "/mask.bin", to_host(mask, n));
+  write_raw(dir + "/mask.bin", to_host(mask, n));
   result["compact_fired"] = compact_with_retry<float>(
       capacity,
       [&](const auto& indices, const auto& values) { return pulse::compact_fired(space, theta, s, indices, values); },
