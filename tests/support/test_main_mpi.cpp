@@ -1,8 +1,29 @@
-// GoogleTest main for MPI tests: every rank runs every test; only rank 0 prints, and the
-// process fails when any rank failed, so mpiexec's exit status tells the whole story.
+// GoogleTest main for MPI tests: every rank runs every test; rank 0 prints the usual report,
+// other ranks print only their failures (tagged with the rank), and the process fails when
+// any rank failed, so mpiexec's exit status tells the whole story.
 #include <Kokkos_Core.hpp>
 #include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <cstdio>
+
+namespace {
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::fprintf(stderr, "[rank %d] %s.%s failed at %s:%d\n%s\n", rank_, test->test_suite_name(), test->name(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
@@ -13,6 +34,7 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(rank));
   }
   int local_failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = 0;
