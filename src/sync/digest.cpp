@@ -1,0 +1,78 @@
+#include "sync/digest.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "core/error.hpp"
+
+namespace pulse::sync {
+
+Digest digest_bytes(const void* data, std::size_t bytes) {
+  const XXH128_hash_t h = XXH3_128bits(data, bytes);
+  XXH128_canonical_t canonical;  // big-endian bytes, the same on every machine
+  XXH128_canonicalFromHash(&canonical, h);
+  Digest d;
+  std::memcpy(d.data(), canonical.digest, d.size());
+  return d;
+}
+
+std::string to_hex(const Digest& d) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (std::uint8_t b : d) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+Digest digest_from_hex(const std::string& hex) {
+  PULSE_CHECK(hex.size() == 32, "a digest is 32 hex digits, got '" + hex + "'");
+  auto nibble = [&](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    throw_error(__FILE__, __LINE__, "not a hex digest: '" + hex + "'");
+  };
+  Digest d;
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<std::uint8_t>(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1]));
+  return d;
+}
+
+Digest state_digest(const std::vector<TensorRef>& tensors, const std::vector<Digest>& tensor_digests) {
+  PULSE_CHECK(tensors.size() == tensor_digests.size(), "state_digest: one digest per tensor");
+  std::vector<std::size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
+  XXH3_state_t* state = XXH3_createState();
+  PULSE_CHECK(state != nullptr, "out of memory for a digest state");
+  XXH3_128bits_reset(state);
+  for (std::size_t i : order) {
+    const TensorRef& t = tensors[i];
+    XXH3_128bits_update(state, t.name.c_str(), t.name.size() + 1);  // with its terminating 0
+    XXH3_128bits_update(state, t.dtype.c_str(), t.dtype.size() + 1);
+    const std::uint64_t rank = t.shape.size();
+    XXH3_128bits_update(state, &rank, sizeof rank);
+    for (std::int64_t d : t.shape) XXH3_128bits_update(state, &d, sizeof d);
+    XXH3_128bits_update(state, tensor_digests[i].data(), tensor_digests[i].size());
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, h);
+  Digest d;
+  std::memcpy(d.data(), canonical.digest, d.size());
+  return d;
+}
+
+Digest state_digest(const std::vector<TensorRef>& tensors) {
+  std::vector<Digest> digests;
+  digests.reserve(tensors.size());
+  for (const auto& t : tensors) digests.push_back(tensor_digest(t));
+  return state_digest(tensors, digests);
+}
+
+}  // namespace pulse::sync

@@ -1,0 +1,36 @@
+#pragma once
+// xxh3-128 digests of tensors and of a whole model state. The state digest is canonical: it
+// covers every tensor's name, dtype, shape and bytes, in order of name, so two files with the
+// same tensors in another layout have the same digest.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pulse::sync {
+
+using Digest = std::array<std::uint8_t, 16>;
+
+Digest digest_bytes(const void* data, std::size_t bytes);
+std::string to_hex(const Digest& d);
+// Parses 32 hex digits; throws pulse::Error otherwise.
+Digest digest_from_hex(const std::string& hex);
+
+// One tensor of a model state, as its bytes (any safetensors dtype).
+struct TensorRef {
+  std::string name;
+  std::string dtype;  // safetensors dtype name: "BF16", "F32", ...
+  std::vector<std::int64_t> shape;
+  const std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Digest of the tensor's bytes (the per-tensor digest a patch records).
+inline Digest tensor_digest(const TensorRef& t) { return digest_bytes(t.data, t.bytes); }
+
+// Canonical digest of a state from its tensors' metadata and per-tensor digests.
+Digest state_digest(const std::vector<TensorRef>& tensors, const std::vector<Digest>& tensor_digests);
+Digest state_digest(const std::vector<TensorRef>& tensors);
+
+}  // namespace pulse::sync
