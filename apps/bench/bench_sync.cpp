@@ -1,0 +1,158 @@
+// PULSESync benchmarks: patch size in bits per changed element for dense BF16, dense BF16 +
+// zstd, the paper's format and pulse's codings, and encode/apply throughput in GB/s of BF16
+// weights scanned. Steps follow the absorption rule: weights ~ N(0, 0.02), updates lr * N(0, 1)
+// with lr calibrated to the target sparsity, and an element changes where bf16(w + u) differs.
+//   pulse-bench-sync --benchmark_format=json
+#include <benchmark/benchmark.h>
+#include <zstd.h>
+
+#include <Kokkos_Core.hpp>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "kernels/bf16.hpp"
+#include "sync/patch.hpp"
+
+using namespace pulse;
+using namespace pulse::sync;
+
+namespace {
+
+// Deterministic standard normal from a counter (Box-Muller on two hashed uniforms).
+double hashed_normal(std::uint64_t i, std::uint64_t seed) {
+  auto mix = [](std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  const double u1 = (mix(2 * i * 0x9E3779B97F4A7C15ull ^ seed) >> 11) * 0x1.0p-53 + 0x1.0p-54;
+  const double u2 = (mix((2 * i + 1) * 0x9E3779B97F4A7C15ull ^ seed) >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+struct Step {
+  std::vector<bf16_bits> base, target;
+  std::uint64_t changed = 0;
+};
+
+double changed_fraction(const std::vector<float>& w, double lr, std::size_t sample) {
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < sample; ++i)
+    c += float_to_bf16(w[i]) != float_to_bf16(w[i] + float(lr * hashed_normal(i, 2)));
+  return double(c) / sample;
+}
+
+const Step& step_at(std::size_t n, double sparsity) {
+  static std::map<std::pair<std::size_t, double>, Step> cache;
+  auto& s = cache[{n, sparsity}];
+  if (!s.base.empty()) return s;
+  std::vector<float> w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = float(0.02 * hashed_normal(i, 1));
+  double lo = 1e-9, hi = 1e-3;  // bisection on log lr for the target changed fraction
+  for (int it = 0; it < 40; ++it) {
+    const double mid = std::sqrt(lo * hi);
+    (changed_fraction(w, mid, std::min<std::size_t>(n, 1 << 20)) < 1 - sparsity ? lo : hi) = mid;
+  }
+  const double lr = std::sqrt(lo * hi);
+  s.base.resize(n);
+  s.target.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    s.base[i] = float_to_bf16(w[i]);
+    s.target[i] = float_to_bf16(w[i] + float(lr * hashed_normal(i, 2)));
+    s.changed += s.base[i] != s.target[i];
+  }
+  return s;
+}
+
+std::vector<TensorRef> as_state(const std::vector<bf16_bits>& bits) {
+  return {{"weight", "BF16", {std::int64_t(bits.size())}, reinterpret_cast<const std::byte*>(bits.data()), 2 * bits.size()}};
+}
+
+std::size_t zstd1_size(const void* data, std::size_t bytes) {
+  std::vector<char> out(ZSTD_compressBound(bytes));
+  return ZSTD_compress(out.data(), out.size(), data, bytes, 1);
+}
+
+// The paper's representation: int32 gaps of the flat indices, then raw BF16 values, zstd-1.
+std::size_t paper_format_size(const Step& s) {
+  std::vector<std::int32_t> gaps;
+  std::vector<bf16_bits> values;
+  std::int64_t prev = 0;
+  for (std::size_t i = 0; i < s.base.size(); ++i)
+    if (s.base[i] != s.target[i]) {
+      gaps.push_back(std::int32_t(i - prev));
+      prev = i;
+      values.push_back(s.target[i]);
+    }
+  std::vector<std::uint8_t> raw(gaps.size() * 4 + values.size() * 2);
+  std::memcpy(raw.data(), gaps.data(), gaps.size() * 4);
+  std::memcpy(raw.data() + gaps.size() * 4, values.data(), values.size() * 2);
+  return zstd1_size(raw.data(), raw.size());
+}
+
+void BM_PatchSize(benchmark::State& state) {
+  const std::size_t n = std::size_t(1) << 24;
+  const double sparsity = state.range(0) / 1000.0;
+  const Step& s = step_at(n, sparsity);
+  std::size_t ours = 0, ours_raw = 0;
+  for (auto _ : state) {
+    EncodeOptions opt;
+    ours = encode_patch(as_state(s.base), as_state(s.target), opt).size();
+    opt.values = ValueCoding::raw;
+    ours_raw = encode_patch(as_state(s.base), as_state(s.target), opt).size();
+  }
+  const double bits = 8.0 / double(s.changed);
+  state.counters["sparsity"] = 1.0 - double(s.changed) / n;
+  state.counters["bits_dense_bf16"] = 2.0 * n * bits;
+  state.counters["bits_dense_bf16_zstd1"] = zstd1_size(s.target.data(), 2 * n) * bits;
+  state.counters["bits_paper_format"] = paper_format_size(s) * bits;
+  state.counters["bits_pulse_raw_values"] = ours_raw * bits;
+  state.counters["bits_pulse_default"] = ours * bits;
+  state.counters["paper_over_default"] = double(paper_format_size(s)) / ours;
+  state.counters["dense_over_default"] = 2.0 * n / ours;
+}
+
+void BM_Encode(benchmark::State& state) {
+  const std::size_t n = std::size_t(state.range(0));
+  const Step& s = step_at(n, state.range(1) / 1000.0);
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    Kokkos::Timer timer;
+    bytes = encode_patch(as_state(s.base), as_state(s.target), {}).size();
+    state.SetIterationTime(timer.seconds());
+  }
+  state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
+  state.counters["patch_bytes"] = double(bytes);
+}
+
+void BM_Apply(benchmark::State& state) {
+  const std::size_t n = std::size_t(state.range(0));
+  const Step& s = step_at(n, state.range(1) / 1000.0);
+  const auto patch = encode_patch(as_state(s.base), as_state(s.target), {});
+  std::vector<bf16_bits> receiver(n);
+  for (auto _ : state) {
+    std::memcpy(receiver.data(), s.base.data(), 2 * n);  // untimed: reset to the base version
+    std::vector<MutableTensor> m{{"weight", "BF16", {std::int64_t(n)}, reinterpret_cast<std::byte*>(receiver.data()), 2 * n}};
+    Kokkos::Timer timer;
+    apply_patch(parse_patch(patch.data(), patch.size()), m);
+    state.SetIterationTime(timer.seconds());
+  }
+  if (std::memcmp(receiver.data(), s.target.data(), 2 * n) != 0) state.SkipWithError("apply is not bit-exact");
+  state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
+}
+
+BENCHMARK(BM_PatchSize)->Arg(990)->Arg(999)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Encode)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Apply)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
