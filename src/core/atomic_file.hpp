@@ -1,0 +1,30 @@
+#pragma once
+// A file that appears at its path whole or not at all: bytes go to a temporary file in the same
+// folder, which commit() fsyncs and renames over the path, then fsyncs the folder so the rename
+// survives a crash. Destroyed without commit(), the temporary file is removed and the path keeps
+// its old content. Readers therefore never see a partial file.
+#include <cstddef>
+#include <string>
+
+namespace pulse {
+
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void write(const void* data, std::size_t size);
+  void commit();
+
+ private:
+  std::string path_, temp_path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// Writes bytes to path atomically (AtomicFile in one call).
+void write_file_atomically(const std::string& path, const void* data, std::size_t size);
+
+}  // namespace pulse
