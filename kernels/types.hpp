@@ -22,6 +22,15 @@ enum class Precision {
 template <class ExecSpace>
 using FlatPolicy = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
 
+// Model layer kernels take unmanaged 1-D views into flat buffers with explicit dimensions, as
+// llm.c's layers take pointers; the execution space fixes the memory space.
+template <class ExecSpace>
+using FloatSpan = Kokkos::View<float*, typename ExecSpace::memory_space, Kokkos::MemoryUnmanaged>;
+template <class ExecSpace>
+using ConstFloatSpan = Kokkos::View<const float*, typename ExecSpace::memory_space, Kokkos::MemoryUnmanaged>;
+template <class ExecSpace>
+using ConstIntSpan = Kokkos::View<const int*, typename ExecSpace::memory_space, Kokkos::MemoryUnmanaged>;
+
 using DefaultExec = Kokkos::DefaultExecutionSpace;
 using DefaultMem = DefaultExec::memory_space;
 
