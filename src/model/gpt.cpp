@@ -193,22 +193,27 @@ void GPT::set_weights(const Kokkos::View<const bf16_bits*>& weights) {
   cast_to_float(space_, weights, weights_);
 }
 
-void GPT::check_ids(const Kokkos::View<const int*>& ids, const char* what) const {
-  PULSE_CHECK(ids.extent(0) == std::size_t(B_) * T_, std::string("model: ") + what + " holds " +
-                                                         std::to_string(ids.extent(0)) + " ids, expected batch*seq_len = " +
-                                                         std::to_string(index_t(B_) * T_));
-  const int V = config_.vocab_size;
+namespace detail {
+
+// A free function, not a private member: CUDA forbids device lambdas in private members.
+void check_ids(const DefaultExec& space, const Kokkos::View<const int*>& ids, index_t expected, int vocab,
+               const char* what) {
+  PULSE_CHECK(ids.extent(0) == std::size_t(expected), std::string("model: ") + what + " holds " +
+                                                          std::to_string(ids.extent(0)) +
+                                                          " ids, expected batch*seq_len = " + std::to_string(expected));
   index_t bad = 0;
   Kokkos::parallel_reduce(
-      "pulse::gpt::check_ids", FlatPolicy<Exec>(space_, 0, ids.extent(0)),
-      KOKKOS_LAMBDA(const index_t i, index_t& n) { n += (ids(i) < 0 || ids(i) >= V) ? 1 : 0; }, bad);
-  PULSE_CHECK(bad == 0, std::string("model: ") + std::to_string(bad) + " of the " + what + " are outside the vocabulary 0.." +
-                            std::to_string(V - 1));
+      "pulse::gpt::check_ids", FlatPolicy<DefaultExec>(space, 0, ids.extent(0)),
+      KOKKOS_LAMBDA(const index_t i, index_t& n) { n += (ids(i) < 0 || ids(i) >= vocab) ? 1 : 0; }, bad);
+  PULSE_CHECK(bad == 0, std::string("model: ") + std::to_string(bad) + " of the " + what +
+                            " are outside the vocabulary 0.." + std::to_string(vocab - 1));
 }
 
+}  // namespace detail
+
 float GPT::forward(const Kokkos::View<const int*>& tokens, const Kokkos::View<const int*>& targets) {
-  check_ids(tokens, "tokens");
-  if (targets.extent(0) != 0) check_ids(targets, "targets");
+  detail::check_ids(space_, tokens, index_t(B_) * T_, config_.vocab_size, "tokens");
+  if (targets.extent(0) != 0) detail::check_ids(space_, targets, index_t(B_) * T_, config_.vocab_size, "targets");
   tokens_ = tokens;
   targets_ = targets;
   const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads, V = config_.vocab_size;

@@ -99,7 +99,6 @@ class GPT {
   };
   Params point_params(const Kokkos::View<float*>& flat) const;
   Acts point_acts(const Kokkos::View<float*>& flat) const;
-  void check_ids(const Kokkos::View<const int*>& ids, const char* what) const;
 
   GPTConfig config_;
   int B_, T_;
