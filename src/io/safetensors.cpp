@@ -1,0 +1,435 @@
+#include "io/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace pulse::io {
+
+namespace {
+
+// Not ordered_json: its objects insert in linear time, quadratic over a header's entries.
+using Json = nlohmann::json;
+
+constexpr std::size_t kLengthBytes = 8;
+constexpr const char* kMetadataKey = "__metadata__";
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;
+  std::size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::BOOL, "BOOL", 1}, {DType::U8, "U8", 1},   {DType::I8, "I8", 1},
+    {DType::F8_E5M2, "F8_E5M2", 1}, {DType::F8_E4M3, "F8_E4M3", 1},
+    {DType::I16, "I16", 2},   {DType::U16, "U16", 2}, {DType::F16, "F16", 2},
+    {DType::BF16, "BF16", 2}, {DType::I32, "I32", 4}, {DType::U32, "U32", 4},
+    {DType::F32, "F32", 4},   {DType::F64, "F64", 8}, {DType::I64, "I64", 8},
+    {DType::U64, "U64", 8},
+};
+
+const DTypeInfo& info(DType dtype) {
+  for (const auto& d : kDTypes)
+    if (d.dtype == dtype) return d;
+  throw_error(__FILE__, __LINE__, "invalid DType value " + std::to_string(static_cast<int>(dtype)));
+}
+
+const DTypeInfo* lookup_dtype(const std::string& name) {
+  for (const auto& d : kDTypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+// Names and parser messages may hold any bytes (newlines, invalid UTF-8): escape them so an
+// error stays one printable line, and cut them so a hostile name cannot flood the log.
+std::string printable(const std::string& s, std::size_t max_chars = 160) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (out.size() >= max_chars) return out + "...";
+    if (c >= 0x20 && c < 0x7F) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
+std::string quoted(const std::string& s) { return "'" + printable(s) + "'"; }
+
+// a * b, or false when it does not fit in size_t.
+bool mul_fits(std::size_t a, std::size_t b, std::size_t& out) {
+  if (a != 0 && b > std::numeric_limits<std::size_t>::max() / a) return false;
+  out = a * b;
+  return true;
+}
+
+std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+const char* dtype_name(DType dtype) { return info(dtype).name; }
+std::size_t dtype_size(DType dtype) { return info(dtype).size; }
+
+DType parse_dtype(const std::string& name) {
+  const DTypeInfo* d = lookup_dtype(name);
+  PULSE_CHECK(d, "unknown safetensors dtype " + quoted(name));
+  return d->dtype;
+}
+
+// ---- reading ----
+
+namespace {
+
+// Checks one condition of an untrusted header; the message names the file.
+#define HEADER_CHECK(cond, problem) PULSE_CHECK(cond, "safetensors file " + quoted(source) + ": " + (problem))
+
+std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& source) {
+  std::map<std::string, std::string> out;
+  if (value.is_null()) return out;  // Hugging Face reads a null __metadata__ as none
+  HEADER_CHECK(value.is_object(), "__metadata__ is not an object");
+  for (const auto& [key, v] : value.items()) {
+    HEADER_CHECK(v.is_string(), "__metadata__ value of " + quoted(key) + " is not a string");
+    out.emplace(key, v.get<std::string>());
+  }
+  return out;
+}
+
+std::size_t parse_offset(const Json& v, const std::string& what, const std::string& source) {
+  HEADER_CHECK(v.is_number_unsigned(), what + " is not a non-negative integer");
+  const auto x = v.get<std::uint64_t>();
+  HEADER_CHECK(x <= std::numeric_limits<std::size_t>::max(), what + " is too large");
+  return static_cast<std::size_t>(x);
+}
+
+HeaderEntry parse_entry(const std::string& name, const Json& value, std::size_t data_bytes,
+                        const SafetensorsLimits& limits, const std::string& source) {
+  const std::string tensor = "tensor " + quoted(name);
+  HEADER_CHECK(value.is_object(), tensor + ": entry is not an object");
+  // Unknown keys are ignored, as Hugging Face's reader does.
+  auto field = [&](const char* key) -> const Json& {
+    auto it = value.find(key);
+    HEADER_CHECK(it != value.end(), tensor + ": missing \"" + key + "\"");
+    return *it;
+  };
+  HeaderEntry entry{name, DType::U8, {}, 0, 0};
+
+  const Json& dtype = field("dtype");
+  HEADER_CHECK(dtype.is_string(), tensor + ": dtype is not a string");
+  const DTypeInfo* d = lookup_dtype(dtype.get_ref<const std::string&>());
+  HEADER_CHECK(d, tensor + ": unknown dtype " + quoted(dtype.get<std::string>()));
+  entry.dtype = d->dtype;
+
+  const Json& shape = field("shape");
+  HEADER_CHECK(shape.is_array(), tensor + ": shape is not an array");
+  HEADER_CHECK(shape.size() <= limits.max_rank, tensor + ": rank " + std::to_string(shape.size()) +
+                                                    " exceeds the limit " + std::to_string(limits.max_rank));
+  std::size_t numel = 1;
+  for (const Json& dim : shape) {
+    HEADER_CHECK(!(dim.is_number_integer() && !dim.is_number_unsigned()), tensor + ": negative dimension in shape");
+    HEADER_CHECK(dim.is_number_unsigned(), tensor + ": dimension " + printable(dim.dump()) + " is not an integer");
+    const auto x = dim.get<std::uint64_t>();
+    HEADER_CHECK(x <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()),
+                 tensor + ": dimension " + std::to_string(x) + " is too large");
+    HEADER_CHECK(mul_fits(numel, static_cast<std::size_t>(x), numel), tensor + ": shape product overflows");
+    entry.shape.push_back(static_cast<std::int64_t>(x));
+  }
+  std::size_t bytes = 0;
+  HEADER_CHECK(mul_fits(numel, d->size, bytes), tensor + ": shape product overflows");
+
+  const Json& offsets = field("data_offsets");
+  HEADER_CHECK(offsets.is_array() && offsets.size() == 2, tensor + ": data_offsets is not [begin, end]");
+  entry.begin = parse_offset(offsets[0], tensor + ": data_offsets begin", source);
+  entry.end = parse_offset(offsets[1], tensor + ": data_offsets end", source);
+  const std::string range = "[" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + "]";
+  HEADER_CHECK(entry.begin <= entry.end, tensor + ": data_offsets " + range + " has begin > end");
+  HEADER_CHECK(entry.end <= data_bytes, tensor + ": data_offsets " + range + " ends beyond the data section of " +
+                                            std::to_string(data_bytes) + " bytes");
+  HEADER_CHECK(entry.end - entry.begin == bytes,
+               tensor + ": data_offsets " + range + " hold " + std::to_string(entry.end - entry.begin) +
+                   " bytes but dtype and shape need " + std::to_string(bytes));
+  return entry;
+}
+
+// Parses the JSON text and validates each top-level member as soon as it is complete, then
+// drops it, so the document never holds more than one entry and entries keep header order.
+// Duplicate keys (nlohmann would keep one silently), nesting deeper than the format's (root
+// object, entry object, shape array) and too many tensors are rejected while parsing.
+void parse_json(const char* text, std::size_t size, std::size_t data_bytes, const SafetensorsLimits& limits,
+                const std::string& source, ParsedHeader& out) {
+  std::vector<std::set<std::string>> keys;  // one set per open object
+  std::size_t top_level_keys = 0;
+  std::string member;  // key of the top-level member being parsed
+  auto check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    using E = Json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      HEADER_CHECK(depth > 0 || event == E::object_start, "header is not a JSON object");
+      HEADER_CHECK(depth <= 2, "header nests deeper than the format allows");
+    }
+    if (event == E::object_start) keys.emplace_back();
+    if (event == E::key) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      HEADER_CHECK(keys.back().insert(key).second, "duplicate key " + quoted(key) + " in header");
+      if (depth == 1) {
+        HEADER_CHECK(++top_level_keys <= limits.max_tensors + 1,
+                     "more than " + std::to_string(limits.max_tensors) + " tensors (the limit)");
+        member = key;
+      }
+    }
+    if (event == E::object_end) keys.pop_back();
+    const bool member_done = depth == 1 && (event == E::object_end || event == E::array_end || event == E::value);
+    if (!member_done) return true;
+    if (member == kMetadataKey)
+      out.metadata = parse_metadata(parsed, source);
+    else
+      out.tensors.push_back(parse_entry(member, parsed, data_bytes, limits, source));
+    return false;
+  };
+  Json root;
+  try {
+    root = Json::parse(text, text + size, check);
+  } catch (const Json::exception& e) {
+    throw_error(__FILE__, __LINE__,
+                "safetensors file " + quoted(source) + ": header is not valid UTF-8 JSON: " + printable(e.what(), 400));
+  }
+  HEADER_CHECK(root.is_object(), "header is not a JSON object");
+}
+
+}  // namespace
+
+ParsedHeader parse_header(const std::byte* file, std::size_t file_size, const SafetensorsLimits& limits,
+                          const std::string& source) {
+  HEADER_CHECK(file_size >= kLengthBytes,
+               "file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length");
+  std::uint64_t n = 0;
+  for (std::size_t i = 0; i < kLengthBytes; ++i) n |= std::uint64_t(std::to_integer<unsigned>(file[i])) << (8 * i);
+  HEADER_CHECK(n <= limits.max_header_bytes, "header length " + std::to_string(n) + " exceeds the limit of " +
+                                                 std::to_string(limits.max_header_bytes) + " bytes");
+  HEADER_CHECK(n <= file_size - kLengthBytes, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                                                  std::to_string(file_size) + " bytes)");
+  ParsedHeader out;
+  out.data_offset = kLengthBytes + static_cast<std::size_t>(n);
+  const std::size_t data_bytes = file_size - out.data_offset;
+
+  parse_json(reinterpret_cast<const char*>(file) + kLengthBytes, out.data_offset - kLengthBytes, data_bytes, limits,
+             source, out);
+  HEADER_CHECK(out.tensors.size() <= limits.max_tensors,
+               "more than " + std::to_string(limits.max_tensors) + " tensors (the limit)");
+
+  // Like Hugging Face's validator: sorted by range, the tensors must tile the data section.
+  // The sort is stable, so empty tensors at one offset keep their header order.
+  std::stable_sort(out.tensors.begin(), out.tensors.end(), [](const HeaderEntry& a, const HeaderEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::size_t covered = 0;
+  const HeaderEntry* previous = nullptr;
+  for (const auto& t : out.tensors) {
+    HEADER_CHECK(t.begin >= covered, "tensor " + quoted(t.name) + " overlaps tensor " +
+                                         quoted(previous ? previous->name : std::string()));
+    HEADER_CHECK(t.begin == covered, "hole in the data section: bytes [" + std::to_string(covered) + ", " +
+                                         std::to_string(t.begin) + ") belong to no tensor");
+    covered = t.end;
+    previous = &t;
+  }
+  HEADER_CHECK(covered == data_bytes, "hole in the data section: its last " + std::to_string(data_bytes - covered) +
+                                          " bytes belong to no tensor");
+  return out;
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path, const SafetensorsLimits& limits) {
+  const std::string& source = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HEADER_CHECK(fd >= 0, system_error("cannot open"));
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  SafetensorsFile file;
+  file.path_ = path;
+  if (stat_ok && S_ISREG(st.st_mode) && st.st_size > 0) {
+    file.map_bytes_ = static_cast<std::size_t>(st.st_size);
+    file.map_ = ::mmap(nullptr, file.map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  }
+  const int map_errno = errno;
+  ::close(fd);
+  errno = stat_errno;
+  HEADER_CHECK(stat_ok, system_error("cannot stat"));
+  HEADER_CHECK(S_ISREG(st.st_mode), "not a regular file");
+  if (file.map_ == MAP_FAILED) {
+    file.map_ = nullptr;
+    errno = map_errno;
+    HEADER_CHECK(false, system_error("cannot mmap"));
+  }
+  // A zero-length file cannot be mapped; parse_header rejects it before reading.
+  const auto* bytes = static_cast<const std::byte*>(file.map_);
+  ParsedHeader header = parse_header(bytes, file.map_bytes_, limits, path);
+  file.metadata_ = std::move(header.metadata);
+  file.tensors_.reserve(header.tensors.size());
+  for (auto& t : header.tensors)
+    file.tensors_.push_back({std::move(t.name), t.dtype, std::move(t.shape),
+                             bytes + header.data_offset + t.begin, t.end - t.begin});
+  file.by_name_.resize(file.tensors_.size());
+  for (std::size_t i = 0; i < file.by_name_.size(); ++i) file.by_name_[i] = i;
+  std::sort(file.by_name_.begin(), file.by_name_.end(),
+            [&](std::size_t a, std::size_t b) { return file.tensors_[a].name < file.tensors_[b].name; });
+  return file;
+}
+
+const TensorView* SafetensorsFile::find(const std::string& name) const {
+  auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                             [&](std::size_t i, const std::string& n) { return tensors_[i].name < n; });
+  return it != by_name_.end() && tensors_[*it].name == name ? &tensors_[*it] : nullptr;
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept { *this = std::move(other); }
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    tensors_ = std::move(other.tensors_);
+    by_name_ = std::move(other.by_name_);
+    metadata_ = std::move(other.metadata_);
+  }
+  return *this;
+}
+
+SafetensorsFile::~SafetensorsFile() { unmap(); }
+
+void SafetensorsFile::unmap() noexcept {
+  if (map_) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+}
+
+#undef HEADER_CHECK
+
+// ---- writing ----
+
+namespace {
+
+#define WRITE_CHECK(cond, problem) PULSE_CHECK(cond, "safetensors file " + quoted(path) + ": " + (problem))
+
+// The header text as Hugging Face's writer lays it out: compact JSON, "__metadata__" first,
+// each entry as {"dtype", "shape", "data_offsets"}, spaces up to a multiple of 8 bytes. Built
+// as text, since no JSON object type keeps insertion order in linear time.
+std::string make_header(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  auto json_string = [&](const std::string& s) {
+    try {
+      return Json(s).dump();
+    } catch (const Json::exception&) {
+      throw_error(__FILE__, __LINE__, "safetensors file " + quoted(path) + ": " + quoted(s) + " is not valid UTF-8");
+    }
+  };
+  std::string text = "{";
+  if (!metadata.empty()) {
+    text += json_string(kMetadataKey) + ":{";
+    for (const auto& [k, v] : metadata) text += json_string(k) + ":" + json_string(v) + ",";
+    text.back() = '}';
+    text += ",";
+  }
+  std::set<std::string> names;
+  std::size_t offset = 0;
+  for (const auto& t : tensors) {
+    const std::string tensor = "tensor " + quoted(t.name);
+    WRITE_CHECK(!t.name.empty() && t.name != kMetadataKey, tensor + ": invalid name");
+    WRITE_CHECK(names.insert(t.name).second, tensor + ": duplicate name");
+    std::size_t numel = 1;
+    std::string shape;
+    for (std::int64_t d : t.shape) {
+      WRITE_CHECK(d >= 0, tensor + ": negative dimension " + std::to_string(d));
+      WRITE_CHECK(mul_fits(numel, static_cast<std::size_t>(d), numel), tensor + ": shape product overflows");
+      shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    }
+    std::size_t bytes = 0;
+    WRITE_CHECK(mul_fits(numel, dtype_size(t.dtype), bytes) && bytes == t.bytes,
+                tensor + ": " + std::to_string(t.bytes) + " bytes given, dtype and shape need " +
+                    std::to_string(numel) + " x " + std::to_string(dtype_size(t.dtype)));
+    WRITE_CHECK(t.data || t.bytes == 0, tensor + ": no data");
+    text += json_string(t.name) + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":[" + shape +
+            "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]},";
+    offset += bytes;
+  }
+  if (text.size() > 1) text.pop_back();  // the last comma
+  text += "}";
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+// The temporary file until it is renamed over the destination; removed on any failure.
+struct TempFile {
+  std::string path;
+  int fd = -1;
+  bool renamed = false;
+  ~TempFile() {
+    if (fd >= 0) ::close(fd);
+    if (!renamed) ::unlink(path.c_str());
+  }
+};
+
+void write_all(int fd, const void* data, std::size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    WRITE_CHECK(n > 0, system_error("write failed"));
+    p += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string header = make_header(path, tensors, metadata);  // validates everything first
+
+  std::string temp_name = path + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(temp_name.data());
+  WRITE_CHECK(fd >= 0, system_error("cannot create a temporary file next to it"));
+  TempFile temp{temp_name, fd};
+  // mkstemp creates 0600; checkpoints are read by other users' processes (inference ranks),
+  // so give them the mode a plain open() under the usual umask 022 would.
+  ::fchmod(fd, 0644);
+
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(std::uint64_t(header.size()) >> (8 * i));
+  write_all(fd, length, sizeof length, path);
+  write_all(fd, header.data(), header.size(), path);
+  for (const auto& t : tensors) write_all(fd, t.data, t.bytes, path);
+  WRITE_CHECK(::fsync(fd) == 0, system_error("fsync failed"));
+  const int close_rc = ::close(temp.fd);
+  temp.fd = -1;
+  WRITE_CHECK(close_rc == 0, system_error("close failed"));
+  WRITE_CHECK(::rename(temp.path.c_str(), path.c_str()) == 0, system_error("rename failed"));
+  temp.renamed = true;
+
+  // The rename is durable only once the folder's entry is on disk.
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  WRITE_CHECK(dir_fd >= 0, system_error("cannot open its folder to fsync"));
+  const int sync_rc = ::fsync(dir_fd);
+  ::close(dir_fd);
+  WRITE_CHECK(sync_rc == 0, system_error("fsync of its folder failed"));
+}
+
+#undef WRITE_CHECK
+
+}  // namespace pulse::io
