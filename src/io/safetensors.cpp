@@ -69,7 +69,7 @@ std::string printable(const std::string& s, std::size_t max_chars = 160) {
   return out;
 }
 
-std::string quoted(const std::string& s) { return "'" + printable(s) + "'"; }
+std::string in_quotes(const std::string& s) { return "'" + printable(s) + "'"; }
 
 // a * b, or false when it does not fit in size_t.
 bool mul_fits(std::size_t a, std::size_t b, std::size_t& out) {
@@ -80,6 +80,14 @@ bool mul_fits(std::size_t a, std::size_t b, std::size_t& out) {
 
 std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+// Closes on every exit path; a mapping outlives the descriptor it was made from.
+struct FileDescriptor {
+  int fd;
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 }  // namespace
 
 const char* dtype_name(DType dtype) { return info(dtype).name; }
@@ -87,7 +95,7 @@ std::size_t dtype_size(DType dtype) { return info(dtype).size; }
 
 DType parse_dtype(const std::string& name) {
   const DTypeInfo* d = lookup_dtype(name);
-  PULSE_CHECK(d, "unknown safetensors dtype " + quoted(name));
+  PULSE_CHECK(d, "unknown safetensors dtype " + in_quotes(name));
   return d->dtype;
 }
 
@@ -96,14 +104,14 @@ DType parse_dtype(const std::string& name) {
 namespace {
 
 // Checks one condition of an untrusted header; the message names the file.
-#define HEADER_CHECK(cond, problem) PULSE_CHECK(cond, "safetensors file " + quoted(source) + ": " + (problem))
+#define HEADER_CHECK(cond, problem) PULSE_CHECK(cond, "safetensors file " + in_quotes(source) + ": " + (problem))
 
 std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& source) {
   std::map<std::string, std::string> out;
   if (value.is_null()) return out;  // Hugging Face reads a null __metadata__ as none
   HEADER_CHECK(value.is_object(), "__metadata__ is not an object");
   for (const auto& [key, v] : value.items()) {
-    HEADER_CHECK(v.is_string(), "__metadata__ value of " + quoted(key) + " is not a string");
+    HEADER_CHECK(v.is_string(), "__metadata__ value of " + in_quotes(key) + " is not a string");
     out.emplace(key, v.get<std::string>());
   }
   return out;
@@ -118,7 +126,7 @@ std::size_t parse_offset(const Json& v, const std::string& what, const std::stri
 
 HeaderEntry parse_entry(const std::string& name, const Json& value, std::size_t data_bytes,
                         const SafetensorsLimits& limits, const std::string& source) {
-  const std::string tensor = "tensor " + quoted(name);
+  const std::string tensor = "tensor " + in_quotes(name);
   HEADER_CHECK(value.is_object(), tensor + ": entry is not an object");
   // Unknown keys are ignored, as Hugging Face's reader does.
   auto field = [&](const char* key) -> const Json& {
@@ -131,7 +139,7 @@ HeaderEntry parse_entry(const std::string& name, const Json& value, std::size_t 
   const Json& dtype = field("dtype");
   HEADER_CHECK(dtype.is_string(), tensor + ": dtype is not a string");
   const DTypeInfo* d = lookup_dtype(dtype.get_ref<const std::string&>());
-  HEADER_CHECK(d, tensor + ": unknown dtype " + quoted(dtype.get<std::string>()));
+  HEADER_CHECK(d, tensor + ": unknown dtype " + in_quotes(dtype.get<std::string>()));
   entry.dtype = d->dtype;
 
   const Json& shape = field("shape");
@@ -183,7 +191,7 @@ void parse_json(const char* text, std::size_t size, std::size_t data_bytes, cons
     if (event == E::object_start) keys.emplace_back();
     if (event == E::key) {
       const auto& key = parsed.get_ref<const std::string&>();
-      HEADER_CHECK(keys.back().insert(key).second, "duplicate key " + quoted(key) + " in header");
+      HEADER_CHECK(keys.back().insert(key).second, "duplicate key " + in_quotes(key) + " in header");
       if (depth == 1) {
         HEADER_CHECK(++top_level_keys <= limits.max_tensors + 1,
                      "more than " + std::to_string(limits.max_tensors) + " tensors (the limit)");
@@ -204,7 +212,7 @@ void parse_json(const char* text, std::size_t size, std::size_t data_bytes, cons
     root = Json::parse(text, text + size, check);
   } catch (const Json::exception& e) {
     throw_error(__FILE__, __LINE__,
-                "safetensors file " + quoted(source) + ": header is not valid UTF-8 JSON: " + printable(e.what(), 400));
+                "safetensors file " + in_quotes(source) + ": header is not valid UTF-8 JSON: " + printable(e.what(), 400));
   }
   HEADER_CHECK(root.is_object(), "header is not a JSON object");
 }
@@ -236,14 +244,13 @@ ParsedHeader parse_header(const std::byte* file, std::size_t file_size, const Sa
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   std::size_t covered = 0;
-  const HeaderEntry* previous = nullptr;
-  for (const auto& t : out.tensors) {
-    HEADER_CHECK(t.begin >= covered, "tensor " + quoted(t.name) + " overlaps tensor " +
-                                         quoted(previous ? previous->name : std::string()));
+  for (std::size_t i = 0; i < out.tensors.size(); ++i) {
+    const HeaderEntry& t = out.tensors[i];
+    // begin < covered can only happen after a tensor (covered starts at 0).
+    HEADER_CHECK(t.begin >= covered, "tensor " + in_quotes(t.name) + " overlaps tensor " + in_quotes(out.tensors[i - 1].name));
     HEADER_CHECK(t.begin == covered, "hole in the data section: bytes [" + std::to_string(covered) + ", " +
                                          std::to_string(t.begin) + ") belong to no tensor");
     covered = t.end;
-    previous = &t;
   }
   HEADER_CHECK(covered == data_bytes, "hole in the data section: its last " + std::to_string(data_bytes - covered) +
                                           " bytes belong to no tensor");
@@ -252,28 +259,19 @@ ParsedHeader parse_header(const std::byte* file, std::size_t file_size, const Sa
 
 SafetensorsFile SafetensorsFile::open(const std::string& path, const SafetensorsLimits& limits) {
   const std::string& source = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  HEADER_CHECK(fd >= 0, system_error("cannot open"));
+  const FileDescriptor fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  HEADER_CHECK(fd.fd >= 0, system_error("cannot open"));
   struct stat st {};
-  const bool stat_ok = ::fstat(fd, &st) == 0;
-  const int stat_errno = errno;
+  HEADER_CHECK(::fstat(fd.fd, &st) == 0, system_error("cannot stat"));
+  HEADER_CHECK(S_ISREG(st.st_mode), "not a regular file");
   SafetensorsFile file;
   file.path_ = path;
-  if (stat_ok && S_ISREG(st.st_mode) && st.st_size > 0) {
+  if (st.st_size > 0) {  // an empty file cannot be mapped; parse_header rejects it unread
+    void* map = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd.fd, 0);
+    HEADER_CHECK(map != MAP_FAILED, system_error("cannot mmap"));
+    file.map_ = map;
     file.map_bytes_ = static_cast<std::size_t>(st.st_size);
-    file.map_ = ::mmap(nullptr, file.map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   }
-  const int map_errno = errno;
-  ::close(fd);
-  errno = stat_errno;
-  HEADER_CHECK(stat_ok, system_error("cannot stat"));
-  HEADER_CHECK(S_ISREG(st.st_mode), "not a regular file");
-  if (file.map_ == MAP_FAILED) {
-    file.map_ = nullptr;
-    errno = map_errno;
-    HEADER_CHECK(false, system_error("cannot mmap"));
-  }
-  // A zero-length file cannot be mapped; parse_header rejects it before reading.
   const auto* bytes = static_cast<const std::byte*>(file.map_);
   ParsedHeader header = parse_header(bytes, file.map_bytes_, limits, path);
   file.metadata_ = std::move(header.metadata);
@@ -323,7 +321,7 @@ void SafetensorsFile::unmap() noexcept {
 
 namespace {
 
-#define WRITE_CHECK(cond, problem) PULSE_CHECK(cond, "safetensors file " + quoted(path) + ": " + (problem))
+#define WRITE_CHECK(cond, problem) PULSE_CHECK(cond, "safetensors file " + in_quotes(path) + ": " + (problem))
 
 // The header text as Hugging Face's writer lays it out: compact JSON, "__metadata__" first,
 // each entry as {"dtype", "shape", "data_offsets"}, spaces up to a multiple of 8 bytes. Built
@@ -334,7 +332,7 @@ std::string make_header(const std::string& path, const std::vector<TensorToWrite
     try {
       return Json(s).dump();
     } catch (const Json::exception&) {
-      throw_error(__FILE__, __LINE__, "safetensors file " + quoted(path) + ": " + quoted(s) + " is not valid UTF-8");
+      throw_error(__FILE__, __LINE__, "safetensors file " + in_quotes(path) + ": " + in_quotes(s) + " is not valid UTF-8");
     }
   };
   std::string text = "{";
@@ -347,7 +345,7 @@ std::string make_header(const std::string& path, const std::vector<TensorToWrite
   std::set<std::string> names;
   std::size_t offset = 0;
   for (const auto& t : tensors) {
-    const std::string tensor = "tensor " + quoted(t.name);
+    const std::string tensor = "tensor " + in_quotes(t.name);
     WRITE_CHECK(!t.name.empty() && t.name != kMetadataKey, tensor + ": invalid name");
     WRITE_CHECK(names.insert(t.name).second, tensor + ": duplicate name");
     std::size_t numel = 1;
