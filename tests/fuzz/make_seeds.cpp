@@ -1,0 +1,37 @@
+// Writes a few small valid safetensors files into the folder given as argument: the seed
+// corpus of fuzz_safetensors_header.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "io/safetensors.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s FOLDER\n", argv[0]);
+    return 2;
+  }
+  using pulse::io::DType;
+  const std::string dir = argv[1];
+  const std::vector<std::uint16_t> bf16{0x3F80, 0x7FC1, 0x8000, 0x0001, 0xFF80, 0x4049};
+  const std::vector<float> f32{1.0f, -2.5f, 3.25f};
+  const std::vector<std::uint8_t> u8{1, 2, 3, 4, 5};
+  const double scalar = 6.5;
+  try {
+    pulse::io::write_safetensors(dir + "/bf16.safetensors",
+                                 {{"blocks.0.attn.weight", DType::BF16, {2, 3}, bf16.data(), 12}},
+                                 {{"format", "pt"}, {"step", "7"}});
+    pulse::io::write_safetensors(dir + "/mixed.safetensors",
+                                 {{"a", DType::F32, {3}, f32.data(), 12},
+                                  {"empty", DType::F16, {0, 4}, nullptr, 0},
+                                  {"s", DType::F64, {}, &scalar, 8},
+                                  {"b", DType::U8, {5, 1}, u8.data(), 5}});
+    pulse::io::write_safetensors(dir + "/none.safetensors", {});
+  } catch (const pulse::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
