@@ -8,7 +8,8 @@ libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools
 libtrilinos-kokkos-dev libopenblas-dev
 libzstd-dev liblz4-dev libxxhash-dev libsodium-dev
 libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
-python3 python3-numpy python3-h5py python3-matplotlib python3-pytest python3-torch
+clang libclang-rt-14-dev
+python3 python3-numpy python3-h5py python3-matplotlib python3-pytest python3-torch python3-zstandard
 slurm-wlm munge"
 
 missing=""
