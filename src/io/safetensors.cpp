@@ -14,6 +14,7 @@
 #include <set>
 #include <utility>
 
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 
 namespace pulse::io {
@@ -370,62 +371,19 @@ std::string make_header(const std::string& path, const std::vector<TensorToWrite
   return text;
 }
 
-// The temporary file until it is renamed over the destination; removed on any failure.
-struct TempFile {
-  std::string path;
-  int fd = -1;
-  bool renamed = false;
-  ~TempFile() {
-    if (fd >= 0) ::close(fd);
-    if (!renamed) ::unlink(path.c_str());
-  }
-};
-
-void write_all(int fd, const void* data, std::size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    WRITE_CHECK(n > 0, system_error("write failed"));
-    p += n;
-    size -= static_cast<std::size_t>(n);
-  }
-}
-
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   const std::string header = make_header(path, tensors, metadata);  // validates everything first
 
-  std::string temp_name = path + ".tmp.XXXXXX";
-  const int fd = ::mkstemp(temp_name.data());
-  WRITE_CHECK(fd >= 0, system_error("cannot create a temporary file next to it"));
-  TempFile temp{temp_name, fd};
-  // mkstemp creates 0600; checkpoints are read by other users' processes (inference ranks),
-  // so give them the mode a plain open() under the usual umask 022 would.
-  ::fchmod(fd, 0644);
-
+  AtomicFile file(path);
   unsigned char length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(std::uint64_t(header.size()) >> (8 * i));
-  write_all(fd, length, sizeof length, path);
-  write_all(fd, header.data(), header.size(), path);
-  for (const auto& t : tensors) write_all(fd, t.data, t.bytes, path);
-  WRITE_CHECK(::fsync(fd) == 0, system_error("fsync failed"));
-  const int close_rc = ::close(temp.fd);
-  temp.fd = -1;
-  WRITE_CHECK(close_rc == 0, system_error("close failed"));
-  WRITE_CHECK(::rename(temp.path.c_str(), path.c_str()) == 0, system_error("rename failed"));
-  temp.renamed = true;
-
-  // The rename is durable only once the folder's entry is on disk.
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  WRITE_CHECK(dir_fd >= 0, system_error("cannot open its folder to fsync"));
-  const int sync_rc = ::fsync(dir_fd);
-  ::close(dir_fd);
-  WRITE_CHECK(sync_rc == 0, system_error("fsync of its folder failed"));
+  file.write(length, sizeof length);
+  file.write(header.data(), header.size());
+  for (const auto& t : tensors) file.write(t.data, t.bytes);
+  file.commit();
 }
 
 #undef WRITE_CHECK
