@@ -7,6 +7,7 @@
 // apply_patch checks the receiver's tensors and base digests, decodes everything, and only
 // then writes; it verifies the target digests and restores every touched byte on failure.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -104,9 +105,20 @@ struct MutableTensor {
   TensorRef view() const { return {name, dtype, shape, data, bytes}; }
 };
 
-// Base and target must hold the same tensor names with equal dtypes and shapes.
+// Digests of a state that a sender or receiver keeps from one version to the next, so the next
+// encode or apply need not hash the base again: pass the digests the previous call returned
+// for exactly the bytes it now holds.
+struct StateDigests {
+  std::map<std::string, Digest> tensors;
+  Digest state{};
+};
+StateDigests compute_digests(const std::vector<TensorRef>& state);
+
+// Base and target must hold the same tensor names with equal dtypes and shapes. With
+// base_digests the base is not hashed again; target_digests, when given, receives the target's.
 std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
-                                       const EncodeOptions& options);
+                                       const EncodeOptions& options, const StateDigests* base_digests = nullptr,
+                                       StateDigests* target_digests = nullptr);
 
 // Throws pulse::Error with a one-line reason. With a public key, an unsigned patch or a bad
 // signature is rejected.
@@ -114,7 +126,10 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
                         const PublicKey* public_key = nullptr);
 
 // Applies a parsed patch to the receiver's state in place. On any failure the state is left
-// exactly as it was and pulse::Error says why. Returns the number of elements written.
-std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits = {});
+// exactly as it was and pulse::Error says why. Returns the number of elements written. With
+// base_digests (what the previous apply returned) the base is not hashed again; only the
+// tensors the patch touches are hashed after writing. target_digests receives the new digests.
+std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits = {},
+                          const StateDigests* base_digests = nullptr, StateDigests* target_digests = nullptr);
 
 }  // namespace pulse::sync
