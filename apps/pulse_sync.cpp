@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "kernels/sparsity.hpp"
 #include "sync/checkpoint.hpp"
+#include "sync/codec_choice.hpp"
 #include "sync/patch.hpp"
 #include "sync/relay.hpp"
 #include "sync/signing.hpp"
@@ -85,6 +86,7 @@ int cmd_diff(const std::string& a_path, const std::string& b_path) {
 
 struct EncodeArgs {
   std::string base, target, out, values = "keydiff", indices = "gap-varint", compressor = "zstd", sign;
+  std::string codec, bandwidth = "10Gbit";
   int level = 3;
   std::uint64_t base_version = 0, target_version = 1;
 };
@@ -104,6 +106,33 @@ int cmd_encode(const EncodeArgs& args) {
   }
   const auto base_file = io::SafetensorsFile::open(args.base), target_file = io::SafetensorsFile::open(args.target);
   const auto target = tensor_refs(target_file);
+  if (args.codec == "auto") {
+    const double bits_per_second = parse_bandwidth(args.bandwidth);
+    const auto measured = measure_codecs(tensor_refs(base_file), target);
+    const std::size_t best = best_codec(measured, bits_per_second);
+    std::printf("codec choice at %s (%.3g bit/s): T = encode + 8 S / B + apply, measured here on this patch\n",
+                args.bandwidth.c_str(), bits_per_second);
+    std::printf("  %-16s %12s %10s %10s %12s %10s\n", "codec", "bytes", "encode s", "apply s", "transfer s", "total s");
+    for (std::size_t i = 0; i < measured.size(); ++i) {
+      const auto& m = measured[i];
+      std::printf("%c %-16s %12zu %10.4f %10.4f %12.4f %10.4f\n", i == best ? '*' : ' ', m.name.c_str(), m.patch_bytes,
+                  m.encode_seconds, m.apply_seconds, 8.0 * m.patch_bytes / bits_per_second, m.total_seconds(bits_per_second));
+    }
+    // Where the choice would change: the crossover with each candidate that is faster but larger.
+    for (std::size_t i = 0; i < measured.size(); ++i) {
+      const auto &a = measured[best], &b = measured[i];
+      const double dt = (b.encode_seconds + b.apply_seconds) - (a.encode_seconds + a.apply_seconds);
+      if (i == best || b.patch_bytes <= a.patch_bytes || dt >= 0) continue;
+      std::printf("  %s beats %s above B* = 8 (S_b - S_a) / (t_a - t_b) = %.3g bit/s\n", b.name.c_str(), a.name.c_str(),
+                  8.0 * double(b.patch_bytes - a.patch_bytes) / -dt);
+    }
+    std::printf("chose %s\n", measured[best].name.c_str());
+    const SecretKey* key_ptr = opt.signing_key;
+    opt = measured[best].options;
+    opt.signing_key = key_ptr;
+    opt.base_version = args.base_version;
+    opt.target_version = args.target_version;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const auto patch = encode_patch(tensor_refs(base_file), target, opt);
   const double seconds = seconds_since(t0);
@@ -253,6 +282,10 @@ int main(int argc, char** argv) {
   encode->add_option("--base-version", enc.base_version, "version number of the base")->capture_default_str();
   encode->add_option("--target-version", enc.target_version, "version number of the target")->capture_default_str();
   encode->add_option("--sign", enc.sign, "sign with this Ed25519 secret key file")->check(CLI::ExistingFile);
+  encode->add_option("--codec", enc.codec, "auto: measure every codec on this patch and pick the fastest end to end")
+      ->check(CLI::IsMember({"auto"}));
+  encode->add_option("--bandwidth", enc.bandwidth, "link bandwidth for --codec auto (e.g. 1Gbit, 100Mbit, 2GB)")
+      ->capture_default_str();
 
   std::string base, patch, out, in_place, public_key;
   auto* apply = app.add_subcommand("apply", "apply a patch; the output appears only when the result verifies");
