@@ -28,6 +28,11 @@ def main():
                     "--benchmark_out_format=json"], check=True)
     subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "torch_peers.py"),
                     "--sizes", args.sizes, "--out", torch_json], check=True)
+    sync_json, torch_sync_json = os.path.join(args.out, "pulse_sync.json"), os.path.join(args.out, "torch_sync.json")
+    subprocess.run([os.path.join(args.build, "apps", "bench", "pulse-bench-sync"), "--benchmark_out=" + sync_json,
+                    "--benchmark_out_format=json"], check=True)
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "torch_sync_peer.py"),
+                    "--elements", str(1 << 28), "--out", torch_sync_json], check=True)
     ours = json.load(open(pulse_json))
     theirs = {(r["kernel"], r["n"]): r["seconds"] for r in json.load(open(torch_json))["results"]}
     triad = float(ours["context"]["triad_bytes_per_second"])
@@ -41,6 +46,27 @@ def main():
         if peer:
             line += f"{peer * 1e3:>10.2f}{peer * 1e3 / ms:>8.1f}x"
         print(line)
+    print_sync(json.load(open(sync_json)), json.load(open(torch_sync_json)))
+
+
+def print_sync(ours, theirs):
+    by_name = {b["name"].split("/manual_time")[0].split("/iterations")[0]: b for b in ours["benchmarks"]}
+    print("\nPULSESync, bits per changed element (16M elements):")
+    for s in (990, 999):
+        b = by_name[f"BM_PatchSize/{s}"]
+        print(f"  sparsity {b['sparsity']:.4f}: dense BF16 {b['bits_dense_bf16']:.0f}, dense+zstd-1 "
+              f"{b['bits_dense_bf16_zstd1']:.0f}, paper format {b['bits_paper_format']:.2f}, pulse raw values "
+              f"{b['bits_pulse_raw_values']:.2f}, pulse default {b['bits_pulse_default']:.2f} "
+              f"({b['paper_over_default']:.2f}x smaller than the paper's, {b['dense_over_default']:.0f}x than dense)")
+    print("PULSESync throughput, GB/s of BF16 weights (256M elements), against PyTorch + zstandard:")
+    for s, t in zip((990, 999), theirs["results"]):
+        enc, app = by_name[f"BM_Encode/{1 << 28}/{s}"], by_name[f"BM_Apply/{1 << 28}/{s}"]
+        gb = 2 * t["elements"] / 1e9
+        ours_s = enc["real_time"] / 1e3 + app["real_time"] / 1e3
+        theirs_s = t["encode_seconds"] + t["apply_seconds"]
+        print(f"  sparsity {t['sparsity']:.4f}: encode {enc['bytes_per_second'] / 1e9:.2f} (PyTorch {gb / t['encode_seconds']:.2f}), "
+              f"apply {app['bytes_per_second'] / 1e9:.2f} (PyTorch {gb / max(t['apply_seconds'], 1e-9):.2f}), "
+              f"end to end {theirs_s / ours_s:.1f}x PyTorch")
 
 
 if __name__ == "__main__":

@@ -85,11 +85,18 @@ int gap_width(std::uint64_t max_gap) {
   return 8;
 }
 
+bf16_bits load_bf16(const std::byte* data, std::uint64_t i) {
+  bf16_bits b;
+  std::memcpy(&b, data + 2 * i, 2);
+  return b;
+}
+
 // One pass over a BF16 tensor in cache-sized chunks: the compaction kernel finds the changed
 // indices (sorted) and new bits, and the chunk, still in cache, feeds the digests, so base and
 // target are read from memory once.
 void scan_bf16(const std::byte* old_data, const std::byte* new_data, std::size_t n, Digest* old_digest,
-               Digest& new_digest, std::vector<index_t>& indices, std::vector<bf16_bits>& values) {
+               Digest& new_digest, std::vector<index_t>& indices, std::vector<bf16_bits>& values,
+               std::vector<bf16_bits>& old_values) {
   using ConstView = Kokkos::View<const bf16_bits*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
   constexpr std::size_t chunk = std::size_t(1) << 16;
   thread_local std::vector<index_t> chunk_indices(chunk);
@@ -101,6 +108,7 @@ void scan_bf16(const std::byte* old_data, const std::byte* new_data, std::size_t
   XXH3_128bits_reset(new_state);
   indices.clear();
   values.clear();
+  old_values.clear();
   const Kokkos::DefaultHostExecutionSpace space;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t len = std::min(chunk, n - begin);
@@ -118,7 +126,10 @@ void scan_bf16(const std::byte* old_data, const std::byte* new_data, std::size_t
         Kokkos::View<index_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(chunk_indices.data(), len),
         Kokkos::View<bf16_bits*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(chunk_values.data(), len));
     space.fence();
-    for (index_t k = 0; k < count; ++k) indices.push_back(index_t(begin) + chunk_indices[k]);
+    for (index_t k = 0; k < count; ++k) {
+      indices.push_back(index_t(begin) + chunk_indices[k]);
+      old_values.push_back(load_bf16(o, chunk_indices[k]));  // while the chunk is in cache
+    }
     values.insert(values.end(), chunk_values.begin(), chunk_values.begin() + count);
     if (old_state) XXH3_128bits_update(old_state, o, 2 * len);
     XXH3_128bits_update(new_state, w, 2 * len);
@@ -133,12 +144,6 @@ void scan_bf16(const std::byte* old_data, const std::byte* new_data, std::size_t
   };
   if (old_state) *old_digest = finish(old_state);
   new_digest = finish(new_state);
-}
-
-bf16_bits load_bf16(const std::byte* data, std::uint64_t i) {
-  bf16_bits b;
-  std::memcpy(&b, data + 2 * i, 2);
-  return b;
 }
 
 }  // namespace
@@ -194,7 +199,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   std::map<std::string, Digest> base_digest_of;
   std::vector<Digest> target_list;  // in target order
   std::vector<index_t> indices;
-  std::vector<bf16_bits> values;
+  std::vector<bf16_bits> values, old_values;
   std::uint64_t total_changed = 0;
 
   for (const TensorRef& t : target) {
@@ -211,7 +216,8 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
       const std::uint64_t n = numel_of(t.shape);
       PULSE_CHECK(t.bytes == 2 * n, "tensor '" + t.name + "' size does not match its shape");
       e.kind = EntryKind::sparse;
-      scan_bf16(b.data, t.data, n, base_digests ? nullptr : &e.base_digest, e.target_digest, indices, values);
+      scan_bf16(b.data, t.data, n, base_digests ? nullptr : &e.base_digest, e.target_digest, indices, values,
+                old_values);
       e.count = indices.size();
       total_changed += e.count;
       std::uint64_t max_gap = 0;
@@ -229,7 +235,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
           value_stream.push_back(static_cast<std::uint8_t>(values[k] & 0xFF));
           value_high.push_back(static_cast<std::uint8_t>(values[k] >> 8));
         } else {
-          const std::int64_t d = std::int64_t(bf16_key(values[k])) - std::int64_t(bf16_key(load_bf16(b.data, indices[k])));
+          const std::int64_t d = std::int64_t(bf16_key(values[k])) - std::int64_t(bf16_key(old_values[k]));
           put_varint(value_stream, zigzag(d));
         }
       }
