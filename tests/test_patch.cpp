@@ -2,6 +2,7 @@
 // rejection of every corruption with the receiver's weights untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -196,6 +197,101 @@ bool rejected_and_untouched(const std::vector<std::uint8_t>& bytes, const State&
 }
 
 }  // namespace
+
+namespace {
+
+// A crafted patch gets past the checksum: rewrite it (unsigned patches: the last 16 bytes).
+std::vector<std::uint8_t> rechecksummed(std::vector<std::uint8_t> bytes) {
+  const Digest d = digest_bytes(bytes.data(), bytes.size() - 16);
+  std::memcpy(bytes.data() + bytes.size() - 16, d.data(), 16);
+  return bytes;
+}
+
+// Offset of the entry table's record for a tensor name (its u16 name length).
+std::size_t entry_offset(const std::vector<std::uint8_t>& bytes, const std::string& name) {
+  std::vector<std::uint8_t> key{std::uint8_t(name.size()), std::uint8_t(name.size() >> 8)};
+  key.insert(key.end(), name.begin(), name.end());
+  const auto it = std::search(bytes.begin() + 132, bytes.end(), key.begin(), key.end());
+  EXPECT_NE(it, bytes.end()) << name;
+  return std::size_t(it - bytes.begin());
+}
+
+}  // namespace
+
+// Found by fuzz_patch_decoder_rechecksummed: a `whole` entry of 0 bytes for an empty tensor
+// was accepted, and apply then called memcpy with the empty tensor's null pointer (UBSan).
+TEST(Patch, EmptyTensorCarriedWholeIsRejected) {
+  const State base{bf16_tensor("w", {0x3F80, 0x4000}), OwnedTensor{"empty", "F32", {0}, {}}};
+  State target = base;
+  target[0].bytes[0] ^= std::byte{1};
+  const auto good = encode_patch(refs(base), refs(target), {});
+  ASSERT_FALSE(rejected_and_untouched(good, base));
+  auto bad = good;
+  const std::size_t kind = entry_offset(bad, "empty") + 2 + 5 + 1 + 3 + 1 + 8;  // name, dtype, rank, dims
+  ASSERT_EQ(bad[kind], std::uint8_t(EntryKind::same));
+  bad[kind] = std::uint8_t(EntryKind::whole);  // count stays 0
+  EXPECT_TRUE(rejected_and_untouched(rechecksummed(bad), base));
+}
+
+// A patch whose entries declare a tensor far larger than the receiver's (consistent sizes,
+// valid checksum) made apply allocate the declared raw streams (here 64 GiB) before it
+// compared the entries with the receiver's tensors. Receiver checks now come first.
+TEST(Patch, DeclaredStreamsAreBoundedByTheReceiverBeforeDecompression) {
+  const State base{bf16_tensor("w", {0x3F80, 0x4000, 0xC000, 0x0000})};
+  State target = base;
+  target[0].bytes[2] ^= std::byte{1};
+  EncodeOptions opt;
+  opt.values = ValueCoding::raw;
+  opt.indices = IndexCoding::gap_fixed;
+  opt.compressor = Compressor::zstd;
+  const auto good = encode_patch(refs(base), refs(target), opt);
+  ASSERT_FALSE(rejected_and_untouched(good, base));
+  auto bad = good;
+  const std::size_t dim = entry_offset(bad, "w") + 2 + 1 + 1 + 4 + 1;  // name, dtype, rank
+  const std::uint64_t n = std::uint64_t(1) << 33;
+  std::memcpy(bad.data() + dim, &n, 8);                 // shape [2^33]
+  bad[dim + 9] = 8;                                     // 8-byte gaps
+  std::memcpy(bad.data() + dim + 10, &n, 8);            // all 2^33 elements change
+  std::memcpy(bad.data() + 64, &n, 8);                  // total changed
+  const std::uint64_t index_raw = 8 * n, value_raw = 2 * n;  // 64 GiB, 16 GiB
+  std::memcpy(bad.data() + 84, &index_raw, 8);
+  std::memcpy(bad.data() + 100, &value_raw, 8);
+  const auto crafted = rechecksummed(bad);
+  ASSERT_NO_THROW(parse_patch(crafted.data(), crafted.size()));  // consistent in itself
+  EXPECT_TRUE(rejected_and_untouched(crafted, base));
+}
+
+// A keydiff value decoding to a 64-bit difference overflowed key(old) + d (signed overflow,
+// undefined; UBSan in fuzz_patch_decoder_rechecksummed) before the range check.
+TEST(Patch, KeydiffDifferenceBeyond16BitsIsRejected) {
+  // Five changes of one step each: five 1-byte gaps, five 1-byte values; the value stream may
+  // hold up to 3 bytes per change, room for one 10-byte varint.
+  const State base{bf16_tensor("w", {0x3F80, 0x4000, 0xC000, 0x0000, 0x3C00})};
+  State target = base;
+  for (std::size_t i = 0; i < 5; ++i) target[0].bytes[2 * i] ^= std::byte{1};
+  EncodeOptions opt;
+  opt.values = ValueCoding::keydiff;
+  opt.indices = IndexCoding::gap_varint;
+  opt.compressor = Compressor::none;
+  const auto good = encode_patch(refs(base), refs(target), opt);
+  ASSERT_FALSE(rejected_and_untouched(good, base));
+  std::uint64_t sizes[7];  // index, value, whole stream (coded, raw), entry table
+  std::memcpy(sizes, good.data() + 76, sizeof sizes);
+  ASSERT_EQ(sizes[2], 5u);
+  const std::size_t value_at = 132 + sizes[6] + sizes[0];
+  for (const std::uint64_t z : {std::uint64_t(0xFFFFFFFFFFFFFFFEull), std::uint64_t(0xFFFFFFFFFFFFFFFFull),
+                                std::uint64_t(2 * 0x10000)}) {  // zig-zag of INT64_MAX, INT64_MIN, 65536
+    std::vector<std::uint8_t> bad(good.begin(), good.begin() + value_at);
+    std::uint64_t v = z;
+    for (; v >= 0x80; v >>= 7) bad.push_back(std::uint8_t(v | 0x80));
+    bad.push_back(std::uint8_t(v));
+    bad.insert(bad.end(), good.begin() + value_at + 1, good.end());  // the other 4 values, checksum
+    const std::uint64_t value_bytes = bad.size() - good.size() + 5;
+    std::memcpy(bad.data() + 92, &value_bytes, 8);   // coded
+    std::memcpy(bad.data() + 100, &value_bytes, 8);  // raw
+    EXPECT_TRUE(rejected_and_untouched(rechecksummed(bad), base)) << z;
+  }
+}
 
 TEST(Patch, EverySingleBitFlipAndTruncationIsRejected) {
   std::mt19937 rng(4);

@@ -411,6 +411,8 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
       PULSE_CHECK(width_ok, "patch entry '" + e.name + "' has an invalid index width");
       changed += e.count;
     } else if (e.kind == EntryKind::whole) {
+      // An unchanged tensor is `same`; a whole entry carries at least one new byte.
+      PULSE_CHECK(e.count > 0, "patch entry '" + e.name + "' carries an empty tensor whole");
       whole_bytes += e.count;
     } else {
       PULSE_CHECK(e.count == 0 && e.base_digest == e.target_digest, "patch entry '" + e.name + "' is inconsistent");
@@ -484,30 +486,38 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   PULSE_CHECK(base_state == h.base_state, "receiver's weights are not the patch's base version " +
                                               std::to_string(h.base_version) + " (state digest mismatch)");
 
-  // 2. Decompress and decode everything; check every index against the receiver's tensor.
+  // 2. Every entry against the receiver's tensor before anything is decompressed: the raw
+  // stream sizes follow from the entries, so they are then bounded by the receiver's tensors.
+  for (const PatchEntry& e : patch.entries) {
+    const auto it = by_name.find(e.name);
+    PULSE_CHECK(it != by_name.end(), "receiver has no tensor '" + e.name + "'");
+    const MutableTensor& t = *it->second;
+    PULSE_CHECK(t.dtype == e.dtype && t.shape == e.shape, "receiver's tensor '" + e.name + "' is " + t.dtype +
+                                                              shape_string(t.shape) + ", the patch expects " + e.dtype +
+                                                              shape_string(e.shape));
+    PULSE_CHECK(digest_by_name[e.name] == e.base_digest, "receiver's tensor '" + e.name + "' is not the base version");
+    if (e.kind == EntryKind::whole)
+      PULSE_CHECK(e.count == t.bytes, "patch carries " + std::to_string(e.count) + " bytes for tensor '" + e.name +
+                                          "' of " + std::to_string(t.bytes));
+    if (e.kind == EntryKind::sparse)
+      PULSE_CHECK(t.bytes == 2 * numel_of(t.shape), "receiver's tensor '" + e.name + "' size does not match its shape");
+  }
+
+  // 3. Decompress and decode everything; check every index against the receiver's tensor.
   const auto index_raw = decompress(h.compressor, patch.index_stream, h.index_stream.coded, h.index_stream.raw);
   const auto value_raw = decompress(h.compressor, patch.value_stream, h.value_stream.coded, h.value_stream.raw);
   const auto whole_raw = decompress(h.compressor, patch.whole_stream, h.whole_stream.coded, h.whole_stream.raw);
   std::size_t index_pos = 0, value_pos = 0, whole_pos = 0, high_pos = h.total_changed;
   std::vector<PlannedWrite> plan;
   for (const PatchEntry& e : patch.entries) {
-    const auto it = by_name.find(e.name);
-    PULSE_CHECK(it != by_name.end(), "receiver has no tensor '" + e.name + "'");
-    MutableTensor& t = *it->second;
-    PULSE_CHECK(t.dtype == e.dtype && t.shape == e.shape, "receiver's tensor '" + e.name + "' is " + t.dtype +
-                                                              shape_string(t.shape) + ", the patch expects " + e.dtype +
-                                                              shape_string(e.shape));
-    PULSE_CHECK(digest_by_name[e.name] == e.base_digest, "receiver's tensor '" + e.name + "' is not the base version");
     if (e.kind == EntryKind::same) continue;
+    MutableTensor& t = *by_name[e.name];
     PlannedWrite w{&t, {}, {}, nullptr};
     if (e.kind == EntryKind::whole) {
-      PULSE_CHECK(e.count == t.bytes, "patch carries " + std::to_string(e.count) + " bytes for tensor '" + e.name +
-                                          "' of " + std::to_string(t.bytes));
       w.whole = whole_raw.data() + whole_pos;
       whole_pos += e.count;
     } else {
       const std::uint64_t n = numel_of(t.shape);
-      PULSE_CHECK(t.bytes == 2 * n, "receiver's tensor '" + e.name + "' size does not match its shape");
       w.indices.resize(e.count);
       w.values.resize(e.count);
       std::uint64_t next = 0;  // smallest index the next entry may take
@@ -528,6 +538,8 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
           w.values[k] = static_cast<bf16_bits>(value_raw[value_pos++] | (value_raw[high_pos++] << 8));
         } else {
           const std::int64_t d = unzigzag(get_varint(value_raw.data(), value_raw.size(), value_pos));
+          // Bound d first: a 64-bit difference would overflow the sum.
+          PULSE_CHECK(d >= -0xFFFF && d <= 0xFFFF, "patch value out of range in tensor '" + e.name + "'");
           const std::int64_t key = std::int64_t(bf16_key(load_bf16(t.data, i))) + d;
           PULSE_CHECK(key >= 0 && key <= 0xFFFF, "patch value out of range in tensor '" + e.name + "'");
           w.values[k] = bf16_from_key(static_cast<std::uint16_t>(key));
@@ -540,7 +552,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   PULSE_CHECK(index_pos == index_raw.size() && value_pos == value_end && whole_pos == whole_raw.size(),
               "patch streams hold bytes no entry uses (corrupt patch)");
 
-  // 3. Write, keeping what was there; 4. verify the target; restore on any mismatch.
+  // 4. Write, keeping what was there; 5. verify the target; restore on any mismatch.
   std::vector<std::vector<std::uint8_t>> undo(plan.size());
   std::uint64_t written = 0;
   for (std::size_t p = 0; p < plan.size(); ++p) {
