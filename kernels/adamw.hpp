@@ -117,7 +117,9 @@ index_t adamw_mixed_pass(const ExecSpace& space, const TensorSegments<Mem>& segs
           const float w = adamw_mixed_element(s, decay, master(i), grad(i), mi, vi);
           const bf16_bits b = float_to_bf16(w);
           index_t c = 0;
-          if constexpr (CountChanges) c = b != weights_bf16(i);
+          // A plain if on the template constant (folded at compile time): nvcc rejects an
+          // extended lambda whose first use of a captured view is inside if constexpr.
+          if (CountChanges) c = b != weights_bf16(i);
           master(i) = w;
           m(i) = mi;
           v(i) = vi;

@@ -34,9 +34,12 @@ GradNorm grad_norm(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
       KOKKOS_LAMBDA(const index_t k) {
         accum_t sum = 0;
         for (index_t i = segments(k).begin; i < segments(k).end; ++i) {
+          // Read outside if constexpr: nvcc rejects an extended lambda whose first use of a
+          // captured view is inside it.
+          const value_type gi = grad(i);
           float g;
-          if constexpr (std::is_same_v<value_type, float>) g = grad(i);
-          else g = bf16_to_float(grad(i));
+          if constexpr (std::is_same_v<value_type, float>) g = gi;
+          else g = bf16_to_float(gi);
           sum += accum_t(g) * accum_t(g);
         }
         partial(k) = sum;
