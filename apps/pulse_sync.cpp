@@ -217,6 +217,7 @@ int cmd_keygen(const std::string& public_path, const std::string& secret_path) {
 struct RelayArgs {
   std::string relay, file, previous, out, have, sign, public_key;
   std::uint64_t version = 0, have_version = 0, anchor_every = 10, keep_anchors = 2;
+  bool compress_anchors = false;
 };
 
 int cmd_publish(const RelayArgs& args) {
@@ -224,6 +225,7 @@ int cmd_publish(const RelayArgs& args) {
   PublishOptions opt;
   opt.anchor_every = args.anchor_every;
   opt.keep_anchors = args.keep_anchors;
+  opt.compress_anchors = args.compress_anchors;
   SecretKey key;
   if (!args.sign.empty()) {
     key = read_secret_key(args.sign);
@@ -326,6 +328,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   publish->add_option("--sign", rel.sign, "sign patches with this Ed25519 secret key file")->check(CLI::ExistingFile);
+  publish->add_flag("--compress-anchors", rel.compress_anchors, "write anchors zstd-compressed (.safetensors.zst)");
 
   auto* pull = app.add_subcommand("pull", "bring a checkpoint to the relay's head version");
   pull->add_option("--relay", rel.relay, "relay folder")->required()->check(CLI::ExistingDirectory);

@@ -69,11 +69,11 @@ def main():
         receiver = base.clone()
         apply(receiver, payload, count)
         assert torch.equal(receiver.view(torch.int16), target.view(torch.int16)), "PyTorch pipeline is not bit-exact"
-        apply_s = best_of(lambda: apply(base.clone(), payload, count), args.repeats)
-        clone_s = best_of(lambda: base.clone(), args.repeats)  # apply above includes a clone
+        # Applying again to weights already at the target is the same work: time it in place.
+        apply_s = best_of(lambda: apply(receiver, payload, count), args.repeats)
         results.append({"sparsity": 1 - count / args.elements, "elements": args.elements, "changed": count,
                         "patch_bytes": len(payload), "bits_per_changed": 8 * len(payload) / max(count, 1),
-                        "encode_seconds": encode_s, "apply_seconds": max(apply_s - clone_s, 0.0)})
+                        "encode_seconds": encode_s, "apply_seconds": apply_s})
         print(json.dumps(results[-1]))
     json.dump({"torch_version": torch.__version__, "zstandard_version": zstandard.__version__, "results": results},
               open(args.out, "w"), indent=1)

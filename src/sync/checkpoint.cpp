@@ -1,6 +1,15 @@
 #include "sync/checkpoint.hpp"
 
+#include <zstd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "core/atomic_file.hpp"
+#include "core/error.hpp"
+#include "sync/compress.hpp"
 
 namespace pulse::sync {
 
@@ -17,7 +26,41 @@ std::vector<MutableTensor> Checkpoint::mutables() {
   return out;
 }
 
+namespace {
+
+bool is_zstd_path(const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0; }
+
+std::vector<std::uint8_t> read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  PULSE_CHECK(in, "cannot read " + path);
+  return std::vector<std::uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A zstd-compressed safetensors file, decompressed and validated in memory.
+Checkpoint load_compressed(const std::string& path) {
+  const auto coded = read_whole(path);
+  const unsigned long long size = ZSTD_getFrameContentSize(coded.data(), coded.size());
+  PULSE_CHECK(size != ZSTD_CONTENTSIZE_ERROR && size != ZSTD_CONTENTSIZE_UNKNOWN,
+              path + " is not a zstd frame with a declared size");
+  PULSE_CHECK(size <= (1ull << 40), path + " declares " + std::to_string(size) + " bytes, beyond the limit");
+  const auto raw = decompress(Compressor::zstd, coded.data(), coded.size(), size);
+  const auto* bytes = reinterpret_cast<const std::byte*>(raw.data());
+  const io::ParsedHeader header = io::parse_header(bytes, raw.size(), {}, path);
+  Checkpoint c;
+  c.metadata = header.metadata;
+  for (const auto& t : header.tensors) {
+    const std::byte* data = bytes + header.data_offset + t.begin;
+    c.data.emplace_back(data, data + (t.end - t.begin));
+    c.layout.push_back({t.name, io::dtype_name(t.dtype), t.shape, nullptr, t.end - t.begin});
+  }
+  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();
+  return c;
+}
+
+}  // namespace
+
 Checkpoint load_checkpoint(const std::string& path) {
+  if (is_zstd_path(path)) return load_compressed(path);
   const auto file = io::SafetensorsFile::open(path);
   Checkpoint c;
   c.metadata = file.metadata();
@@ -27,13 +70,23 @@ Checkpoint load_checkpoint(const std::string& path) {
   return c;
 }
 
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level) {
   std::vector<io::TensorToWrite> tensors;
   for (std::size_t i = 0; i < checkpoint.layout.size(); ++i) {
     const TensorRef& t = checkpoint.layout[i];
     tensors.push_back({t.name, io::parse_dtype(t.dtype), t.shape, checkpoint.data[i].data(), checkpoint.data[i].size()});
   }
-  io::write_safetensors(path, tensors, checkpoint.metadata);
+  if (!is_zstd_path(path)) {
+    io::write_safetensors(path, tensors, checkpoint.metadata);
+    return;
+  }
+  // Through a plain file next to it: the safetensors writer is the one place that lays out files.
+  const std::string plain = path.substr(0, path.size() - 4) + ".uncompressed";
+  io::write_safetensors(plain, tensors, checkpoint.metadata);
+  const auto raw = read_whole(plain);
+  std::remove(plain.c_str());
+  const auto coded = compress(Compressor::zstd, zstd_level, raw);
+  write_file_atomically(path, coded.data(), coded.size());
 }
 
 }  // namespace pulse::sync

@@ -21,8 +21,10 @@ struct Checkpoint {
   std::vector<MutableTensor> mutables();
 };
 
+// A path ending in ".zst" holds a zstd-compressed safetensors file (relay anchors may be).
 Checkpoint load_checkpoint(const std::string& path);
-// Atomic: the file at path holds either its old content or all of the new one.
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+// Atomic: the file at path holds either its old content or all of the new one; a path ending
+// in ".zst" is written zstd-compressed at zstd_level.
+void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
 
 }  // namespace pulse::sync

@@ -449,6 +449,10 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
 
 namespace {
 
+// Changes are scattered over tensors far larger than the caches; prefetching this many ahead
+// keeps enough memory accesses in flight.
+constexpr std::size_t kPrefetchAhead = 16;
+
 // What one entry will write, fully decoded and checked before the first write.
 struct PlannedWrite {
   MutableTensor* tensor;
@@ -531,16 +535,20 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
           for (int b = 0; b < e.index_width; ++b) gap |= std::uint64_t(index_raw[index_pos++]) << (8 * b);
         }
         PULSE_CHECK(gap < n && next <= n - 1 - gap, "patch index out of range in tensor '" + e.name + "'");
-        const std::uint64_t i = next + gap;
-        next = i + 1;
-        w.indices[k] = i;
-        if (h.values == ValueCoding::raw) {
+        w.indices[k] = next + gap;
+        next = w.indices[k] + 1;
+      }
+      if (h.values == ValueCoding::raw) {
+        for (std::uint64_t k = 0; k < e.count; ++k)
           w.values[k] = static_cast<bf16_bits>(value_raw[value_pos++] | (value_raw[high_pos++] << 8));
-        } else {
+      } else {
+        for (std::uint64_t k = 0; k < e.count; ++k) {
+          // The old values are scattered: ask for them a few changes ahead.
+          if (k + kPrefetchAhead < e.count) __builtin_prefetch(t.data + 2 * w.indices[k + kPrefetchAhead]);
           const std::int64_t d = unzigzag(get_varint(value_raw.data(), value_raw.size(), value_pos));
           // Bound d first: a 64-bit difference would overflow the sum.
           PULSE_CHECK(d >= -0xFFFF && d <= 0xFFFF, "patch value out of range in tensor '" + e.name + "'");
-          const std::int64_t key = std::int64_t(bf16_key(load_bf16(t.data, i))) + d;
+          const std::int64_t key = std::int64_t(bf16_key(load_bf16(t.data, w.indices[k]))) + d;
           PULSE_CHECK(key >= 0 && key <= 0xFFFF, "patch value out of range in tensor '" + e.name + "'");
           w.values[k] = bf16_from_key(static_cast<std::uint16_t>(key));
         }
@@ -565,6 +573,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     } else {
       undo[p].resize(2 * w.indices.size());
       for (std::size_t k = 0; k < w.indices.size(); ++k) {
+        if (k + kPrefetchAhead < w.indices.size()) __builtin_prefetch(w.tensor->data + 2 * w.indices[k + kPrefetchAhead], 1);
         std::memcpy(undo[p].data() + 2 * k, w.tensor->data + 2 * w.indices[k], 2);
         std::memcpy(w.tensor->data + 2 * w.indices[k], &w.values[k], 2);
       }

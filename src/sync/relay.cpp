@@ -29,7 +29,9 @@ std::vector<std::uint64_t> anchor_versions(const std::string& dir) {
     const std::string name = entry.path().filename().string();
     std::uint64_t v;
     char tail[32];
-    if (std::sscanf(name.c_str(), "anchor-%lu.%31s", &v, tail) == 2 && std::string(tail) == "safetensors") out.push_back(v);
+    if (std::sscanf(name.c_str(), "anchor-%lu.%31s", &v, tail) == 2 &&
+        (std::string(tail) == "safetensors" || std::string(tail) == "safetensors.zst"))
+      out.push_back(v);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -43,7 +45,10 @@ Relay::Relay(std::string dir) : dir_(std::move(dir)) {
   PULSE_CHECK(fs::is_directory(dir_), "relay: " + dir_ + " is not a folder");
 }
 
-std::string Relay::anchor_path(std::uint64_t v) const { return dir_ + "/anchor-" + std::to_string(v) + ".safetensors"; }
+std::string Relay::anchor_path(std::uint64_t v) const {
+  const std::string plain = dir_ + "/anchor-" + std::to_string(v) + ".safetensors";
+  return fs::exists(plain + ".zst") ? plain + ".zst" : plain;
+}
 std::string Relay::patch_path(std::uint64_t from, std::uint64_t to) const {
   return dir_ + "/patch-" + std::to_string(from) + "-" + std::to_string(to) + ".pulse";
 }
@@ -80,7 +85,8 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
     Checkpoint anchor;
     anchor.layout = state;
     for (const auto& t : state) anchor.data.emplace_back(t.data, t.data + t.bytes);
-    save_checkpoint(anchor_path(version), anchor);
+    const std::string plain = dir_ + "/anchor-" + std::to_string(version) + ".safetensors";
+    save_checkpoint(options.compress_anchors ? plain + ".zst" : plain, anchor, options.anchor_level);
   }
   std::ostringstream head_text;
   head_text << "version " << version << " " << to_hex(state_digest(state)) << "\n";

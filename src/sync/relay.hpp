@@ -4,7 +4,7 @@
 // patch from each version to the next, and a HEAD record naming the newest version and its
 // state digest. Every file appears atomically and HEAD is written last, so a reader that
 // follows HEAD never sees a partial version.
-//   anchor-<v>.safetensors   patch-<v-1>-<v>.pulse   HEAD
+//   anchor-<v>.safetensors[.zst]   patch-<v-1>-<v>.pulse   HEAD
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,6 +22,8 @@ struct RelayHead {
 struct PublishOptions {
   std::uint64_t anchor_every = 10;  // K: an anchor at every multiple of K (and the first version)
   std::uint64_t keep_anchors = 2;   // N: retention; patches older than the oldest kept anchor go
+  bool compress_anchors = false;    // anchor-<v>.safetensors.zst (zstd) instead of plain safetensors
+  int anchor_level = 3;
   EncodeOptions encode;             // versions are filled in by publish
 };
 
@@ -49,6 +51,7 @@ class Relay {
   // (slow path). The result's state digest is checked against HEAD.
   PullResult pull(const Checkpoint* have, std::uint64_t have_version, const PublicKey* public_key = nullptr) const;
 
+  // The anchor file of version v that exists (plain or .zst), or the plain name if none does.
   std::string anchor_path(std::uint64_t v) const;
   std::string patch_path(std::uint64_t from, std::uint64_t to) const;
 

@@ -152,6 +152,19 @@ def main():
         expect(r.returncode == 0 and "fast path, 1 patches" in r.stdout and same_tensors(p("fast.safetensors"), v13),
                f"fast path: {r.stdout}{r.stderr}")
 
+        # zstd-compressed anchors: the same chain, anchors as .safetensors.zst.
+        zrelay = p("zrelay")
+        for v in range(1, 7):
+            args = ["publish", "--relay", zrelay, "--version", v, p(f"v{v}.safetensors"), "--anchor-every", 3, "--compress-anchors"]
+            if v > 1:
+                args += ["--previous", p(f"v{v - 1}.safetensors")]
+            r = run(app, *args)
+            expect(r.returncode == 0, f"publish {v} with compressed anchors: {r.stderr}")
+        zanchors = sorted(f for f in os.listdir(zrelay) if f.startswith("anchor-"))
+        expect(zanchors == ["anchor-3.safetensors.zst", "anchor-6.safetensors.zst"], f"compressed anchors: {zanchors}")
+        r = run(app, "pull", "--relay", zrelay, "-o", p("zlate.safetensors"))
+        expect(r.returncode == 0 and same_tensors(p("zlate.safetensors"), versions[6]), f"pull from compressed anchors: {r.stderr}")
+
         # Publishers killed at random points never leave a partial version visible.
         random.seed(3)
         current = 13
