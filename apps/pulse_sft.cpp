@@ -1,0 +1,275 @@
+// pulse-sft: supervised fine-tuning from scratch on the addition task. The GPT learns to
+// continue "a+b=" with "c$" from complete "a+b=c$" sequences, then greedy decoding on held-out
+// problems measures pass@1. The loss is the model's mean cross entropy over every position,
+// operands and end-of-sequence padding included: GPT::backward() weights all positions equally,
+// so there is no loss mask on the answer tokens.
+//   pulse-sft --out runs/sft [--model tiny --digits 2 --steps 3000 --batch 32 --lr 1e-3 ...]
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "core/atomic_file.hpp"
+#include "core/error.hpp"
+#include "core/version.hpp"
+#include "io/safetensors.hpp"
+#include "kernels/adamw.hpp"
+#include "kernels/grad_norm.hpp"
+#include "kernels/host_copy.hpp"
+#include "model/gpt.hpp"
+#include "rl/task.hpp"
+#include "rl/tokenizer.hpp"
+
+using namespace pulse;
+
+namespace {
+
+struct Options {
+  std::string model = "tiny";
+  int steps = 3000;
+  int batch = 32;
+  double lr = 1e-3;
+  int warmup = 100;  // linear warm-up steps, then cosine decay to lr/10 at --steps
+  double weight_decay = 0.1;
+  std::uint64_t seed = 1;
+  int digits = 2;
+  int eval_every = 250;
+  int eval_problems = 200;
+  std::string out = "runs/sft";
+  double time_limit_s = 0;  // 0: no limit
+};
+
+// A different stream of problems than training's, from the same generator.
+constexpr std::uint64_t eval_seed_offset = 0x9E3779B97F4A7C15ull;
+constexpr int eval_chunk = 256;  // rows per greedy-decoding forward
+
+double lr_at(const Options& opt, int step) {  // step is 1-based
+  if (step <= opt.warmup) return opt.lr * step / opt.warmup;
+  const double progress = double(step - opt.warmup) / std::max(1, opt.steps - opt.warmup);
+  return opt.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(3.141592653589793 * std::min(1.0, progress))));
+}
+
+// One row of T inputs and T targets: text shifted by one, padded with eos.
+void encode_row(const CharTokenizer& tok, const std::string& text, int T, int* tokens, int* targets) {
+  std::vector<int> ids = tok.encode(text);
+  ids.resize(T + 1, tok.eos());
+  for (int t = 0; t < T; ++t) tokens[t] = ids[t], targets[t] = ids[t + 1];
+}
+
+struct EvalResult {
+  double loss;    // teacher-forced mean cross entropy on the held-out problems
+  double pass1;   // fraction answered exactly by greedy decoding
+  std::string example;  // the first problem's completion
+};
+
+// Greedy decoding with a full re-forward per generated token (there is no KV cache): every row
+// keeps its own cursor, and the causal mask makes the padding behind the cursor irrelevant.
+EvalResult evaluate(GPT& model, const CharTokenizer& tok, const AdditionTask& task,
+                    const std::vector<AdditionProblem>& problems, int max_new_tokens) {
+  const int B = model.batch(), T = model.seq_len(), V = model.config().vocab_size;
+  Kokkos::View<int*> tokens("eval_tokens", B * T), targets("eval_targets", B * T);
+  auto tokens_h = Kokkos::create_mirror_view(tokens);
+  auto targets_h = Kokkos::create_mirror_view(targets);
+  double loss_sum = 0, solved = 0;
+  std::string example;
+  for (std::size_t first = 0; first < problems.size(); first += B) {
+    const int rows = static_cast<int>(std::min<std::size_t>(B, problems.size() - first));
+    // Teacher-forced loss; rows past the end repeat the last problem (so a partial last chunk
+    // weighs that problem a little more; exact when --eval-problems <= eval_chunk).
+    for (int b = 0; b < B; ++b)
+      encode_row(tok, task.solution_text(problems[first + std::min(b, rows - 1)]), T, &tokens_h(b * T),
+                 &targets_h(b * T));
+    Kokkos::deep_copy(tokens, tokens_h);
+    Kokkos::deep_copy(targets, targets_h);
+    loss_sum += double(model.forward(tokens, targets)) * rows;
+
+    std::vector<int> cursor(B);
+    std::vector<std::string> completion(B);
+    std::vector<bool> done(B, false);
+    for (int b = 0; b < B; ++b) {
+      const std::vector<int> prompt = tok.encode(problems[first + std::min(b, rows - 1)].prompt);
+      for (int t = 0; t < T; ++t) tokens_h(b * T + t) = t < int(prompt.size()) ? prompt[t] : tok.eos();
+      cursor[b] = static_cast<int>(prompt.size());
+    }
+    for (int k = 0; k < max_new_tokens; ++k) {
+      Kokkos::deep_copy(tokens, tokens_h);
+      model.forward(tokens);
+      const std::vector<float> logits = to_host(model.logits());
+      for (int b = 0; b < B; ++b) {
+        if (done[b]) continue;
+        const float* row = logits.data() + (std::size_t(b) * T + cursor[b] - 1) * V;
+        const int next = static_cast<int>(std::max_element(row, row + V) - row);
+        completion[b] += tok.decode({next});
+        if (next == tok.eos() || cursor[b] == T) done[b] = true;
+        else tokens_h(b * T + cursor[b]++) = next;
+      }
+    }
+    for (int b = 0; b < rows; ++b) solved += task.reward(problems[first + b], completion[b]);
+    if (first == 0) example = problems[0].prompt + completion[0];
+  }
+  return {loss_sum / problems.size(), solved / problems.size(), example};
+}
+
+int run(Options opt) {
+  // Every check before any work, each a one-line error.
+  GPTConfig config = gpt_preset(opt.model);
+  const CharTokenizer tok = arithmetic_tokenizer();
+  config.vocab_size = tok.vocab_size();  // the 13 characters of the task, not the preset's 256
+  AdditionTask task(opt.digits, opt.seed), eval_task(opt.digits, opt.seed + eval_seed_offset);
+  const int T = task.max_text_length() - 1;  // inputs and targets of the longest "a+b=c$"
+  PULSE_CHECK(T <= config.max_seq_len, "--digits " + std::to_string(opt.digits) + " needs sequences of " +
+                                           std::to_string(T) + " tokens; --model " + opt.model + " takes at most " +
+                                           std::to_string(config.max_seq_len));
+  opt.warmup = std::min(opt.warmup, std::max(1, opt.steps / 10));
+  std::error_code ec;
+  std::filesystem::create_directories(opt.out, ec);
+  PULSE_CHECK(!ec && std::filesystem::is_directory(opt.out), "cannot create output folder '" + opt.out + "'");
+
+  // Held-out problems; training skips them when the problem space is large enough to spare them.
+  std::vector<AdditionProblem> eval_problems;
+  std::set<std::pair<std::int64_t, std::int64_t>> held_out;
+  for (int i = 0; i < opt.eval_problems; ++i) {
+    eval_problems.push_back(eval_task.sample());
+    held_out.insert({eval_problems.back().a, eval_problems.back().b});
+  }
+  const double problem_space = std::pow(10.0, 2 * opt.digits);
+  const bool disjoint = 4.0 * held_out.size() <= problem_space;
+
+  GPT model(config, opt.batch, T);
+  GPT eval_model(config, std::min(opt.eval_problems, eval_chunk), T);
+  const TensorTable& table = model.table();
+  const index_t n = table.num_elements();
+  const auto segs = make_segments(table.offsets());
+  const auto decay_mask = to_device(table.weight_decay_mask());
+  const Kokkos::View<float*> master = to_device(gpt_init(config, opt.seed), "master");
+  Kokkos::View<float*> m("adam_m", n), v("adam_v", n);
+  Kokkos::View<bf16_bits*> weights("weights_bf16", n);
+  cast_to_bf16(DefaultExec(), master, weights);
+  AdamWHyper hyper;
+  hyper.beta2 = 0.95;
+  hyper.weight_decay = opt.weight_decay;
+
+  Kokkos::View<int*> tokens("tokens", opt.batch * T), targets("targets", opt.batch * T);
+  auto tokens_h = Kokkos::create_mirror_view(tokens);
+  auto targets_h = Kokkos::create_mirror_view(targets);
+
+  std::printf("pulse-sft: %s (%lld parameters, vocab %d), %d-digit addition, T %d, batch %d, lr %g, %d steps%s\n",
+              opt.model.c_str(), static_cast<long long>(n), config.vocab_size, opt.digits, T, opt.batch, opt.lr,
+              opt.steps, disjoint ? "" : " (eval problems not excluded from training: the space is too small)");
+  std::printf("%6s %10s %10s %8s %8s  %s\n", "step", "train_loss", "eval_loss", "pass@1", "seconds", "example");
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  nlohmann::json curve = nlohmann::json::array();
+  double loss_sum = 0;
+  int loss_count = 0, step = 0;
+  auto eval_and_log = [&] {
+    eval_model.set_weights(weights);
+    const EvalResult e = evaluate(eval_model, tok, eval_task, eval_problems, opt.digits + 2);
+    const double train_loss = loss_count ? loss_sum / loss_count : e.loss;
+    const double s = seconds();
+    std::printf("%6d %10.4f %10.4f %8.4f %8.1f  %s\n", step, train_loss, e.loss, e.pass1, s, e.example.c_str());
+    std::fflush(stdout);
+    curve.push_back({{"step", step}, {"train_loss", train_loss}, {"eval_loss", e.loss}, {"pass_at_1", e.pass1},
+                     {"seconds", s}, {"example", e.example}});
+    loss_sum = 0, loss_count = 0;
+  };
+
+  eval_and_log();
+  bool out_of_time = false;
+  for (step = 1; step <= opt.steps && !out_of_time; ++step) {
+    // A batch of "a+b=c$" rows, padded with '$'.
+    for (int b = 0; b < opt.batch; ++b) {
+      AdditionProblem p = task.sample();
+      while (disjoint && held_out.count({p.a, p.b})) p = task.sample();
+      encode_row(tok, task.solution_text(p), T, &tokens_h(b * T), &targets_h(b * T));
+    }
+    Kokkos::deep_copy(tokens, tokens_h);
+    Kokkos::deep_copy(targets, targets_h);
+
+    // Forward on bf16(master), backward, clip to norm 1, mixed-precision AdamW.
+    model.set_weights(weights);
+    const float loss = model.forward(tokens, targets);
+    model.zero_grad();
+    model.backward();
+    const GradNorm norm = grad_norm(DefaultExec(), segs, model.grads(), Precision::mixed);
+    const float clip = clip_coefficient(norm.total, 1.0, Precision::mixed);
+    PULSE_CHECK(std::isfinite(loss) && std::isfinite(clip), "training diverged at step " + std::to_string(step) +
+                                                                " (loss " + std::to_string(loss) + ")");
+    hyper.lr = lr_at(opt, step);
+    const AdamWScalars s = adamw_scalars(hyper, step, clip, Precision::mixed);
+    adamw_mixed(DefaultExec(), segs, decay_mask, s, master, model.grads(), m, v, weights, false);
+    loss_sum += loss, ++loss_count;
+
+    out_of_time = opt.time_limit_s > 0 && seconds() >= opt.time_limit_s;
+    if (step % opt.eval_every == 0 || step == opt.steps || out_of_time) eval_and_log();
+  }
+  --step;  // the last step taken
+
+  // The BF16 weights the model computed with, under the table's names, and the config.
+  const std::vector<bf16_bits> weights_h = to_host(weights);
+  std::vector<io::TensorToWrite> tensors;
+  for (const TensorInfo& t : table.tensors())
+    tensors.push_back({t.name, io::DType::BF16, std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
+                       weights_h.data() + t.offset, std::size_t(t.numel) * sizeof(bf16_bits)});
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"program", "pulse-sft"}, {"version", version_string()}, {"model", opt.model},
+      {"vocab_size", std::to_string(config.vocab_size)}, {"max_seq_len", std::to_string(config.max_seq_len)},
+      {"num_layers", std::to_string(config.num_layers)}, {"num_heads", std::to_string(config.num_heads)},
+      {"channels", std::to_string(config.channels)}, {"tied_lm_head", config.tied_lm_head ? "true" : "false"},
+      {"alphabet", "0123456789+=$"}, {"digits", std::to_string(opt.digits)}, {"steps", std::to_string(step)}};
+  io::write_safetensors(opt.out + "/model.safetensors", tensors, metadata);
+
+  const nlohmann::json log = {
+      {"program", "pulse-sft"}, {"version", version_string()}, {"model", opt.model}, {"parameters", n},
+      {"vocab_size", config.vocab_size}, {"digits", opt.digits}, {"seq_len", T}, {"batch", opt.batch},
+      {"lr", opt.lr}, {"warmup", opt.warmup}, {"weight_decay", opt.weight_decay}, {"seed", opt.seed},
+      {"steps_requested", opt.steps}, {"steps", step}, {"time_limit_s", opt.time_limit_s},
+      {"eval_problems", opt.eval_problems}, {"eval_disjoint_from_training", disjoint},
+      {"loss", "mean cross entropy over all positions (no answer-only mask)"}, {"curve", curve}};
+  const std::string text = log.dump(1) + "\n";
+  write_file_atomically(opt.out + "/sft_log.json", text.data(), text.size());
+  std::printf("wrote %s/model.safetensors and %s/sft_log.json\n", opt.out.c_str(), opt.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"pulse-sft: train the GPT from scratch on a+b=c and measure greedy pass@1"};
+  app.add_option("--model", opt.model, "preset")->check(CLI::IsMember({"tiny", "small", "base"}));
+  app.add_option("--steps", opt.steps, "optimizer steps")->check(CLI::Range(1, 100000000));
+  app.add_option("--batch", opt.batch, "sequences per step")->check(CLI::Range(1, 65536));
+  app.add_option("--lr", opt.lr, "peak AdamW learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", opt.warmup, "linear warm-up steps (at most steps/10)")->check(CLI::Range(1, 100000000));
+  app.add_option("--weight-decay", opt.weight_decay, "AdamW weight decay on matrices and embeddings")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", opt.seed, "seed of the initial weights and the training problems");
+  app.add_option("--digits", opt.digits, "operands have up to this many digits")->check(CLI::Range(1, 18));
+  app.add_option("--eval-every", opt.eval_every, "steps between evaluations")->check(CLI::Range(1, 100000000));
+  app.add_option("--eval-problems", opt.eval_problems, "held-out problems per evaluation")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--out", opt.out, "output folder (model.safetensors, sft_log.json)");
+  app.add_option("--time-limit-s", opt.time_limit_s, "stop after this many seconds (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "pulse-sft: " << e.what() << "\n";
+    return 2;
+  }
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  try {
+    return run(opt);
+  } catch (const std::exception& e) {
+    std::cerr << "pulse-sft: " << e.what() << "\n";
+    return 1;
+  }
+}
