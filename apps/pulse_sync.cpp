@@ -40,6 +40,13 @@ std::vector<std::uint8_t> read_file(const std::string& path) {
   return std::vector<std::uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+// The secret key from path into storage, or nullptr (no signing) when path is empty.
+const SecretKey* signing_key(const std::string& path, SecretKey& storage) {
+  if (path.empty()) return nullptr;
+  storage = read_secret_key(path);
+  return &storage;
+}
+
 std::uint64_t bf16_elements(const std::vector<TensorRef>& state) {
   std::uint64_t n = 0;
   for (const auto& t : state)
@@ -100,10 +107,7 @@ int cmd_encode(const EncodeArgs& args) {
   opt.base_version = args.base_version;
   opt.target_version = args.target_version;
   SecretKey key;
-  if (!args.sign.empty()) {
-    key = read_secret_key(args.sign);
-    opt.signing_key = &key;
-  }
+  opt.signing_key = signing_key(args.sign, key);
   const auto base_file = io::SafetensorsFile::open(args.base), target_file = io::SafetensorsFile::open(args.target);
   const auto target = tensor_refs(target_file);
   if (args.codec == "auto") {
@@ -227,10 +231,7 @@ int cmd_publish(const RelayArgs& args) {
   opt.keep_anchors = args.keep_anchors;
   opt.compress_anchors = args.compress_anchors;
   SecretKey key;
-  if (!args.sign.empty()) {
-    key = read_secret_key(args.sign);
-    opt.encode.signing_key = &key;
-  }
+  opt.encode.signing_key = signing_key(args.sign, key);
   const auto file = io::SafetensorsFile::open(args.file);
   std::optional<io::SafetensorsFile> previous;
   std::vector<TensorRef> previous_refs;
