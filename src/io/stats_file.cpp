@@ -224,6 +224,7 @@ struct StatsFile::Impl {
     Handle attribute(id(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen " + name), H5Aclose);
     Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(type.get(), H5T_VARIABLE);
+    H5Tset_cset(type.get(), H5T_CSET_UTF8);  // as written: HDF5 converts no ASCII <-> UTF-8
     char* text = nullptr;
     ok(H5Aread(attribute.get(), type.get(), &text), "H5Aread");
     std::string result = text ? text : "";
