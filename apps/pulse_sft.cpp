@@ -3,7 +3,8 @@
 // problems (GPTDecoder, KV cache) measures pass@1. --loss answer (the default) is the mean cross
 // entropy over the answer tokens and their eos only, through GPT::backward(position weights):
 // the operands are random and the padding is trivial, so they would only dilute the signal;
-// --loss all weighs every position equally, operands and padding included.
+// --loss all weighs every position equally, operands and padding included. The training itself
+// is SftTrainer (src/rl/sft_trainer.hpp), which pulse-train shares as its warm start.
 //   pulse-sft --out runs/sft [--model tiny --digits 2 --steps 3000 --batch 32 --lr 1e-3 --loss answer ...]
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
@@ -19,13 +20,11 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
-#include "io/safetensors.hpp"
-#include "kernels/adamw.hpp"
-#include "kernels/grad_norm.hpp"
 #include "kernels/host_copy.hpp"
 #include "model/gpt.hpp"
 #include "model/gpt_decoder.hpp"
 #include "rl/rollout.hpp"
+#include "rl/sft_trainer.hpp"
 #include "rl/task.hpp"
 #include "rl/tokenizer.hpp"
 
@@ -53,42 +52,6 @@ struct Options {
 constexpr std::uint64_t eval_seed_offset = 0x9E3779B97F4A7C15ull;
 constexpr int eval_chunk = 256;  // rows per greedy-decoding forward
 
-double lr_at(const Options& opt, int step) {  // step is 1-based
-  if (step <= opt.warmup) return opt.lr * step / opt.warmup;
-  const double progress = double(step - opt.warmup) / std::max(1, opt.steps - opt.warmup);
-  return opt.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(3.141592653589793 * std::min(1.0, progress))));
-}
-
-// One row of T inputs and T targets: "a+b=c$" shifted by one, padded with eos. in_loss[t] is 1
-// where position t enters the loss: under --loss answer the targets that are the answer's
-// characters or its eos, under --loss all every position.
-void encode_row(const CharTokenizer& tok, const AdditionTask& task, const AdditionProblem& p, bool answer_only,
-                int T, int* tokens, int* targets, float* in_loss) {
-  std::vector<int> ids = tok.encode(task.solution_text(p));
-  ids.resize(T + 1, tok.eos());
-  const int first = static_cast<int>(p.prompt.size()) - 1, last = first + static_cast<int>(p.answer.size());
-  for (int t = 0; t < T; ++t) {
-    tokens[t] = ids[t], targets[t] = ids[t + 1];
-    in_loss[t] = !answer_only || (t >= first && t <= last) ? 1.0f : 0.0f;
-  }
-}
-
-// Normalises in_loss into the weights of a mean over the positions in the loss.
-std::vector<float> mean_weights(std::vector<float> in_loss) {
-  double count = 0;
-  for (float x : in_loss) count += x;
-  for (float& x : in_loss) x = static_cast<float>(x / count);
-  return in_loss;
-}
-
-// The weighted loss sum_i w_i * CE_i of the model's last forward.
-double weighted_loss(const GPT& model, const std::vector<float>& weights) {
-  const std::vector<float> logprobs = to_host(model.target_logprobs());
-  double loss = 0;
-  for (std::size_t i = 0; i < logprobs.size(); ++i) loss -= double(weights[i]) * logprobs[i];
-  return loss;
-}
-
 struct EvalResult {
   double loss;    // teacher-forced cross entropy on the held-out problems, weighted as in training
   double pass1;   // fraction answered exactly by greedy decoding
@@ -106,10 +69,10 @@ EvalResult evaluate(GPT& model, GPTDecoder& decoder, const CharTokenizer& tok, c
     // Rows past the end repeat the last problem (so a partial last chunk weighs that problem a
     // little more; exact when --eval-problems <= eval_chunk).
     for (int b = 0; b < B; ++b)
-      encode_row(tok, task, problems[first + std::min(b, rows - 1)], answer_only, T, &tokens_h[std::size_t(b) * T],
+      encode_sft_row(tok, task, problems[first + std::min(b, rows - 1)], answer_only, T, &tokens_h[std::size_t(b) * T],
                  &targets_h[std::size_t(b) * T], &in_loss[std::size_t(b) * T]);
     model.forward(to_device(tokens_h), to_device(targets_h));
-    loss_sum += weighted_loss(model, mean_weights(in_loss)) * rows;
+    loss_sum += weighted_loss(model, mean_loss_weights(in_loss)) * rows;
   }
   SamplingOptions greedy;
   greedy.temperature = 0;
@@ -125,12 +88,11 @@ int run(Options opt) {
   GPTConfig config = gpt_preset(opt.model);
   const CharTokenizer tok = arithmetic_tokenizer();
   config.vocab_size = tok.vocab_size();  // the 13 characters of the task, not the preset's 256
-  AdditionTask task(opt.digits, opt.seed), eval_task(opt.digits, opt.seed + eval_seed_offset);
-  const int T = task.max_text_length() - 1;  // inputs and targets of the longest "a+b=c$"
+  AdditionTask eval_task(opt.digits, opt.seed + eval_seed_offset);
+  const int T = eval_task.max_text_length() - 1;  // inputs and targets of the longest "a+b=c$"
   PULSE_CHECK(T <= config.max_seq_len, "--digits " + std::to_string(opt.digits) + " needs sequences of " +
                                            std::to_string(T) + " tokens; --model " + opt.model + " takes at most " +
                                            std::to_string(config.max_seq_len));
-  opt.warmup = std::min(opt.warmup, std::max(1, opt.steps / 10));
   std::error_code ec;
   std::filesystem::create_directories(opt.out, ec);
   PULSE_CHECK(!ec && std::filesystem::is_directory(opt.out), "cannot create output folder '" + opt.out + "'");
@@ -142,27 +104,16 @@ int run(Options opt) {
     eval_problems.push_back(eval_task.sample());
     held_out.insert({eval_problems.back().a, eval_problems.back().b});
   }
-  const double problem_space = std::pow(10.0, 2 * opt.digits);
-  const bool disjoint = 4.0 * held_out.size() <= problem_space;
 
-  GPT model(config, opt.batch, T);
+  const bool answer_only = opt.loss == "answer";
+  SftOptions sft;
+  sft.digits = opt.digits, sft.batch = opt.batch, sft.lr = opt.lr, sft.warmup = opt.warmup, sft.steps = opt.steps;
+  sft.weight_decay = opt.weight_decay, sft.answer_only = answer_only, sft.seed = opt.seed;
+  SftTrainer trainer(config, sft, held_out);
   GPT eval_model(config, std::min(opt.eval_problems, eval_chunk), T);
   GPTDecoder eval_decoder(config, std::min(opt.eval_problems, eval_chunk), T);
-  const bool answer_only = opt.loss == "answer";
-  const TensorTable& table = model.table();
-  const index_t n = table.num_elements();
-  const auto segs = make_segments(table.offsets());
-  const auto decay_mask = to_device(table.weight_decay_mask());
-  const Kokkos::View<float*> master = to_device(gpt_init(config, opt.seed), "master");
-  Kokkos::View<float*> m("adam_m", n), v("adam_v", n);
-  Kokkos::View<bf16_bits*> weights("weights_bf16", n);
-  cast_to_bf16(DefaultExec(), master, weights);
-  AdamWHyper hyper;
-  hyper.beta2 = 0.95;
-  hyper.weight_decay = opt.weight_decay;
-
-  std::vector<int> tokens_h(std::size_t(opt.batch) * T), targets_h(tokens_h.size());
-  std::vector<float> in_loss(tokens_h.size());
+  const index_t n = trainer.table().num_elements();
+  const bool disjoint = trainer.excludes_held_out();
 
   std::printf("pulse-sft: %s (%lld parameters, vocab %d), %d-digit addition, T %d, batch %d, lr %g, %d steps%s\n",
               opt.model.c_str(), static_cast<long long>(n), config.vocab_size, opt.digits, T, opt.batch, opt.lr,
@@ -174,8 +125,8 @@ int run(Options opt) {
   double loss_sum = 0;
   int loss_count = 0, step = 0;
   auto eval_and_log = [&] {
-    eval_model.set_weights(weights);
-    eval_decoder.set_weights(weights);
+    eval_model.set_weights(trainer.weights());
+    eval_decoder.set_weights(trainer.weights());
     const EvalResult e =
         evaluate(eval_model, eval_decoder, tok, eval_task, eval_problems, answer_only, opt.digits + 2);
     const double train_loss = loss_count ? loss_sum / loss_count : e.loss;
@@ -189,54 +140,21 @@ int run(Options opt) {
 
   eval_and_log();
   bool out_of_time = false;
-  for (step = 1; step <= opt.steps && !out_of_time; ++step) {
-    // A batch of "a+b=c$" rows, padded with '$'.
-    for (int b = 0; b < opt.batch; ++b) {
-      AdditionProblem p = task.sample();
-      while (disjoint && held_out.count({p.a, p.b})) p = task.sample();
-      encode_row(tok, task, p, answer_only, T, &tokens_h[std::size_t(b) * T], &targets_h[std::size_t(b) * T],
-                 &in_loss[std::size_t(b) * T]);
-    }
-
-    // Forward on bf16(master), backward, clip to norm 1, mixed-precision AdamW.
-    model.set_weights(weights);
-    const std::vector<float> loss_weights = mean_weights(in_loss);
-    model.forward(to_device(tokens_h), to_device(targets_h));
-    const double loss = weighted_loss(model, loss_weights);
-    model.zero_grad();
-    model.backward(to_device(loss_weights));
-    const GradNorm norm = grad_norm(DefaultExec(), segs, model.grads(), Precision::mixed);
-    const float clip = clip_coefficient(norm.total, 1.0, Precision::mixed);
-    PULSE_CHECK(std::isfinite(loss) && std::isfinite(clip), "training diverged at step " + std::to_string(step) +
-                                                                " (loss " + std::to_string(loss) + ")");
-    hyper.lr = lr_at(opt, step);
-    const AdamWScalars s = adamw_scalars(hyper, step, clip, Precision::mixed);
-    adamw_mixed(DefaultExec(), segs, decay_mask, s, master, model.grads(), m, v, weights, false);
+  while (trainer.steps_done() < opt.steps && !out_of_time) {
+    const double loss = trainer.step();
+    step = trainer.steps_done();
     loss_sum += loss, ++loss_count;
-
     out_of_time = opt.time_limit_s > 0 && seconds() >= opt.time_limit_s;
     if (step % opt.eval_every == 0 || step == opt.steps || out_of_time) eval_and_log();
   }
-  --step;  // the last step taken
 
   // The BF16 weights the model computed with, under the table's names, and the config.
-  const std::vector<bf16_bits> weights_h = to_host(weights);
-  std::vector<io::TensorToWrite> tensors;
-  for (const TensorInfo& t : table.tensors())
-    tensors.push_back({t.name, io::DType::BF16, std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
-                       weights_h.data() + t.offset, std::size_t(t.numel) * sizeof(bf16_bits)});
-  const std::map<std::string, std::string> metadata = {
-      {"format", "pt"}, {"program", "pulse-sft"}, {"version", version_string()}, {"model", opt.model},
-      {"vocab_size", std::to_string(config.vocab_size)}, {"max_seq_len", std::to_string(config.max_seq_len)},
-      {"num_layers", std::to_string(config.num_layers)}, {"num_heads", std::to_string(config.num_heads)},
-      {"channels", std::to_string(config.channels)}, {"tied_lm_head", config.tied_lm_head ? "true" : "false"},
-      {"alphabet", "0123456789+=$"}, {"digits", std::to_string(opt.digits)}, {"steps", std::to_string(step)}};
-  io::write_safetensors(opt.out + "/model.safetensors", tensors, metadata);
+  write_sft_checkpoint(opt.out + "/model.safetensors", trainer, opt.model);
 
   const nlohmann::json log = {
       {"program", "pulse-sft"}, {"version", version_string()}, {"model", opt.model}, {"parameters", n},
       {"vocab_size", config.vocab_size}, {"digits", opt.digits}, {"seq_len", T}, {"batch", opt.batch},
-      {"lr", opt.lr}, {"warmup", opt.warmup}, {"weight_decay", opt.weight_decay}, {"seed", opt.seed},
+      {"lr", opt.lr}, {"warmup", trainer.options().warmup}, {"weight_decay", opt.weight_decay}, {"seed", opt.seed},
       {"steps_requested", opt.steps}, {"steps", step}, {"time_limit_s", opt.time_limit_s},
       {"eval_problems", opt.eval_problems}, {"eval_disjoint_from_training", disjoint},
       {"loss", answer_only ? "mean cross entropy over the answer tokens and their eos"
