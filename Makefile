@@ -16,14 +16,10 @@ build: deps
 
 # mpirun needs --allow-run-as-root as root; --oversubscribe lets 2 ranks share fewer cores.
 MPIRUN ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
-SFT_INIT = runs/sft-tiny/model.safetensors
 
-# The SFT warm start is cached: delete runs/sft-tiny to make it again.
-$(SFT_INIT):
-	$(BUILD)/apps/pulse-sft --model tiny --digits 2 --steps 800 --eval-every 200 --out runs/sft-tiny
-
+# default.toml starts from an SFT warm start that pulse-train makes on first use and caches in
+# runs/sft-tiny (delete it to make it again).
 run: build
-	$(MAKE) $(SFT_INIT)
 	$(MPIRUN) -n 2 $(BUILD)/apps/pulse-train --config jobs/configs/default.toml --out runs/default.h5 --overwrite
 	cd analysis && $(PYTHON) -m pulse_analysis report ../runs/default.h5 -o ../runs/default
 

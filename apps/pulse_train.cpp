@@ -35,6 +35,7 @@
 #include "model/gpt_decoder.hpp"
 #include "rl/grpo.hpp"
 #include "rl/rollout.hpp"
+#include "rl/sft_trainer.hpp"
 #include "rl/task.hpp"
 #include "rl/tokenizer.hpp"
 #include "sync/digest.hpp"
@@ -115,6 +116,7 @@ class Run {
   void open();
   // Returns the process exit code.
   int train();
+  void make_warm_start();
 
  private:
   void declare_statistics();
@@ -466,8 +468,34 @@ void Run::load_checkpoint(std::int64_t t) {
   }
 }
 
+// The SFT warm start: rank 0 trains from scratch on a+b=c and caches the BF16 weights at --init.
+void Run::make_warm_start() {
+  int ok = 1;
+  std::string error;
+  if (rank_ == 0) {
+    try {
+      std::printf("pulse-train: no %s; making it with %d SFT steps\n", c_.init.c_str(), c_.sft_steps);
+      std::fflush(stdout);
+      std::error_code ec;
+      const std::filesystem::path folder = std::filesystem::path(c_.init).parent_path();
+      if (!folder.empty()) std::filesystem::create_directories(folder, ec);
+      SftOptions options;
+      options.digits = c_.digits, options.steps = c_.sft_steps, options.seed = c_.seed;
+      SftTrainer sft(config_, options);
+      double loss = 0;
+      for (int s = 0; s < c_.sft_steps; ++s) loss = sft.step();
+      write_sft_checkpoint(c_.init, sft, c_.model);
+      std::printf("pulse-train: SFT warm start done (last loss %.4f)\n", loss);
+    } catch (const std::exception& e) {
+      ok = 0, error = e.what();
+    }
+  }
+  PULSE_CHECK(allreduce_value(world_, ok, ReduceOp::min) == 1, "SFT warm start failed: " + error);
+}
+
 void Run::open() {
   // Input checks before anything is written; every rank reaches the same outcome.
+  if (c_.sft_steps > 0 && !std::filesystem::exists(c_.init)) make_warm_start();
   initial_ = initial_weights(c_, config_, table_);
   resume_step_ = 0;
   if (c_.resume) {

@@ -18,6 +18,7 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--model", c.model, "GPT preset")->check(CLI::IsMember({"tiny", "small", "base"}));
   app.add_option("--init", c.init, "BF16 safetensors to start from (e.g. pulse-sft's model.safetensors)");
+  app.add_option("--sft-steps", c.sft_steps, "when --init does not exist, make it by this many SFT steps first (then cached)");
   app.add_option("--seed", c.seed, "seed of initial weights, problems and sampling");
   app.add_option("--digits", c.digits, "addition operands have up to this many digits");
   app.add_option("--steps", c.steps, "GRPO optimizer steps");
@@ -58,6 +59,7 @@ void check_positive(bool ok, const std::string& what) { PULSE_CHECK(ok, "config:
 }  // namespace
 
 void validate(const TrainConfig& c, int world_size) {
+  check_positive(c.sft_steps >= 0 && (c.sft_steps == 0 || !c.init.empty()), "sft-steps needs init (the file it caches)");
   check_positive(c.steps >= 1, "steps must be at least 1, got " + std::to_string(c.steps));
   check_positive(std::isfinite(c.lr) && c.lr > 0, "lr must be a positive number, got " + std::to_string(c.lr));
   check_positive(c.warmup_steps >= 0, "warmup-steps must be >= 0");
@@ -101,7 +103,7 @@ std::string to_toml(const TrainConfig& c) {
   s.precision(17);
   auto str = [](const std::string& v) { return "\"" + v + "\""; };
   s << "out = " << str(c.out) << "\ncheckpoint-every = " << c.checkpoint_every << "\nmodel = " << str(c.model)
-    << "\ninit = " << str(c.init) << "\nseed = " << c.seed << "\ndigits = " << c.digits << "\nsteps = " << c.steps
+ << "\ninit = " << str(c.init) << "\nsft-steps = " << c.sft_steps << "\nseed = " << c.seed << "\ndigits = " << c.digits << "\nsteps = " << c.steps
     << "\nlr = " << c.lr << "\nwarmup-steps = " << c.warmup_steps << "\nprecision = " << str(c.precision)
     << "\nweight-decay = " << c.weight_decay << "\ngrad-clip = " << c.grad_clip
     << "\nprompts-per-step = " << c.prompts_per_step << "\ngroup-size = " << c.group_size

@@ -20,6 +20,7 @@ struct TrainConfig {
   // model and task
   std::string model = "tiny";
   std::string init;  // BF16 safetensors to start from (pulse-sft's model.safetensors); empty: random init
+  int sft_steps = 0;  // > 0: when init does not exist, make it first by this many SFT steps (cached)
   std::uint64_t seed = 1;
   int digits = 2;
   // GRPO
