@@ -105,7 +105,10 @@ std::string precheck(const std::string& path, StatsOpen mode) {
   }
   if (exists && !S_ISREG(info.st_mode)) return "is not a regular file";
   const std::string folder = parent_folder(path);
-  if (::access(folder.c_str(), W_OK) != 0) return "cannot be written in folder " + folder + ": " + std::strerror(errno);
+  struct stat folder_info {};
+  if (::stat(folder.c_str(), &folder_info) != 0) return "cannot be written: folder " + folder + ": " + std::strerror(errno);
+  if (!S_ISDIR(folder_info.st_mode)) return "cannot be written: " + folder + " is not a folder";
+  if (::access(folder.c_str(), W_OK) != 0) return "cannot be written: folder " + folder + ": " + std::strerror(errno);
   return "";
 }
 
@@ -224,7 +227,7 @@ struct StatsFile::Impl {
     Handle attribute(id(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen " + name), H5Aclose);
     Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(type.get(), H5T_VARIABLE);
-    H5Tset_cset(type.get(), H5T_CSET_UTF8);  // as written: HDF5 converts no ASCII <-> UTF-8
+    H5Tset_cset(type.get(), H5T_CSET_UTF8);
     char* text = nullptr;
     ok(H5Aread(attribute.get(), type.get(), &text), "H5Aread");
     std::string result = text ? text : "";
