@@ -1,7 +1,9 @@
 // Drives pulse::io::StatsFile for the h5py checks and the append benchmark.
-//   stats_driver write PATH ROWS [--hang]   a known layout with values derived from (step, rank);
+//   stats_driver write PATH ROWS [--hang|--progress]
+//                                           a known layout with values derived from (step, rank);
 //                                           --hang: after ROWS appends print "ready <pid>" per rank
-//                                           and wait to be killed
+//                                           and wait to be killed; --progress: rank 0 prints
+//                                           "appended <n> <pid>" after every append
 //   stats_driver bench PATH ROWS SCALARS WIDTH
 //                                           SCALARS float64 series, one (steps x WIDTH) series and a
 //                                           (steps x 4) per-rank series; prints per-append seconds
@@ -26,7 +28,7 @@ using pulse::io::StatsRow;
 namespace {
 
 // The values tests/stats/test_stats_h5py.py expects.
-void write(const std::string& path, int rows, bool hang, int rank, int nranks) {
+void write(const std::string& path, int rows, const std::string& flag, int rank, int nranks) {
   StatsFile f(MPI_COMM_WORLD, path, StatsOpen::create);
   f.set_attribute("program", std::string("stats_driver"));
   f.set_attribute("ranks", std::int64_t(nranks));
@@ -52,8 +54,12 @@ void write(const std::string& path, int rows, bool hang, int rank, int nranks) {
     row.set_rank_int("/ranks/bytes_sent", 1000 * rank + step);
     row.set_rank("/ranks/compute_seconds", rank + step / 2.0);
     f.append(row);
+    if (flag == "--progress" && rank == 0) {
+      std::printf("appended %d %d\n", step + 1, static_cast<int>(getpid()));
+      std::fflush(stdout);
+    }
   }
-  if (hang) {
+  if (flag == "--hang") {
     std::printf("ready %d\n", static_cast<int>(getpid()));
     std::fflush(stdout);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
@@ -103,11 +109,11 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "write" && (argc == 4 || argc == 5)) {
-      write(argv[2], std::stoi(argv[3]), argc == 5 && std::string(argv[4]) == "--hang", rank, nranks);
+      write(argv[2], std::stoi(argv[3]), argc == 5 ? argv[4] : "", rank, nranks);
     } else if (mode == "bench" && argc == 6) {
       bench(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), rank, nranks);
     } else {
-      if (rank == 0) std::fprintf(stderr, "usage: stats_driver write PATH ROWS [--hang] | bench PATH ROWS SCALARS WIDTH\n");
+      if (rank == 0) std::fprintf(stderr, "usage: stats_driver write PATH ROWS [--hang|--progress] | bench PATH ROWS SCALARS WIDTH\n");
       rc = 2;
     }
   } catch (const std::exception& e) {
