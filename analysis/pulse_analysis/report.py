@@ -12,7 +12,8 @@ Figures (the paper's figure in brackets):
   comm.png          bytes the trainer ranks hand to MPI per step and cumulative, per trainer-sync method
   sync.png          trainer -> inference patch bytes against dense BF16 bytes per step
   bandwidth.png     sync time and GPU utilisation against link bandwidth (bandwidth.py) [1, 13]
-Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, bandwidth.csv.
+Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, bandwidth.csv and, with
+--reference, reference.csv (the paper's numbers per model, μ, lr and k).
 """
 import csv
 import math
@@ -145,6 +146,17 @@ def _reference_series(ref):
     for r in ref:
         groups.setdefault((r["label"], r["iteration_num"], r["lr"]), []).append(r)
     return groups
+
+
+def reference_rows(ref):
+    """Paper numbers per model, μ, lr and k: mean and min sparsity over seeds and steps."""
+    rows = []
+    for (label, mu, lr), rs in _reference_series(ref).items():
+        for k in sorted({r["k"] for r in rs}):
+            v = np.array([r["sparsity"] for r in rs if r["k"] == k])
+            rows.append({"reference": label, "iteration_num": mu, "learning_rate": lr, "k": k, "rows": int(v.size),
+                         "mean_sparsity": float(v.mean()), "min_sparsity": float(v.min())})
+    return rows
 
 
 def _ref_name(key):
@@ -430,6 +442,8 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
     _write_csv(os.path.join(out_dir, "kstep.csv"), ksteps)
     _write_csv(os.path.join(out_dir, "comm.csv"), comm)
     _write_csv(os.path.join(out_dir, "bandwidth.csv"), bw)
+    refs = reference_rows(ref) if ref else []
+    _write_csv(os.path.join(out_dir, "reference.csv"), refs)
 
     fig = Figures(out_dir, runs, groups, ref)
     fig.sparsity()
@@ -463,6 +477,8 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
                 f"compute {model.compute_s:.3g} s per step: patch {model.patch_bytes:.4g} B against dense "
                 f"{model.dense_bytes:.4g} B per step; the patch is faster below "
                 f"{model.crossover_bps / 1e9:.4g} Gbit/s.\n\n" + _md_table(bw) + "\n")
+        if refs:
+            f.write(f"## Paper reference ({os.path.basename(reference)})\n\n" + _md_table(refs) + "\n")
         f.write("## Figures\n\n" + "\n".join(f"![{n}]({n})" for n in fig.written) + "\n")
-    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "bandwidth": bw,
+    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "bandwidth": bw, "reference": refs,
             "figures": fig.written}
