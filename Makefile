@@ -14,9 +14,18 @@ build: deps
 	cmake -S . -B $(BUILD) -DPULSE_PYTHON=$(PYTHON) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
+# mpirun needs --allow-run-as-root as root; --oversubscribe lets 2 ranks share fewer cores.
+MPIRUN ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
+SFT_INIT = runs/sft-tiny/model.safetensors
+
+# The SFT warm start is cached: delete runs/sft-tiny to make it again.
+$(SFT_INIT):
+	$(BUILD)/apps/pulse-sft --model tiny --digits 2 --steps 800 --eval-every 200 --out runs/sft-tiny
+
 run: build
-	$(BUILD)/apps/pulse-absorb --out runs/default
-	cd analysis && $(PYTHON) -m pulse_analysis absorb ../runs/default/absorption.json -o ../runs/default
+	$(MAKE) $(SFT_INIT)
+	$(MPIRUN) -n 2 $(BUILD)/apps/pulse-train --config jobs/configs/default.toml --out runs/default.h5 --overwrite
+	cd analysis && $(PYTHON) -m pulse_analysis report ../runs/default.h5 -o ../runs/default
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

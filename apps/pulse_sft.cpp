@@ -1,9 +1,10 @@
 // pulse-sft: supervised fine-tuning from scratch on the addition task. The GPT learns to
 // continue "a+b=" with "c$" from complete "a+b=c$" sequences, then greedy decoding on held-out
-// problems measures pass@1. The loss is the model's mean cross entropy over every position,
-// operands and end-of-sequence padding included: GPT::backward() weights all positions equally,
-// so there is no loss mask on the answer tokens.
-//   pulse-sft --out runs/sft [--model tiny --digits 2 --steps 3000 --batch 32 --lr 1e-3 ...]
+// problems (GPTDecoder, KV cache) measures pass@1. --loss answer (the default) is the mean cross
+// entropy over the answer tokens and their eos only, through GPT::backward(position weights):
+// the operands are random and the padding is trivial, so they would only dilute the signal;
+// --loss all weighs every position equally, operands and padding included.
+//   pulse-sft --out runs/sft [--model tiny --digits 2 --steps 3000 --batch 32 --lr 1e-3 --loss answer ...]
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <chrono>
@@ -23,6 +24,8 @@
 #include "kernels/grad_norm.hpp"
 #include "kernels/host_copy.hpp"
 #include "model/gpt.hpp"
+#include "model/gpt_decoder.hpp"
+#include "rl/rollout.hpp"
 #include "rl/task.hpp"
 #include "rl/tokenizer.hpp"
 
@@ -43,6 +46,7 @@ struct Options {
   int eval_problems = 200;
   std::string out = "runs/sft";
   double time_limit_s = 0;  // 0: no limit
+  std::string loss = "answer";  // answer | all
 };
 
 // A different stream of problems than training's, from the same generator.
@@ -55,65 +59,65 @@ double lr_at(const Options& opt, int step) {  // step is 1-based
   return opt.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(3.141592653589793 * std::min(1.0, progress))));
 }
 
-// One row of T inputs and T targets: text shifted by one, padded with eos.
-void encode_row(const CharTokenizer& tok, const std::string& text, int T, int* tokens, int* targets) {
-  std::vector<int> ids = tok.encode(text);
+// One row of T inputs and T targets: "a+b=c$" shifted by one, padded with eos. in_loss[t] is 1
+// where position t enters the loss: under --loss answer the targets that are the answer's
+// characters or its eos, under --loss all every position.
+void encode_row(const CharTokenizer& tok, const AdditionTask& task, const AdditionProblem& p, bool answer_only,
+                int T, int* tokens, int* targets, float* in_loss) {
+  std::vector<int> ids = tok.encode(task.solution_text(p));
   ids.resize(T + 1, tok.eos());
-  for (int t = 0; t < T; ++t) tokens[t] = ids[t], targets[t] = ids[t + 1];
+  const int first = static_cast<int>(p.prompt.size()) - 1, last = first + static_cast<int>(p.answer.size());
+  for (int t = 0; t < T; ++t) {
+    tokens[t] = ids[t], targets[t] = ids[t + 1];
+    in_loss[t] = !answer_only || (t >= first && t <= last) ? 1.0f : 0.0f;
+  }
+}
+
+// Normalises in_loss into the weights of a mean over the positions in the loss.
+std::vector<float> mean_weights(std::vector<float> in_loss) {
+  double count = 0;
+  for (float x : in_loss) count += x;
+  for (float& x : in_loss) x = static_cast<float>(x / count);
+  return in_loss;
+}
+
+// The weighted loss sum_i w_i * CE_i of the model's last forward.
+double weighted_loss(const GPT& model, const std::vector<float>& weights) {
+  const std::vector<float> logprobs = to_host(model.target_logprobs());
+  double loss = 0;
+  for (std::size_t i = 0; i < logprobs.size(); ++i) loss -= double(weights[i]) * logprobs[i];
+  return loss;
 }
 
 struct EvalResult {
-  double loss;    // teacher-forced mean cross entropy on the held-out problems
+  double loss;    // teacher-forced cross entropy on the held-out problems, weighted as in training
   double pass1;   // fraction answered exactly by greedy decoding
   std::string example;  // the first problem's completion
 };
 
-// Greedy decoding with a full re-forward per generated token (there is no KV cache): every row
-// keeps its own cursor, and the causal mask makes the padding behind the cursor irrelevant.
-EvalResult evaluate(GPT& model, const CharTokenizer& tok, const AdditionTask& task,
-                    const std::vector<AdditionProblem>& problems, int max_new_tokens) {
-  const int B = model.batch(), T = model.seq_len(), V = model.config().vocab_size;
-  Kokkos::View<int*> tokens("eval_tokens", B * T), targets("eval_targets", B * T);
-  auto tokens_h = Kokkos::create_mirror_view(tokens);
-  auto targets_h = Kokkos::create_mirror_view(targets);
-  double loss_sum = 0, solved = 0;
-  std::string example;
+EvalResult evaluate(GPT& model, GPTDecoder& decoder, const CharTokenizer& tok, const AdditionTask& task,
+                    const std::vector<AdditionProblem>& problems, bool answer_only, int max_new_tokens) {
+  const int B = model.batch(), T = model.seq_len();
+  std::vector<int> tokens_h(std::size_t(B) * T), targets_h(tokens_h.size());
+  std::vector<float> in_loss(tokens_h.size());
+  double loss_sum = 0;
   for (std::size_t first = 0; first < problems.size(); first += B) {
     const int rows = static_cast<int>(std::min<std::size_t>(B, problems.size() - first));
-    // Teacher-forced loss; rows past the end repeat the last problem (so a partial last chunk
-    // weighs that problem a little more; exact when --eval-problems <= eval_chunk).
+    // Rows past the end repeat the last problem (so a partial last chunk weighs that problem a
+    // little more; exact when --eval-problems <= eval_chunk).
     for (int b = 0; b < B; ++b)
-      encode_row(tok, task.solution_text(problems[first + std::min(b, rows - 1)]), T, &tokens_h(b * T),
-                 &targets_h(b * T));
-    Kokkos::deep_copy(tokens, tokens_h);
-    Kokkos::deep_copy(targets, targets_h);
-    loss_sum += double(model.forward(tokens, targets)) * rows;
-
-    std::vector<int> cursor(B);
-    std::vector<std::string> completion(B);
-    std::vector<bool> done(B, false);
-    for (int b = 0; b < B; ++b) {
-      const std::vector<int> prompt = tok.encode(problems[first + std::min(b, rows - 1)].prompt);
-      for (int t = 0; t < T; ++t) tokens_h(b * T + t) = t < int(prompt.size()) ? prompt[t] : tok.eos();
-      cursor[b] = static_cast<int>(prompt.size());
-    }
-    for (int k = 0; k < max_new_tokens; ++k) {
-      Kokkos::deep_copy(tokens, tokens_h);
-      model.forward(tokens);
-      const std::vector<float> logits = to_host(model.logits());
-      for (int b = 0; b < B; ++b) {
-        if (done[b]) continue;
-        const float* row = logits.data() + (std::size_t(b) * T + cursor[b] - 1) * V;
-        const int next = static_cast<int>(std::max_element(row, row + V) - row);
-        completion[b] += tok.decode({next});
-        if (next == tok.eos() || cursor[b] == T) done[b] = true;
-        else tokens_h(b * T + cursor[b]++) = next;
-      }
-    }
-    for (int b = 0; b < rows; ++b) solved += task.reward(problems[first + b], completion[b]);
-    if (first == 0) example = problems[0].prompt + completion[0];
+      encode_row(tok, task, problems[first + std::min(b, rows - 1)], answer_only, T, &tokens_h[std::size_t(b) * T],
+                 &targets_h[std::size_t(b) * T], &in_loss[std::size_t(b) * T]);
+    model.forward(to_device(tokens_h), to_device(targets_h));
+    loss_sum += weighted_loss(model, mean_weights(in_loss)) * rows;
   }
-  return {loss_sum / problems.size(), solved / problems.size(), example};
+  SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = max_new_tokens;
+  const RolloutBatch out = sample_rollouts(decoder, tok, task, problems, 1, T, greedy);
+  double solved = 0;
+  for (float r : out.rewards) solved += r;
+  return {loss_sum / problems.size(), solved / problems.size(), problems[0].prompt + completion_text(out, tok, 0)};
 }
 
 int run(Options opt) {
@@ -143,6 +147,8 @@ int run(Options opt) {
 
   GPT model(config, opt.batch, T);
   GPT eval_model(config, std::min(opt.eval_problems, eval_chunk), T);
+  GPTDecoder eval_decoder(config, std::min(opt.eval_problems, eval_chunk), T);
+  const bool answer_only = opt.loss == "answer";
   const TensorTable& table = model.table();
   const index_t n = table.num_elements();
   const auto segs = make_segments(table.offsets());
@@ -155,9 +161,8 @@ int run(Options opt) {
   hyper.beta2 = 0.95;
   hyper.weight_decay = opt.weight_decay;
 
-  Kokkos::View<int*> tokens("tokens", opt.batch * T), targets("targets", opt.batch * T);
-  auto tokens_h = Kokkos::create_mirror_view(tokens);
-  auto targets_h = Kokkos::create_mirror_view(targets);
+  std::vector<int> tokens_h(std::size_t(opt.batch) * T), targets_h(tokens_h.size());
+  std::vector<float> in_loss(tokens_h.size());
 
   std::printf("pulse-sft: %s (%lld parameters, vocab %d), %d-digit addition, T %d, batch %d, lr %g, %d steps%s\n",
               opt.model.c_str(), static_cast<long long>(n), config.vocab_size, opt.digits, T, opt.batch, opt.lr,
@@ -170,7 +175,9 @@ int run(Options opt) {
   int loss_count = 0, step = 0;
   auto eval_and_log = [&] {
     eval_model.set_weights(weights);
-    const EvalResult e = evaluate(eval_model, tok, eval_task, eval_problems, opt.digits + 2);
+    eval_decoder.set_weights(weights);
+    const EvalResult e =
+        evaluate(eval_model, eval_decoder, tok, eval_task, eval_problems, answer_only, opt.digits + 2);
     const double train_loss = loss_count ? loss_sum / loss_count : e.loss;
     const double s = seconds();
     std::printf("%6d %10.4f %10.4f %8.4f %8.1f  %s\n", step, train_loss, e.loss, e.pass1, s, e.example.c_str());
@@ -187,16 +194,17 @@ int run(Options opt) {
     for (int b = 0; b < opt.batch; ++b) {
       AdditionProblem p = task.sample();
       while (disjoint && held_out.count({p.a, p.b})) p = task.sample();
-      encode_row(tok, task.solution_text(p), T, &tokens_h(b * T), &targets_h(b * T));
+      encode_row(tok, task, p, answer_only, T, &tokens_h[std::size_t(b) * T], &targets_h[std::size_t(b) * T],
+                 &in_loss[std::size_t(b) * T]);
     }
-    Kokkos::deep_copy(tokens, tokens_h);
-    Kokkos::deep_copy(targets, targets_h);
 
     // Forward on bf16(master), backward, clip to norm 1, mixed-precision AdamW.
     model.set_weights(weights);
-    const float loss = model.forward(tokens, targets);
+    const std::vector<float> loss_weights = mean_weights(in_loss);
+    model.forward(to_device(tokens_h), to_device(targets_h));
+    const double loss = weighted_loss(model, loss_weights);
     model.zero_grad();
-    model.backward();
+    model.backward(to_device(loss_weights));
     const GradNorm norm = grad_norm(DefaultExec(), segs, model.grads(), Precision::mixed);
     const float clip = clip_coefficient(norm.total, 1.0, Precision::mixed);
     PULSE_CHECK(std::isfinite(loss) && std::isfinite(clip), "training diverged at step " + std::to_string(step) +
@@ -231,7 +239,9 @@ int run(Options opt) {
       {"lr", opt.lr}, {"warmup", opt.warmup}, {"weight_decay", opt.weight_decay}, {"seed", opt.seed},
       {"steps_requested", opt.steps}, {"steps", step}, {"time_limit_s", opt.time_limit_s},
       {"eval_problems", opt.eval_problems}, {"eval_disjoint_from_training", disjoint},
-      {"loss", "mean cross entropy over all positions (no answer-only mask)"}, {"curve", curve}};
+      {"loss", answer_only ? "mean cross entropy over the answer tokens and their eos"
+                           : "mean cross entropy over all positions"},
+      {"curve", curve}};
   const std::string text = log.dump(1) + "\n";
   write_file_atomically(opt.out + "/sft_log.json", text.data(), text.size());
   std::printf("wrote %s/model.safetensors and %s/sft_log.json\n", opt.out.c_str(), opt.out.c_str());
@@ -255,6 +265,8 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", opt.eval_every, "steps between evaluations")->check(CLI::Range(1, 100000000));
   app.add_option("--eval-problems", opt.eval_problems, "held-out problems per evaluation")
       ->check(CLI::Range(1, 1000000));
+  app.add_option("--loss", opt.loss, "answer: cross entropy on the answer and its eos only; all: every position")
+      ->check(CLI::IsMember({"answer", "all"}));
   app.add_option("--out", opt.out, "output folder (model.safetensors, sft_log.json)");
   app.add_option("--time-limit-s", opt.time_limit_s, "stop after this many seconds (0: no limit)")
       ->check(CLI::NonNegativeNumber);

@@ -16,6 +16,18 @@ void embedding_forward(const ExecSpace& space, FloatSpan<ExecSpace> out, ConstIn
       });
 }
 
+// One token per sequence at position pos (incremental decoding): out[b,:] = wte[tokens[b],:] +
+// wpe[pos,:], out [B,C].
+template <class ExecSpace>
+void embedding_forward_at(const ExecSpace& space, FloatSpan<ExecSpace> out, ConstIntSpan<ExecSpace> tokens,
+                          ConstFloatSpan<ExecSpace> wte, ConstFloatSpan<ExecSpace> wpe, int pos, int B, int C) {
+  Kokkos::parallel_for(
+      "pulse::embedding::forward_at", FlatPolicy<ExecSpace>(space, 0, index_t(B)), KOKKOS_LAMBDA(const index_t b) {
+        const index_t tok = tokens(b) * index_t(C), p = index_t(pos) * C, o = b * C;
+        for (int c = 0; c < C; ++c) out(o + c) = wte(tok + c) + wpe(p + c);
+      });
+}
+
 // Accumulates into dwte and dwpe. One thread per channel walks every position in order, so rows
 // of dwte shared by repeated tokens are summed without atomics and in the same order on every
 // backend.

@@ -171,3 +171,58 @@ TEST(Model, AdamWLearnsOneBatch) {
   }
   EXPECT_LT(last, 0.3f * first) << "loss " << first << " -> " << last;
 }
+
+TEST(Model, TargetLogprobsAreMinusTheCrossEntropyOfTheLogits) {
+  const GPTConfig c = small_config();
+  GPT model(c, 2, 9);
+  model.set_weights(bf16_weights(c, 9));
+  const auto targets_h = pulse::to_host(ids(18, c.vocab_size, 6));
+  const float loss = model.forward(ids(18, c.vocab_size, 5), pulse::to_device(targets_h));
+  const auto logprobs = pulse::to_host(model.target_logprobs());
+  const auto logits = pulse::to_host(model.logits());
+  ASSERT_EQ(logprobs.size(), 18u);
+  double sum = 0;
+  for (std::size_t i = 0; i < logprobs.size(); ++i) {
+    // log-softmax in double from the logits: an independent reference
+    const float* row = logits.data() + i * c.vocab_size;
+    double mx = row[0], z = 0;
+    for (int v = 1; v < c.vocab_size; ++v) mx = std::max(mx, double(row[v]));
+    for (int v = 0; v < c.vocab_size; ++v) z += std::exp(row[v] - mx);
+    EXPECT_NEAR(logprobs[i], row[targets_h[i]] - mx - std::log(z), 1e-5) << i;
+    sum -= logprobs[i];
+  }
+  EXPECT_NEAR(sum / logprobs.size(), loss, 1e-6);
+}
+
+TEST(Model, WeightedBackwardGeneralisesTheMean) {
+  const GPTConfig c = small_config();
+  const int B = 3, T = 7, BT = B * T;
+  GPT model(c, B, T);
+  model.set_weights(bf16_weights(c, 10));
+  const auto tokens = ids(BT, c.vocab_size, 11), targets = ids(BT, c.vocab_size, 12);
+  model.forward(tokens, targets);
+  model.zero_grad();
+  model.backward();
+  const auto mean = pulse::to_host(model.grads());
+  // All weights 1/(B*T) is the mean loss, through the same kernels: bit for bit.
+  model.zero_grad();
+  model.backward(pulse::to_device(std::vector<float>(BT, 1.0f / BT)));
+  EXPECT_EQ(pulse::to_host(model.grads()), mean);
+  // Zero weights give zero gradients; the gradient is linear in the weights.
+  model.zero_grad();
+  model.backward(pulse::to_device(std::vector<float>(BT, 0.0f)));
+  for (float g : pulse::to_host(model.grads())) ASSERT_EQ(g, 0.0f);
+  std::vector<float> w1(BT), w2(BT), w12(BT);
+  for (int i = 0; i < BT; ++i) w1[i] = (i % 3) * 0.1f, w2[i] = i % 2 ? -0.05f : 0.2f, w12[i] = w1[i] + w2[i];
+  model.zero_grad();
+  model.backward(pulse::to_device(w1));
+  model.backward(pulse::to_device(w2));
+  const auto sum = pulse::to_host(model.grads());
+  model.zero_grad();
+  model.backward(pulse::to_device(w12));
+  const auto joint = pulse::to_host(model.grads());
+  float max_abs = 0;
+  for (float g : joint) max_abs = std::max(max_abs, std::abs(g));
+  for (std::size_t i = 0; i < joint.size(); ++i) ASSERT_NEAR(sum[i], joint[i], 1e-5f * max_abs) << i;
+  EXPECT_THROW(model.backward(pulse::to_device(std::vector<float>(BT - 1, 0.0f))), pulse::Error);
+}

@@ -29,6 +29,7 @@ const char* channel_name(Channel channel) {
     case Channel::pseudo_gradients: return "pseudo_gradients";
     case Channel::patches: return "patches";
     case Channel::weights: return "weights";
+    case Channel::rollouts: return "rollouts";
   }
   return "invalid";
 }

@@ -18,8 +18,9 @@ enum class Channel : int {
   pseudo_gradients,  // DiLoCo / PULSELoCo outer exchange
   patches,           // PULSESync patches
   weights,           // dense weights (anchors, baselines)
+  rollouts,          // sampled completions from inference ranks to trainers
 };
-inline constexpr int num_channels = 5;
+inline constexpr int num_channels = 6;
 const char* channel_name(Channel channel);
 
 // Throws pulse::Error "<what> failed: <MPI's error string>" unless rc is MPI_SUCCESS.

@@ -101,6 +101,27 @@ std::vector<float> gpt_init(const GPTConfig& c, std::uint64_t seed) {
   return out;
 }
 
+GPTParams point_gpt_params(const GPTConfig& config, const TensorTable& table, const Kokkos::View<float*>& flat) {
+  auto at = [&](const std::string& name) {
+    const TensorInfo& t = table[table.index_of(name)];
+    return GPTParams::Span(flat.data() + t.offset, t.numel);
+  };
+  GPTParams p;
+  p.wte = at("wte.weight");
+  p.wpe = at("wpe.weight");
+  for (int l = 0; l < config.num_layers; ++l) {
+    p.blocks.push_back({at(block(l, "ln1.weight")), at(block(l, "ln1.bias")), at(block(l, "attn.qkv.weight")),
+                        at(block(l, "attn.qkv.bias")), at(block(l, "attn.proj.weight")),
+                        at(block(l, "attn.proj.bias")), at(block(l, "ln2.weight")), at(block(l, "ln2.bias")),
+                        at(block(l, "mlp.fc.weight")), at(block(l, "mlp.fc.bias")), at(block(l, "mlp.proj.weight")),
+                        at(block(l, "mlp.proj.bias"))});
+  }
+  p.lnf_w = at("ln_f.weight");
+  p.lnf_b = at("ln_f.bias");
+  p.lm_head = config.tied_lm_head ? p.wte : at("lm_head.weight");
+  return p;
+}
+
 GPT::GPT(const GPTConfig& config, int batch, int seq_len, const Exec& space)
     : config_(config), B_(batch), T_(seq_len), space_(space), table_(gpt_tensor_table(config)) {
   PULSE_CHECK(batch > 0, "model: batch must be positive, got " + std::to_string(batch));
@@ -137,31 +158,11 @@ GPT::GPT(const GPTConfig& config, int batch, int seq_len, const Exec& space)
   grads_ = Kokkos::View<float*>("pulse::gpt::grads", table_.num_elements());
   acts_ = Kokkos::View<float*>("pulse::gpt::acts", act_table_.num_elements());
   grad_acts_ = Kokkos::View<float*>("pulse::gpt::grad_acts", act_table_.num_elements());
-  w_ = point_params(weights_);
-  g_ = point_params(grads_);
+  logprobs_ = Kokkos::View<float*>("pulse::gpt::target_logprobs", BT);
+  w_ = point_gpt_params(config_, table_, weights_);
+  g_ = point_gpt_params(config_, table_, grads_);
   a_ = point_acts(acts_);
   ga_ = point_acts(grad_acts_);
-}
-
-GPT::Params GPT::point_params(const Kokkos::View<float*>& flat) const {
-  auto at = [&](const std::string& name) {
-    const TensorInfo& t = table_[table_.index_of(name)];
-    return Span(flat.data() + t.offset, t.numel);
-  };
-  Params p;
-  p.wte = at("wte.weight");
-  p.wpe = at("wpe.weight");
-  for (int l = 0; l < config_.num_layers; ++l) {
-    p.blocks.push_back({at(block(l, "ln1.weight")), at(block(l, "ln1.bias")), at(block(l, "attn.qkv.weight")),
-                        at(block(l, "attn.qkv.bias")), at(block(l, "attn.proj.weight")),
-                        at(block(l, "attn.proj.bias")), at(block(l, "ln2.weight")), at(block(l, "ln2.bias")),
-                        at(block(l, "mlp.fc.weight")), at(block(l, "mlp.fc.bias")), at(block(l, "mlp.proj.weight")),
-                        at(block(l, "mlp.proj.bias"))});
-  }
-  p.lnf_w = at("ln_f.weight");
-  p.lnf_b = at("ln_f.bias");
-  p.lm_head = config_.tied_lm_head ? p.wte : at("lm_head.weight");
-  return p;
 }
 
 GPT::Acts GPT::point_acts(const Kokkos::View<float*>& flat) const {
@@ -242,6 +243,10 @@ float GPT::forward(const Kokkos::View<const int*>& tokens, const Kokkos::View<co
 
   cross_entropy_forward(space_, a_.losses, a_.probs, a_.logits, targets, BT, V);
   const Span losses = a_.losses;
+  const Kokkos::View<float*> logprobs = logprobs_;
+  Kokkos::parallel_for(
+      "pulse::gpt::target_logprobs", FlatPolicy<Exec>(space_, 0, BT),
+      KOKKOS_LAMBDA(const index_t i) { logprobs(i) = -losses(i); });
   accum_t sum = 0;
   Kokkos::parallel_reduce(
       "pulse::gpt::mean_loss", FlatPolicy<Exec>(space_, 0, BT),
@@ -253,12 +258,25 @@ void GPT::zero_grad() { Kokkos::deep_copy(space_, grads_, 0.0f); }
 
 void GPT::backward() {
   PULSE_CHECK(targets_.extent(0) != 0, "model: backward() needs a forward() with targets");
-  const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads, V = config_.vocab_size;
-  const index_t BT = index_t(B) * T, BTC = BT * C;
   // The layer backwards accumulate, so activation gradients start from zero every time.
   Kokkos::deep_copy(space_, grad_acts_, 0.0f);
-  Kokkos::deep_copy(space_, ga_.losses, 1.0f / static_cast<float>(BT));  // d(mean)/d(loss_i)
+  Kokkos::deep_copy(space_, ga_.losses, 1.0f / static_cast<float>(index_t(B_) * T_));  // d(mean)/d(loss_i)
+  backward_from_loss_weights();
+}
 
+void GPT::backward(const Kokkos::View<const float*>& position_weights) {
+  PULSE_CHECK(targets_.extent(0) != 0, "model: backward(weights) needs a forward() with targets");
+  PULSE_CHECK(position_weights.extent(0) == std::size_t(B_) * T_,
+              "model: backward got " + std::to_string(position_weights.extent(0)) +
+                  " position weights, expected batch*seq_len = " + std::to_string(std::size_t(B_) * T_));
+  Kokkos::deep_copy(space_, grad_acts_, 0.0f);
+  Kokkos::deep_copy(space_, ga_.losses, position_weights);
+  backward_from_loss_weights();
+}
+
+void GPT::backward_from_loss_weights() {
+  const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads, V = config_.vocab_size;
+  const index_t BT = index_t(B) * T, BTC = BT * C;
   cross_entropy_backward(space_, ga_.logits, ga_.losses, a_.probs, targets_, BT, V);
   matmul_backward(space_, ga_.lnf, g_.lm_head, Span(), ga_.logits, a_.lnf, w_.lm_head, BT, C, V);
   const int L = config_.num_layers;

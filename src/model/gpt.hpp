@@ -15,6 +15,7 @@
 
 #include "core/tensor_table.hpp"
 #include "kernels/types.hpp"
+#include "model/gpt_params.hpp"
 
 namespace pulse {
 
@@ -66,21 +67,21 @@ class GPT {
   void zero_grad();
   // Adds the gradient of the last forward's mean loss to grads().
   void backward();
+  // Adds to grads() the gradient of sum_i position_weights(i) * CE_i, CE_i = -log p(target_i),
+  // for [B*T] weights (a loss mask, or GRPO's per-token dloss/dCE). backward() is the case
+  // where every weight is 1/(B*T).
+  void backward(const Kokkos::View<const float*>& position_weights);
+  // After forward(tokens, targets): log p(target) at every position, [B*T] (minus the
+  // per-position cross entropy).
+  Kokkos::View<const float*> target_logprobs() const { return logprobs_; }
 
   Kokkos::View<const float*> weights() const { return weights_; }  // FP32 values of bf16(theta)
   Kokkos::View<float*> grads() const { return grads_; }
   Kokkos::View<const float*> logits() const;  // [B, T, V] of the last forward
 
  private:
-  struct BlockParams {
-    Span ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b;
-    Span ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
-  };
-  struct Params {  // named views into a flat buffer laid out by table_
-    Span wte, wpe;
-    std::vector<BlockParams> blocks;
-    Span lnf_w, lnf_b, lm_head;  // lm_head aliases wte when tied
-  };
+  using BlockParams = GPTBlockParams;
+  using Params = GPTParams;
   struct BlockActs {
     Span ln1, ln1_mean, ln1_rstd;  // [B,T,C], [B,T], [B,T]
     Span qkv;                      // [B,T,3C]
@@ -97,17 +98,25 @@ class GPT {
     Span logits, probs;            // [B,T,V]
     Span losses;                   // [B,T] (in the gradients: the weight of each loss)
   };
-  Params point_params(const Kokkos::View<float*>& flat) const;
   Acts point_acts(const Kokkos::View<float*>& flat) const;
+  // The backward pass from ga_.losses (the weight of each position's loss) down.
+  void backward_from_loss_weights();
 
   GPTConfig config_;
   int B_, T_;
   Exec space_;
   TensorTable table_, act_table_;
   Kokkos::View<float*> weights_, grads_, acts_, grad_acts_;
+  Kokkos::View<float*> logprobs_;  // [B*T] -losses of the last forward with targets
   Params w_, g_;
   Acts a_, ga_;
   Kokkos::View<const int*> tokens_, targets_;  // of the last forward, for backward
 };
+
+namespace detail {
+// Throws pulse::Error unless ids holds expected ids, all in 0..vocab-1 (what names them).
+void check_ids(const DefaultExec& space, const Kokkos::View<const int*>& ids, index_t expected, int vocab,
+               const char* what);
+}  // namespace detail
 
 }  // namespace pulse

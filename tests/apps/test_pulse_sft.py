@@ -54,6 +54,7 @@ def main():
             expect(last < 0.7 * first, f"eval loss fell only from {first} to {last}")
             expect(all(0.0 <= c["pass_at_1"] <= 1.0 for c in curve), "pass@1 outside [0, 1]")
             expect(log["steps"] == 600, "the log must record the steps taken")
+            expect("answer" in log["loss"], f"the default loss is answer-only, the log says {log['loss']!r}")
             # one printed line per evaluation
             rows = [l for l in r.stdout.splitlines() if l.split() and l.split()[0].isdigit()]
             expect(len(rows) == len(curve), f"{len(rows)} printed eval lines for {len(curve)} evaluations")
@@ -70,18 +71,20 @@ def main():
         # a time limit stops early and still writes both files
         out2 = os.path.join(d, "limited")
         r = subprocess.run([app, "--out", out2, "--steps", "1000000", "--time-limit-s", "1", "--eval-every", "100000",
-                            "--eval-problems", "20"], capture_output=True, text=True)
+                            "--eval-problems", "20", "--loss", "all"], capture_output=True, text=True)
         expect(r.returncode == 0, f"time-limited run failed: {r.stderr}")
         if r.returncode == 0:
             log = json.load(open(os.path.join(out2, "sft_log.json")))
             expect(0 < log["steps"] < 1000000 and log["curve"][-1]["step"] == log["steps"],
                    "a time-limited run must stop early and evaluate its last step")
             expect(os.path.exists(os.path.join(out2, "model.safetensors")), "no checkpoint after the time limit")
+            expect("all positions" in log["loss"], f"--loss all, the log says {log['loss']!r}")
 
         blocker = os.path.join(d, "file")
         open(blocker, "w").close()
         for flags, what in ((["--model", "huge"], "unknown model"), (["--steps", "0"], "zero steps"),
                             (["--digits", "0"], "zero digits"), (["--batch", "0"], "zero batch"),
+                            (["--loss", "operands"], "unknown loss"),
                             (["--out", os.path.join(blocker, "x")], "output under a file")):
             args = [app, "--steps", "1", *flags] if "--steps" not in flags else [app, *flags]
             if "--out" not in flags:

@@ -5,6 +5,13 @@
 //     DIR/master.f32    the initial FP32 weights theta (the forward sees bf16(theta))
 //     DIR/logits.f32, DIR/grads.f32   at the initial weights
 //     DIR/out.json      {"losses": [...]}: the loss before each AdamW step and after the last
+//   and, when config.json has "grpo", at the initial weights (inputs DIR/position_weights.f32,
+//   DIR/mask.u8, DIR/log_ratio.f32, DIR/rewards.f32):
+//     DIR/logprobs.f32        GPT::target_logprobs()
+//     DIR/grads_weighted.f32  gradient of sum_i position_weights[i] * CE_i (GPT::backward(weights))
+//     DIR/old_logprobs.f32    logprobs - log_ratio: the rollout's "generating policy", so the
+//                             GRPO ratios are exp(log_ratio) up to rounding
+//     DIR/grads_grpo.f32, DIR/grpo.json   grpo_backward's gradient and stats
 #include <Kokkos_Core.hpp>
 #include <fstream>
 #include <iostream>
@@ -14,11 +21,43 @@
 #include "kernels/adamw.hpp"
 #include "kernels/host_copy.hpp"
 #include "model/gpt.hpp"
+#include "rl/grpo.hpp"
 #include "raw_io.hpp"
 
 using namespace pulse;
 
 namespace {
+
+void run_grpo(GPT& model, const nlohmann::json& cfg, const std::string& dir, const Kokkos::View<int*>& tokens,
+              const Kokkos::View<int*>& targets) {
+  const std::size_t n = std::size_t(model.batch()) * model.seq_len();
+  model.forward(tokens, targets);
+  const std::vector<float> logprobs = to_host(model.target_logprobs());
+  oracle::write_raw(dir + "/logprobs.f32", logprobs);
+  model.zero_grad();
+  model.backward(to_device(oracle::read_raw<float>(dir + "/position_weights.f32", n)));
+  oracle::write_raw(dir + "/grads_weighted.f32", to_host(model.grads()));
+
+  RolloutBatch batch;
+  batch.rows = model.batch(), batch.seq_len = model.seq_len(), batch.group_size = cfg["grpo"]["group_size"];
+  batch.tokens = to_host(tokens);
+  batch.targets = to_host(targets);
+  batch.completion_mask = oracle::read_raw<std::uint8_t>(dir + "/mask.u8", n);
+  const std::vector<float> log_ratio = oracle::read_raw<float>(dir + "/log_ratio.f32", n);
+  batch.old_logprobs.resize(n);
+  for (std::size_t i = 0; i < n; ++i) batch.old_logprobs[i] = batch.completion_mask[i] ? logprobs[i] - log_ratio[i] : 0;
+  batch.rewards = oracle::read_raw<float>(dir + "/rewards.f32", batch.rows);
+  oracle::write_raw(dir + "/old_logprobs.f32", batch.old_logprobs);
+  const GrpoHyper hyper;
+  const std::vector<float> adv = group_advantages(batch.rewards, batch.group_size, hyper.advantage_eps);
+  model.zero_grad();
+  const GrpoLossStats s = grpo_backward(model, batch, adv, hyper, cfg["grpo"]["token_normaliser"].get<double>());
+  oracle::write_raw(dir + "/grads_grpo.f32", to_host(model.grads()));
+  std::ofstream(dir + "/grpo.json") << nlohmann::json{{"loss", s.loss}, {"clip_fraction", s.clip_fraction},
+                                                      {"mean_ratio", s.mean_ratio}, {"tokens", s.tokens},
+                                                      {"advantages", adv}}
+                                           .dump();
+}
 
 int run(const std::string& dir) {
   nlohmann::json cfg;
@@ -64,6 +103,11 @@ int run(const std::string& dir) {
   hyper.lr = cfg["lr"];
   hyper.weight_decay = cfg["weight_decay"];
   const int steps = cfg["steps"];
+
+  if (cfg.contains("grpo")) {
+    model.set_weights(weights);
+    run_grpo(model, cfg, dir, tokens, targets);
+  }
 
   std::vector<float> losses;
   for (int step = 0; step <= steps; ++step) {

@@ -1,0 +1,779 @@
+// pulse-train: GRPO on the addition task with trainer and inference ranks, PULSESync in the loop
+// and the sparsity of every BF16 weight update recorded in an HDF5 file.
+//   mpirun -n 3 pulse-train --config jobs/configs/smoke.toml --out runs/smoke.h5
+//
+// Ranks 0..T-1 train (data parallel: gradients summed with MPI_Allreduce), ranks T..N-1 only
+// generate rollouts from BF16 weights that reach them as PULSESync patches. One step reads top
+// to bottom in Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> measurement ->
+// patch -> statistics row -> checkpoint.
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+#include <mpi.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+
+#include "comm/collectives.hpp"
+#include "comm/communicator.hpp"
+#include "core/error.hpp"
+#include "core/version.hpp"
+#include "io/safetensors.hpp"
+#include "io/stats_file.hpp"
+#include "kernels/absorption.hpp"
+#include "kernels/adamw.hpp"
+#include "kernels/bf16.hpp"
+#include "kernels/grad_norm.hpp"
+#include "kernels/host_copy.hpp"
+#include "model/gpt.hpp"
+#include "model/gpt_decoder.hpp"
+#include "rl/grpo.hpp"
+#include "rl/rollout.hpp"
+#include "rl/task.hpp"
+#include "rl/tokenizer.hpp"
+#include "sync/digest.hpp"
+#include "train/sparsity_meter.hpp"
+#include "train/train_checkpoint.hpp"
+#include "train/train_config.hpp"
+#include "train/weight_sync.hpp"
+
+using namespace pulse;
+
+namespace {
+
+volatile std::sig_atomic_t stop_signal = 0;
+extern "C" void on_stop_signal(int signal) { stop_signal = signal; }
+
+constexpr std::uint64_t eval_seed_offset = 0x9E3779B97F4A7C15ull;
+constexpr int exit_stopped_resumable = 75;  // EX_TEMPFAIL: checkpointed on a signal, resume with --resume
+
+// splitmix64 of a few words: seeds of problem sets and sampling streams.
+std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
+  std::uint64_t x = a ^ (b * 0x9E3779B97F4A7C15ull) ^ (c * 0xC2B2AE3D27D4EB4Full);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::string ckpt_dir_of(const std::string& out) {
+  std::filesystem::path p(out);
+  return (p.parent_path() / (p.stem().string() + ".ckpt")).string();
+}
+
+std::int64_t digest_word(const sync::Digest& d) {
+  std::int64_t w;
+  std::memcpy(&w, d.data(), sizeof(w));
+  return w;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (b >= 1024 && u < 3) b /= 1024, ++u;
+  char s[32];
+  std::snprintf(s, sizeof(s), u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return s;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char s[32];
+  std::strftime(s, sizeof(s), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return s;
+}
+
+// Weights to start from: the --init safetensors (BF16, the model's tensor names), else GPT-2 init.
+std::vector<float> initial_weights(const TrainConfig& c, const GPTConfig& config, const TensorTable& table) {
+  if (c.init.empty()) return gpt_init(config, c.seed);
+  const io::SafetensorsFile file = io::SafetensorsFile::open(c.init);
+  std::vector<float> master(table.num_elements());
+  for (const TensorInfo& t : table.tensors()) {
+    const io::TensorView* v = file.find(t.name);
+    PULSE_CHECK(v != nullptr, "--init " + c.init + ": no tensor '" + t.name + "' (model " + c.model + ")");
+    PULSE_CHECK(v->dtype == io::DType::BF16 && v->bytes == std::size_t(t.numel) * 2,
+                "--init " + c.init + ": tensor '" + t.name + "' is not BF16 of " + std::to_string(t.numel) +
+                    " elements (another model size?)");
+    for (index_t i = 0; i < t.numel; ++i) {
+      bf16_bits b;
+      std::memcpy(&b, v->data + 2 * i, 2);
+      master[t.offset + i] = bf16_to_float(b);
+    }
+  }
+  return master;
+}
+
+class Run {
+ public:
+  Run(const TrainConfig& c, const Communicator& world, std::string command_line);
+  // Checks the inputs and opens the statistics file. Errors here are the same on every rank.
+  void open();
+  // Returns the process exit code.
+  int train();
+
+ private:
+  void declare_statistics();
+  void write_root_attributes();
+  RolloutBatch rollouts_for_step(std::int64_t t, double& comm_seconds);
+  RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts, const std::vector<bf16_bits>& weights);
+  void step(std::int64_t t);
+  void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
+  void save_checkpoint(std::int64_t t);
+  void load_checkpoint(std::int64_t t);
+  const std::vector<bf16_bits>& version_weights(std::uint64_t version) const;
+  void remember_version(const std::vector<bf16_bits>& weights);
+
+  TrainConfig c_;
+  Communicator world_, trainers_, sync_;
+  std::string command_line_;
+  int num_trainers_, rank_;
+  bool trainer_, generator_;  // generator: samples rollouts (inference ranks, or trainers when there are none)
+  CharTokenizer tok_ = arithmetic_tokenizer();
+  GPTConfig config_;
+  TensorTable table_;
+  index_t n_;
+  int seq_len_, rows_per_trainer_;
+  std::string ckpt_dir_;
+
+  // trainer state
+  std::unique_ptr<GPT> model_;
+  TensorSegments<DefaultMem> segs_;
+  Kokkos::View<std::uint8_t*> decay_mask_;
+  Kokkos::View<float*> master_, m_, v_;               // mixed
+  Kokkos::View<bf16_bits*> weights_, grad_bf16_, m16_, v16_;  // weights_: bf16(theta) as computed with
+  RolloutBatch batch_;                                // the batch reused for num_iterations steps
+  std::unique_ptr<SparsityMeter> meter_;              // trainer 0
+  // every rank holding weights for generation or sync: host BF16 versions, newest last
+  std::deque<std::vector<bf16_bits>> history_;
+  std::uint64_t version_ = 0;
+  std::unique_ptr<GPTDecoder> decoder_, eval_decoder_;
+  std::vector<AdditionProblem> eval_problems_;
+  std::unique_ptr<WeightSync> weight_sync_;
+  std::unique_ptr<io::StatsFile> stats_;
+  std::int64_t first_step_ = 1, resume_step_ = 0;
+  std::vector<float> initial_;  // starting FP32 weights, until the trainers take them
+  std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
+};
+
+Run::Run(const TrainConfig& c, const Communicator& world, std::string command_line)
+    : c_(c), world_(world), command_line_(std::move(command_line)) {
+  rank_ = world_.rank();
+  num_trainers_ = world_.size() - c_.inference_ranks;
+  trainer_ = rank_ < num_trainers_;
+  generator_ = c_.inference_ranks == 0 ? trainer_ : !trainer_;
+  trainers_ = world_.split(trainer_ ? 0 : 1, rank_);
+  sync_ = world_.split(rank_ == 0 || !trainer_ ? 0 : 1, rank_);
+
+  config_ = gpt_preset(c_.model);
+  config_.vocab_size = tok_.vocab_size();
+  const AdditionTask probe(c_.digits, 0);
+  seq_len_ = probe.max_text_length() - 1;
+  PULSE_CHECK(seq_len_ <= config_.max_seq_len, "config: digits " + std::to_string(c_.digits) + " needs " +
+                                                    std::to_string(seq_len_) + " positions; model " + c_.model +
+                                                    " has " + std::to_string(config_.max_seq_len));
+  table_ = gpt_tensor_table(config_);
+  n_ = table_.num_elements();
+  rows_per_trainer_ = c_.prompts_per_step / num_trainers_ * c_.group_size;
+  ckpt_dir_ = ckpt_dir_of(c_.out);
+}
+
+const std::vector<bf16_bits>& Run::version_weights(std::uint64_t version) const {
+  const std::uint64_t back = version_ - version;
+  PULSE_CHECK(back < history_.size(), "internal: weights of version " + std::to_string(version) + " are gone");
+  return history_[history_.size() - 1 - back];
+}
+
+void Run::remember_version(const std::vector<bf16_bits>& weights) {
+  history_.push_back(weights);
+  while (history_.size() > std::size_t(c_.async_lag) + 1) history_.pop_front();
+}
+
+RolloutBatch Run::generate(std::uint64_t generation, int first_prompt, int num_prompts,
+                           const std::vector<bf16_bits>& weights) {
+  AdditionTask task(c_.digits, mix(c_.seed, generation, 1));
+  std::vector<AdditionProblem> all;
+  for (int p = 0; p < c_.prompts_per_step; ++p) all.push_back(task.sample());
+  const std::vector<AdditionProblem> mine(all.begin() + first_prompt, all.begin() + first_prompt + num_prompts);
+  decoder_->set_weights(to_device(weights));
+  SamplingOptions options;
+  options.temperature = static_cast<float>(c_.temperature);
+  options.max_new_tokens = c_.digits + 2;
+  options.seed = mix(c_.seed, generation, 2);
+  options.first_row = std::uint64_t(first_prompt) * c_.group_size;  // the same draws however prompts are split
+  return sample_rollouts(*decoder_, tok_, task, mine, c_.group_size, seq_len_, options);
+}
+
+// The batch this rank trains on at step t: a new one every num_iterations steps, sampled from
+// weights version t-1-S (by this trainer, or by the inference ranks and shared with allgatherv).
+RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
+  const std::uint64_t generation = std::uint64_t(t - 1) / c_.num_iterations;
+  const std::uint64_t from_version = std::uint64_t(std::max<std::int64_t>(0, t - 1 - c_.async_lag));
+  if (c_.inference_ranks == 0) {
+    if (!trainer_) return {};
+    const int per = c_.prompts_per_step / num_trainers_;
+    RolloutBatch b = generate(generation, rank_ * per, per, version_weights(from_version));
+    b.policy_version = from_version;
+    return b;
+  }
+  std::vector<std::uint8_t> mine;
+  if (!trainer_) {
+    const int per = c_.prompts_per_step / c_.inference_ranks, i = rank_ - num_trainers_;
+    RolloutBatch b = generate(generation, i * per, per, version_weights(from_version));
+    b.policy_version = from_version;
+    mine = b.serialize();
+  }
+  Kokkos::Timer timer;
+  Kokkos::View<std::uint8_t*, Kokkos::HostSpace> all("rollouts", 0);
+  const std::vector<index_t> offsets =
+      allgatherv(world_, as_view(mine.data(), mine.size()), all, Channel::rollouts);
+  comm_seconds += timer.seconds();
+  if (!trainer_) return {};
+  // Inference rank i's prompts are consecutive; trainer j takes its share of the concatenation.
+  std::vector<RolloutBatch> parts;
+  for (int r = num_trainers_; r < world_.size(); ++r)
+    parts.push_back(RolloutBatch::deserialize(all.data() + offsets[r], offsets[r + 1] - offsets[r]));
+  RolloutBatch out = parts.front();
+  out.rows = rows_per_trainer_;
+  for (auto* v : {&out.tokens, &out.targets}) v->clear();
+  out.completion_mask.clear(), out.old_logprobs.clear(), out.rewards.clear();
+  const int first_row = rank_ * rows_per_trainer_;
+  int row = 0;
+  for (const RolloutBatch& p : parts)
+    for (int r = 0; r < p.rows; ++r, ++row) {
+      if (row < first_row || row >= first_row + rows_per_trainer_) continue;
+      const std::size_t a = std::size_t(r) * p.seq_len, e = a + p.seq_len;
+      out.tokens.insert(out.tokens.end(), p.tokens.begin() + a, p.tokens.begin() + e);
+      out.targets.insert(out.targets.end(), p.targets.begin() + a, p.targets.begin() + e);
+      out.completion_mask.insert(out.completion_mask.end(), p.completion_mask.begin() + a, p.completion_mask.begin() + e);
+      out.old_logprobs.insert(out.old_logprobs.end(), p.old_logprobs.begin() + a, p.old_logprobs.begin() + e);
+      out.rewards.push_back(p.rewards[r]);
+    }
+  return out;
+}
+
+void Run::declare_statistics() {
+  using io::SeriesType;
+  auto& s = *stats_;
+  const std::vector<std::pair<std::string, std::string>> doubles = {
+      {"time_s", "s|wall time since the run (or the resumed run) started"},
+      {"lr", "1|AdamW learning rate of the step"},
+      {"loss", "1|GRPO (DAPO token-level) loss, mean over completion tokens"},
+      {"reward", "1|mean reward of the rollouts the step trained on"},
+      {"sparsity", "1|fraction of BF16 weights whose bits did not change in this step"},
+      {"grad_norm", "1|global gradient norm before clipping"},
+      {"clip_fraction", "1|fraction of completion tokens whose ratio was clipped"},
+      {"mean_ratio", "1|mean importance ratio pi/pi_old over completion tokens"},
+      {"encode_s", "s|patch encode time on trainer 0"},
+      {"apply_s", "s|patch apply time, slowest inference rank"},
+      {"verify_s", "s|digest verification time, slowest inference rank"},
+      {"step_s", "s|wall time of the step"},
+      {"measure_s", "s|sparsity, gradient and Adam statistics time on trainer 0"},
+      {"sync_s", "s|PULSESync time on trainer 0 (encode + send)"},
+      {"eval_pass1", "1|greedy pass@1 on held-out problems (NaN when not evaluated)"}};
+  for (const auto& [name, ud] : doubles) {
+    const auto bar = ud.find('|');
+    s.declare("/steps/" + name, SeriesType::float64, 0, ud.substr(0, bar), ud.substr(bar + 1));
+  }
+  const std::vector<std::pair<std::string, std::string>> ints = {
+      {"step", "1|optimizer step (1-based); row i holds step i + 1"},
+      {"tokens", "tokens|completion tokens trained on in the step"},
+      {"changed", "elements|BF16 weights whose bits changed in this step"},
+      {"patch_bytes", "bytes|coded PULSESync patch sent to the inference ranks"},
+      {"patch_raw_bytes", "bytes|the patch's index and value streams before compression"},
+      {"dense_bytes", "bytes|the BF16 weights sent densely"},
+      {"verify_ok", "1|1 when every inference rank's digest equals the patch's target digest"},
+      {"policy_version", "1|weights version after the step"},
+      {"rollout_version", "1|weights version that generated the rollouts of the step"}};
+  for (const auto& [name, ud] : ints) {
+    const auto bar = ud.find('|');
+    s.declare("/steps/" + name, SeriesType::int64, 0, ud.substr(0, bar), ud.substr(bar + 1));
+  }
+  s.declare("/steps/tensor_changed", SeriesType::int64, int(table_.tensors().size()), "elements",
+            "BF16 weights whose bits changed, per tensor (columns in tensor_names order)");
+  std::vector<std::string> names;
+  for (const TensorInfo& t : table_.tensors()) names.push_back(t.name);
+  s.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names);
+  s.declare("/steps/grad_sparsity", SeriesType::float64, int(grad_thresholds.size()), "1",
+            "fraction of gradient entries with |g| <= threshold (columns: thresholds)");
+  s.set_dataset_attribute("/steps/grad_sparsity", "thresholds",
+                          std::vector<double>(grad_thresholds.begin(), grad_thresholds.end()));
+  s.declare("/steps/adam_ratio", SeriesType::float64, int(adam_quantiles.size()), "1",
+            "quantiles of |m_hat|/(sqrt(v_hat)+eps) after the step (columns: quantiles)");
+  s.set_dataset_attribute("/steps/adam_ratio", "quantiles", adam_quantiles);
+  s.declare("/kstep/sparsity", SeriesType::float64, int(kstep_values.size()), "1",
+            "fraction of BF16 weights equal to the version k steps back (NaN before step k)");
+  s.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>(kstep_values.begin(), kstep_values.end()));
+  s.declare_per_rank("/ranks/bytes_sent", SeriesType::int64, "bytes", "bytes this rank handed to MPI in the step");
+  s.declare_per_rank("/ranks/bytes_recv", SeriesType::int64, "bytes", "bytes MPI delivered to this rank in the step");
+  s.declare_per_rank("/ranks/patch_bytes_recv", SeriesType::int64, "bytes", "PULSESync patch bytes received in the step");
+  s.declare_per_rank("/ranks/comm_s", SeriesType::float64, "s", "seconds in MPI collectives in the step");
+  s.declare_per_rank("/ranks/compute_s", SeriesType::float64, "s", "seconds outside MPI collectives in the step");
+  s.declare_per_rank("/ranks/weights_digest", SeriesType::int64, "1",
+                     "first 8 bytes of the xxh3-128 state digest of the BF16 weights the rank holds after the step");
+  s.declare_per_rank("/ranks/version", SeriesType::int64, "1", "weights version the rank holds after the step");
+}
+
+void Run::write_root_attributes() {
+  auto& s = *stats_;
+  s.set_attribute("format", std::string("pulse-train statistics"));
+  s.set_attribute("format_version", std::int64_t(1));
+  s.set_attribute("program_version", version_string());
+  s.set_attribute("start_utc", utc_now());
+  s.set_attribute("config", to_toml(c_));
+  s.set_attribute("command_line", command_line_);
+  s.set_attribute("num_ranks", std::int64_t(world_.size()));
+  s.set_attribute("trainer_ranks", std::int64_t(num_trainers_));
+  s.set_attribute("inference_ranks", std::int64_t(c_.inference_ranks));
+  std::vector<std::string> roles, names, shapes;
+  for (int r = 0; r < world_.size(); ++r) roles.push_back(r < num_trainers_ ? "trainer" : "inference");
+  std::vector<double> numel;
+  for (const TensorInfo& t : table_.tensors()) {
+    names.push_back(t.name);
+    std::string shape;
+    for (const index_t d : t.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    shapes.push_back(shape);
+    numel.push_back(double(t.numel));
+  }
+  s.set_attribute("roles", roles);
+  s.set_attribute("tensor_names", names);
+  s.set_attribute("tensor_shapes", shapes);
+  s.set_attribute("tensor_numel", numel);
+  s.set_attribute("num_parameters", std::int64_t(n_));
+  s.set_attribute("model", c_.model);
+  s.set_attribute("precision", c_.precision);
+  s.set_attribute("trainer_sync", c_.trainer_sync);
+}
+
+void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& before) {
+  // Updates of this step against the weights they were applied to (trainer 0; others pass empty).
+  std::vector<std::int64_t> ratio_counts, weight_counts;
+  std::int64_t absorbed = 0;
+  const Log2Range ratio_range{-24, 16}, weight_range{-40, 8};
+  if (rank_ == 0) {
+    Kokkos::View<float*> update("update", n_);
+    const auto master = master_;
+    Kokkos::parallel_for("pulse::train::update", FlatPolicy<DefaultExec>(DefaultExec(), 0, n_),
+                         KOKKOS_LAMBDA(const index_t i) { update(i) = master(i) - before(i); });
+    const AbsorptionStats a = absorption_stats(DefaultExec(), before, update, ratio_range, weight_range);
+    auto pack = [](const Log2Histogram& h) {
+      std::vector<std::int64_t> v(h.bins.begin(), h.bins.end());
+      v.insert(v.end(), {h.zero, h.below, h.above, h.non_finite});
+      return v;
+    };
+    ratio_counts = pack(a.ratio), weight_counts = pack(a.weight);
+    absorbed = a.absorbed;
+  }
+  const int rb = ratio_range.k_max - ratio_range.k_min + 4, wb = weight_range.k_max - weight_range.k_min + 4;
+  ratio_counts.resize(rb), weight_counts.resize(wb);
+  char group[64];
+  std::snprintf(group, sizeof(group), "/absorption/step_%06lld", static_cast<long long>(t));
+  const std::string g = group;
+  stats_->write_array(g + "/ratio_counts", ratio_counts, {rb}, "elements",
+                      "histogram of |u|/half_ulp(bf16(w)) in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then "
+                      "zero, below, above, non-finite");
+  stats_->set_dataset_attribute(g + "/ratio_counts", "k_range", std::vector<double>{double(ratio_range.k_min), double(ratio_range.k_max)});
+  stats_->write_array(g + "/weight_counts", weight_counts, {wb}, "elements",
+                      "histogram of |w| in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then zero, below, above, non-finite");
+  stats_->set_dataset_attribute(g + "/weight_counts", "k_range", std::vector<double>{double(weight_range.k_min), double(weight_range.k_max)});
+  stats_->write_array(g + "/absorbed", std::vector<std::int64_t>{absorbed}, {1}, "elements",
+                      "updates smaller than half a BF16 ulp of their weight (absorbed by the rounding)");
+}
+
+void Run::save_checkpoint(std::int64_t t) {
+  RankCheckpoint state;
+  state.metadata = {{"program", "pulse-train"}, {"version", std::to_string(version_)},
+                    {"ranks", std::to_string(world_.size())}, {"config", to_toml(c_)}};
+  if (trainer_) {
+    if (c_.precision == "mixed") {
+      state.add("master", io::DType::F32, to_host(master_));
+      state.add("adam_m", io::DType::F32, to_host(m_));
+      state.add("adam_v", io::DType::F32, to_host(v_));
+    } else {
+      state.add("adam_m", io::DType::BF16, to_host(m16_));
+      state.add("adam_v", io::DType::BF16, to_host(v16_));
+    }
+    state.add("weights", io::DType::BF16, to_host(weights_));
+    state.add("rollouts", io::DType::U8, batch_.serialize());
+  }
+  for (std::size_t i = 0; i < history_.size(); ++i) state.add("history." + std::to_string(i), io::DType::BF16, history_[i]);
+  if (meter_) {
+    const auto snaps = meter_->snapshots();
+    for (std::size_t i = 0; i < snaps.size(); ++i) state.add("ring." + std::to_string(i), io::DType::BF16, snaps[i]);
+  }
+  save_checkpoint_collective(world_, ckpt_dir_, t, state);
+}
+
+void Run::load_checkpoint(std::int64_t t) {
+  const RankCheckpoint state = load_rank_checkpoint(ckpt_dir_, rank_, t);
+  PULSE_CHECK(state.meta("ranks") == std::to_string(world_.size()),
+              "--resume: the checkpoint was written by " + state.meta("ranks") + " ranks, this run has " +
+                  std::to_string(world_.size()));
+  version_ = std::stoull(state.meta("version"));
+  if (trainer_) {
+    if (c_.precision == "mixed") {
+      Kokkos::deep_copy(master_, to_device(state.get<float>("master", n_)));
+      Kokkos::deep_copy(m_, to_device(state.get<float>("adam_m", n_)));
+      Kokkos::deep_copy(v_, to_device(state.get<float>("adam_v", n_)));
+    } else {
+      Kokkos::deep_copy(m16_, to_device(state.get<bf16_bits>("adam_m", n_)));
+      Kokkos::deep_copy(v16_, to_device(state.get<bf16_bits>("adam_v", n_)));
+    }
+    Kokkos::deep_copy(weights_, to_device(state.get<bf16_bits>("weights", n_)));
+    const auto bytes = state.get<std::uint8_t>("rollouts");
+    batch_ = bytes.empty() ? RolloutBatch{} : RolloutBatch::deserialize(bytes.data(), bytes.size());
+  }
+  history_.clear();
+  for (int i = 0; state.has("history." + std::to_string(i)); ++i)
+    history_.push_back(state.get<bf16_bits>("history." + std::to_string(i), n_));
+  if (meter_) {
+    std::vector<std::vector<bf16_bits>> snaps;
+    for (int i = 0; state.has("ring." + std::to_string(i)); ++i) snaps.push_back(state.get<bf16_bits>("ring." + std::to_string(i), n_));
+    meter_->restore(snaps);
+  }
+}
+
+void Run::open() {
+  // Input checks before anything is written; every rank reaches the same outcome.
+  initial_ = initial_weights(c_, config_, table_);
+  resume_step_ = 0;
+  if (c_.resume) {
+    const auto latest = latest_checkpoint_step(ckpt_dir_);
+    PULSE_CHECK(latest.has_value(), "--resume: no checkpoint in '" + ckpt_dir_ + "'");
+    resume_step_ = *latest;
+    PULSE_CHECK(std::filesystem::exists(c_.out), "--resume: '" + c_.out + "' does not exist");
+  }
+  const io::StatsOpen mode = c_.resume ? io::StatsOpen::resume
+                             : c_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create;
+  stats_ = std::make_unique<io::StatsFile>(world_.raw(), c_.out, mode, resume_step_);
+  if (!c_.resume) {
+    std::error_code ec;
+    if (c_.overwrite && rank_ == 0) std::filesystem::remove_all(ckpt_dir_, ec);
+    write_root_attributes();
+  }
+  declare_statistics();
+}
+
+int Run::train() {
+  const std::int64_t resume_step = resume_step_;
+
+  // Model, optimizer state and the version history.
+  if (trainer_) {
+    model_ = std::make_unique<GPT>(config_, rows_per_trainer_, seq_len_);
+    segs_ = make_segments(table_.offsets());
+    decay_mask_ = to_device(table_.weight_decay_mask());
+    weights_ = Kokkos::View<bf16_bits*>("weights_bf16", n_);
+    const auto master_host = to_device(initial_);
+    initial_.clear();
+    cast_to_bf16(DefaultExec(), master_host, weights_);
+    if (c_.precision == "mixed") {
+      master_ = master_host;
+      m_ = Kokkos::View<float*>("adam_m", n_), v_ = Kokkos::View<float*>("adam_v", n_);
+    } else {
+      m16_ = Kokkos::View<bf16_bits*>("adam_m", n_), v16_ = Kokkos::View<bf16_bits*>("adam_v", n_);
+      grad_bf16_ = Kokkos::View<bf16_bits*>("grad_bf16", n_);
+    }
+    if (rank_ == 0) meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
+  }
+  if (generator_) decoder_ = std::make_unique<GPTDecoder>(config_, (c_.prompts_per_step / (c_.inference_ranks ? c_.inference_ranks : num_trainers_)) * c_.group_size, seq_len_);
+  if (rank_ == 0 && c_.eval_every > 0) {
+    eval_decoder_ = std::make_unique<GPTDecoder>(config_, std::min(c_.eval_problems, 256), seq_len_);
+    AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
+    for (int i = 0; i < c_.eval_problems; ++i) eval_problems_.push_back(eval_task.sample());
+  }
+  weight_sync_ = std::make_unique<WeightSync>(sync_, table_, c_.relay, c_.anchor_every, c_.keep_anchors);
+
+  std::vector<bf16_bits> current;  // host BF16 weights of version_ on trainer 0 and inference ranks
+  if (c_.resume) {
+    load_checkpoint(resume_step);
+    first_step_ = resume_step + 1;
+    if (rank_ == 0) std::printf("pulse-train: resuming %s after step %lld\n", c_.out.c_str(), (long long)resume_step);
+  } else {
+    if (trainer_) remember_version(to_host(weights_));
+    if (meter_) meter_->start(weights_);
+  }
+  if (trainer_) current = to_host(weights_);
+  else current.assign(n_, 0);
+  weight_sync_->bootstrap(version_, current);  // inference ranks start from trainer 0's bytes
+  if (!trainer_ && !c_.resume) remember_version(current);
+  if (!trainer_ && c_.resume) PULSE_CHECK(history_.empty() || history_.back() == current,
+                                          "--resume: inference rank " + std::to_string(rank_) +
+                                              "'s checkpoint does not match trainer 0's weights");
+
+  if (rank_ == 0)
+    std::printf("pulse-train: %s (%lld parameters), %d trainer + %d inference ranks, %d x %d rollouts/step, "
+                "lr %g, %s, steps %lld..%d -> %s\n",
+                c_.model.c_str(), (long long)n_, num_trainers_, c_.inference_ranks, c_.prompts_per_step,
+                c_.group_size, c_.lr, c_.precision.c_str(), (long long)first_step_, c_.steps, c_.out.c_str());
+  start_time_ = std::chrono::steady_clock::now();
+  for (std::int64_t t = first_step_; t <= c_.steps; ++t) {
+    step(t);
+    const int signalled = allreduce_value(world_, int(stop_signal), ReduceOp::max);
+    const bool due = c_.checkpoint_every > 0 && t % c_.checkpoint_every == 0;
+    if (due || signalled || t == c_.steps) save_checkpoint(t);
+    if (signalled && t < c_.steps) {
+      if (rank_ == 0)
+        std::printf("pulse-train: signal %d: checkpointed after step %lld; continue with --resume\n", signalled,
+                    (long long)t);
+      return exit_stopped_resumable;
+    }
+  }
+  // The final BF16 weights under the model's names (pulse-sync reads them).
+  if (rank_ == 0) {
+    const std::vector<bf16_bits> w = to_host(weights_);
+    std::vector<io::TensorToWrite> tensors;
+    for (const TensorInfo& t : table_.tensors())
+      tensors.push_back({t.name, io::DType::BF16, std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
+                         w.data() + t.offset, std::size_t(t.numel) * 2});
+    const std::filesystem::path p(c_.out);
+    const std::string path = (p.parent_path() / (p.stem().string() + ".weights.safetensors")).string();
+    io::write_safetensors(path, tensors, {{"format", "pt"}, {"program", "pulse-train"}, {"version", std::to_string(version_)}});
+    std::printf("pulse-train: done, wrote %s and %s\n", c_.out.c_str(), path.c_str());
+  }
+  return 0;
+}
+
+void Run::step(std::int64_t t) {
+  Kokkos::Timer step_timer;
+  double comm_s = 0;
+  std::uint64_t sent0 = 0, recv0 = 0;
+  for (const Communicator* comm : {&world_, &trainers_, &sync_})
+    for (int ch = 0; ch < num_channels; ++ch) {
+      sent0 += comm->bytes_sent(Channel(ch));
+      recv0 += comm->bytes_received(Channel(ch));
+    }
+  const std::uint64_t patch_recv0 = sync_.bytes_received(Channel::patches);
+  io::StatsRow row;
+
+  // 1. Rollouts: new every num_iterations steps, reused (with importance ratios) in between.
+  if ((t - 1) % c_.num_iterations == 0) {
+    RolloutBatch b = rollouts_for_step(t, comm_s);
+    if (trainer_) batch_ = std::move(b);
+  }
+
+  double lr = 0, loss = 0, reward = 0, measure_s = 0, sync_s = 0;
+  std::int64_t tokens = 0;
+  GrpoLossStats g{};
+  float norm_total = 0;
+  if (trainer_) {
+    // 2. GRPO gradients on bf16(theta), token-level loss over the trainers' whole batch.
+    const std::vector<float> adv = group_advantages(batch_.rewards, c_.group_size, GrpoHyper{}.advantage_eps);
+    std::int64_t local_tokens = 0;
+    for (const auto m : batch_.completion_mask) local_tokens += m;
+    Kokkos::Timer timer;
+    tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
+    double reward_sum = 0;
+    for (const float r : batch_.rewards) reward_sum += r;
+    reward = allreduce_value(trainers_, reward_sum, ReduceOp::sum) / (double(rows_per_trainer_) * num_trainers_);
+    comm_s += timer.seconds();
+    GrpoHyper hyper;
+    hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
+    model_->set_weights(weights_);
+    model_->zero_grad();
+    g = grpo_backward(*model_, batch_, adv, hyper, double(std::max<std::int64_t>(tokens, 1)));
+    timer.reset();
+    allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
+    loss = allreduce_value(trainers_, g.loss, ReduceOp::sum);
+    comm_s += timer.seconds();
+
+    // 3. Clip and AdamW. Gradient sparsity is measured on the summed, unclipped gradient.
+    Kokkos::Timer measure_timer;
+    if (rank_ == 0) row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
+    measure_s += measure_timer.seconds();
+    AdamWHyper h;
+    h.lr = lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
+    h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
+    const bool absorb = rank_ == 0 && c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;
+    Kokkos::View<float*> before;
+    if (absorb) {
+      before = Kokkos::View<float*>("master_before", n_);
+      Kokkos::deep_copy(before, master_);
+    }
+    if (c_.precision == "mixed") {
+      const GradNorm norm = grad_norm(DefaultExec(), segs_, model_->grads(), Precision::mixed);
+      norm_total = norm.total;
+      const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::mixed) : 1.0f;
+      PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) + " (gradient norm " +
+                                           std::to_string(norm.total) + ")");
+      adamw_mixed(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::mixed), master_,
+                  model_->grads(), m_, v_, weights_, false);
+    } else {
+      cast_to_bf16(DefaultExec(), model_->grads(), grad_bf16_);
+      const GradNorm norm = grad_norm(DefaultExec(), segs_, grad_bf16_, Precision::bf16);
+      norm_total = norm.total;
+      const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::bf16) : 1.0f;
+      PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
+      adamw_bf16(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::bf16), weights_, grad_bf16_,
+                 m16_, v16_);
+    }
+    ++version_;
+
+    // 4. Measurement on trainer 0: what changed in the BF16 weights the forward pass sees.
+    if (rank_ == 0) {
+      measure_timer.reset();
+      const StepSparsity sp = meter_->measure(weights_);
+      row.set_int("/steps/changed", sp.changed);
+      row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
+      row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
+      row.set("/kstep/sparsity", sp.kstep);
+      if (c_.precision == "mixed") {
+        row.set("/steps/adam_ratio", adam_ratio_quantiles(m_, v_, 0.9, 0.999, 1e-8, t, adam_quantiles));
+      } else {
+        Kokkos::View<float*> m("m32", n_), v("v32", n_);
+        cast_to_float(DefaultExec(), m16_, m), cast_to_float(DefaultExec(), v16_, v);
+        row.set("/steps/adam_ratio", adam_ratio_quantiles(m, v, 0.9, 0.999, 1e-8, t, adam_quantiles));
+      }
+      measure_s += measure_timer.seconds();
+    }
+    if (absorb) {
+      Kokkos::Timer absorb_timer;
+      write_absorption(t, before);
+      measure_s += absorb_timer.seconds();
+    }
+  } else {
+    ++version_;
+  }
+  if (!(rank_ == 0) && c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0)
+    write_absorption(t, {});  // collective: the other ranks join the writes
+
+  // 5. PULSESync: trainer 0 -> inference ranks, patch from version-1 to version.
+  SyncStepStats sync_stats;
+  std::vector<bf16_bits> current;
+  if (trainer_) current = to_host(weights_);
+  else current = history_.back();
+  if (rank_ == 0 || !trainer_) {
+    Kokkos::Timer timer;
+    const std::vector<bf16_bits>* previous = rank_ == 0 ? &history_.back() : nullptr;
+    sync_stats = weight_sync_->step(version_, previous, current);
+    sync_s = timer.seconds();
+    if (!trainer_) comm_s += sync_s;
+  }
+  if (generator_ || rank_ == 0) remember_version(current);
+  const int verified = allreduce_value(world_, int(sync_stats.verified), ReduceOp::min);
+  const double apply_s = allreduce_value(world_, sync_stats.apply_seconds, ReduceOp::max);
+  const double verify_s = allreduce_value(world_, sync_stats.verify_seconds, ReduceOp::max);
+  PULSE_CHECK(verified, "step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
+
+  // 6. Held-out greedy pass@1.
+  double pass1 = std::nan("");
+  if (rank_ == 0 && c_.eval_every > 0 && (t % c_.eval_every == 0 || t == c_.steps)) {
+    eval_decoder_->set_weights(weights_);
+    AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
+    pass1 = greedy_pass_at_1(*eval_decoder_, tok_, eval_task, eval_problems_, seq_len_);
+  }
+
+  // 7. The statistics row (rank 0's values for /steps, every rank's own for /ranks).
+  const double step_s = step_timer.seconds();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+  if (rank_ == 0) {
+    row.set_int("/steps/step", t);
+    row.set("/steps/time_s", elapsed);
+    row.set("/steps/lr", lr);
+    row.set("/steps/loss", loss);
+    row.set("/steps/reward", reward);
+    row.set("/steps/grad_norm", norm_total);
+    row.set("/steps/clip_fraction", g.clip_fraction);
+    row.set("/steps/mean_ratio", g.mean_ratio);
+    row.set_int("/steps/tokens", tokens);
+    row.set_int("/steps/patch_bytes", std::int64_t(sync_stats.patch_bytes));
+    row.set_int("/steps/patch_raw_bytes", std::int64_t(sync_stats.patch_raw_bytes));
+    row.set_int("/steps/dense_bytes", std::int64_t(n_) * 2);
+    row.set("/steps/encode_s", sync_stats.encode_seconds);
+    row.set("/steps/apply_s", apply_s);
+    row.set("/steps/verify_s", verify_s);
+    row.set_int("/steps/verify_ok", verified);
+    row.set_int("/steps/policy_version", std::int64_t(version_));
+    row.set_int("/steps/rollout_version", std::int64_t(batch_.policy_version));
+    row.set("/steps/step_s", step_s);
+    row.set("/steps/measure_s", measure_s);
+    row.set("/steps/sync_s", sync_s);
+    row.set("/steps/eval_pass1", pass1);
+  }
+  std::uint64_t sent = 0, recv = 0;
+  for (const Communicator* comm : {&world_, &trainers_, &sync_})
+    for (int ch = 0; ch < num_channels; ++ch) {
+      sent += comm->bytes_sent(Channel(ch));
+      recv += comm->bytes_received(Channel(ch));
+    }
+  row.set_rank_int("/ranks/bytes_sent", std::int64_t(sent - sent0));
+  row.set_rank_int("/ranks/bytes_recv", std::int64_t(recv - recv0));
+  row.set_rank_int("/ranks/patch_bytes_recv", std::int64_t(sync_.bytes_received(Channel::patches) - patch_recv0));
+  row.set_rank("/ranks/comm_s", comm_s);
+  row.set_rank("/ranks/compute_s", step_s - comm_s);
+  const sync::Digest held = rank_ == 0 || !trainer_ ? sync_stats.state : sync::compute_digests(bf16_tensor_refs(table_, current)).state;
+  row.set_rank_int("/ranks/weights_digest", digest_word(held));
+  row.set_rank_int("/ranks/version", std::int64_t(version_));
+  stats_->append(row);
+
+  if (rank_ == 0 && !c_.quiet) {
+    const double eta = elapsed / double(t - first_step_ + 1) * double(c_.steps - t);
+    std::printf("step %lld/%d  eta %4.0fs  reward %.3f  loss %+.4f  sparsity %.4f  patch %s  %.2f s/step%s\n",
+                (long long)t, c_.steps, eta, reward, loss, 1.0 - double(sync_stats.changed) / double(n_),
+                human_bytes(double(sync_stats.patch_bytes)).c_str(), step_s,
+                std::isnan(pass1) ? "" : ("  pass@1 " + std::to_string(pass1).substr(0, 5)).c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  TrainConfig config;
+  CLI::App app{"pulse-train: GRPO with trainer and inference ranks, PULSESync, and BF16 update sparsity in HDF5"};
+  add_train_options(app, config);
+  std::string command_line;
+  for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+  // Checks every rank makes identically: a bad config exits cleanly on all ranks, no files made.
+  int code = -1;
+  try {
+    app.parse(argc, argv);
+    validate(config, size);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {
+      if (rank == 0) app.exit(e);
+      code = 0;
+    } else {
+      if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
+      code = 2;
+    }
+  } catch (const std::exception& e) {
+    if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
+    code = 2;
+  }
+  if (code >= 0) {
+    MPI_Finalize();
+    return code;
+  }
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    try {
+      Communicator world(MPI_COMM_WORLD);
+      std::unique_ptr<Run> run;
+      try {
+        run = std::make_unique<Run>(config, world, command_line);
+        run->open();
+      } catch (const std::exception& e) {
+        if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
+        code = 1;
+      }
+      if (code < 0) code = run->train();
+    } catch (const std::exception& e) {
+      // Output errors (existing file, unwritable folder) arise on every rank alike; anything
+      // else may be one rank's, so the job is aborted rather than left waiting in a collective.
+      std::cerr << "pulse-train: " << e.what() << "\n";
+      std::cerr.flush();
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,539 @@
+#include "io/stats_file.hpp"
+
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace pulse::io {
+
+namespace {
+
+constexpr std::int64_t format_version = 1;
+constexpr hsize_t chunk_rows = 256;
+const char* const format_attribute = "pulse_stats_format";
+const char* const index_attribute = "datasets";
+
+// One hid_t and the H5*close that releases it.
+class Handle {
+ public:
+  Handle() = default;
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)), close_(other.close_) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      reset();
+      id_ = std::exchange(other.id_, H5I_INVALID_HID);
+      close_ = other.close_;
+    }
+    return *this;
+  }
+  ~Handle() { reset(); }
+  hid_t get() const { return id_; }
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// HDF5 prints its error stack to stderr by default; pulse reports one line instead.
+class QuietHdf5 {
+ public:
+  QuietHdf5() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// The innermost message of HDF5's error stack, which names the actual cause (errno text etc.).
+std::string hdf5_reason() {
+  std::string reason;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        if (e->desc && *e->desc) *static_cast<std::string*>(out) = e->desc;
+        return 0;
+      },
+      &reason);
+  H5Eclear2(H5E_DEFAULT);
+  for (char& c : reason)
+    if (c == '\n') c = ' ';
+  return reason.empty() ? "unknown HDF5 error" : reason;
+}
+
+hid_t memory_type(SeriesType type) { return type == SeriesType::float64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT64; }
+hid_t file_type(SeriesType type) { return type == SeriesType::float64 ? H5T_IEEE_F64LE : H5T_STD_I64LE; }
+const char* type_name(SeriesType type) { return type == SeriesType::float64 ? "float64" : "int64"; }
+constexpr double fill_f64 = std::numeric_limits<double>::quiet_NaN();
+constexpr std::int64_t fill_i64 = -1;
+
+std::string parent_folder(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Why `path` cannot be opened in `mode`, or "" if it looks fine. Runs on one rank only.
+std::string precheck(const std::string& path, StatsOpen mode) {
+  struct stat info {};
+  const bool exists = ::stat(path.c_str(), &info) == 0;
+  if (mode == StatsOpen::create && exists) return "already exists (choose overwrite or resume)";
+  if (mode == StatsOpen::resume) {
+    if (!exists) return "does not exist, nothing to resume";
+    if (H5Fis_hdf5(path.c_str()) <= 0) {
+      H5Eclear2(H5E_DEFAULT);
+      return "is not an HDF5 file";
+    }
+    return "";
+  }
+  if (exists && !S_ISREG(info.st_mode)) return "is not a regular file";
+  const std::string folder = parent_folder(path);
+  if (::access(folder.c_str(), W_OK) != 0) return "cannot be written in folder " + folder + ": " + std::strerror(errno);
+  return "";
+}
+
+}  // namespace
+
+// ---- StatsRow ----
+
+void StatsRow::set(const std::string& path, double value) {
+  values_[path] = Value{SeriesType::float64, false, true, {value}, {}};
+}
+void StatsRow::set(const std::string& path, const std::vector<double>& values) {
+  values_[path] = Value{SeriesType::float64, false, false, values, {}};
+}
+void StatsRow::set_int(const std::string& path, std::int64_t value) {
+  values_[path] = Value{SeriesType::int64, false, true, {}, {value}};
+}
+void StatsRow::set_int(const std::string& path, const std::vector<std::int64_t>& values) {
+  values_[path] = Value{SeriesType::int64, false, false, {}, values};
+}
+void StatsRow::set_rank(const std::string& path, double value) {
+  values_[path] = Value{SeriesType::float64, true, true, {value}, {}};
+}
+void StatsRow::set_rank_int(const std::string& path, std::int64_t value) {
+  values_[path] = Value{SeriesType::int64, true, true, {}, {value}};
+}
+
+// ---- StatsFile ----
+
+struct Series {
+  std::string path;
+  SeriesType type;
+  bool per_rank;
+  int width;  // 0: one value per row; per-rank series: the rank count
+  Handle dataset;
+};
+
+struct StatsFile::Impl {
+  std::string path;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  Handle file;  // declared before `series`, so datasets close first
+  std::vector<Series> series;
+  nlohmann::json index = nlohmann::json::object();
+
+  explicit Impl(MPI_Comm c, std::string p) : path(std::move(p)) {
+    MPI_Comm_dup(c, &comm);
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+  }
+  ~Impl() {
+    series.clear();
+    file.reset();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+
+  [[noreturn]] void fail(const std::string& problem) const { throw Error("stats file " + path + ": " + problem); }
+  hid_t id(hid_t handle, const std::string& what) const {
+    if (handle < 0) fail(what + " failed (" + hdf5_reason() + ")");
+    return handle;
+  }
+  void ok(herr_t rc, const std::string& what) const {
+    if (rc < 0) fail(std::string(what) + " failed (" + hdf5_reason() + ")");
+  }
+
+  // Throws the same error on every rank if any rank has one (the lowest such rank's message).
+  void agree(const std::string& local_error) const {
+    int first = local_error.empty() ? size : rank;
+    MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm);
+    if (first == size) return;
+    std::string message = local_error;
+    int length = static_cast<int>(message.size());
+    MPI_Bcast(&length, 1, MPI_INT, first, comm);
+    message.resize(length);
+    MPI_Bcast(message.data(), length, MPI_CHAR, first, comm);
+    fail(message);
+  }
+
+  // True if every link along the path exists (H5Lexists alone fails on a missing group).
+  bool exists(const std::string& object) const {
+    std::size_t pos = 0;
+    while (pos != std::string::npos) {
+      pos = object.find('/', pos + 1);
+      const std::string prefix = object.substr(0, pos);
+      const htri_t found = H5Lexists(file.get(), prefix.c_str(), H5P_DEFAULT);
+      if (found < 0) ok(found, "H5Lexists " + prefix);
+      if (found == 0) return false;
+    }
+    return true;
+  }
+
+  // One attribute writer for every type: dims empty -> scalar; an existing attribute is replaced.
+  void write_attribute(hid_t object, const std::string& name, hid_t mem_type, hid_t stored_type,
+                       const std::vector<hsize_t>& dims, const void* data) const {
+    if (H5Aexists(object, name.c_str()) > 0) ok(H5Adelete(object, name.c_str()), "H5Adelete");
+    Handle space(id(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, dims.data(), nullptr),
+                       "H5Screate for attribute " + name),
+                 H5Sclose);
+    Handle attribute(id(H5Acreate2(object, name.c_str(), stored_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                           "H5Acreate attribute " + name),
+                     H5Aclose);
+    ok(H5Awrite(attribute.get(), mem_type, data), "H5Awrite");
+  }
+  void write_strings(hid_t object, const std::string& name, const std::vector<std::string>& values, bool scalar) const {
+    Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type.get(), H5T_VARIABLE);
+    H5Tset_cset(type.get(), H5T_CSET_UTF8);
+    std::vector<const char*> pointers;
+    for (const auto& v : values) pointers.push_back(v.c_str());
+    write_attribute(object, name, type.get(), type.get(), scalar ? std::vector<hsize_t>{} : std::vector<hsize_t>{values.size()},
+                    pointers.data());
+  }
+  std::string read_string_attribute(hid_t object, const std::string& name) const {
+    Handle attribute(id(H5Aopen(object, name.c_str(), H5P_DEFAULT), "H5Aopen " + name), H5Aclose);
+    Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type.get(), H5T_VARIABLE);
+    char* text = nullptr;
+    ok(H5Aread(attribute.get(), type.get(), &text), "H5Aread");
+    std::string result = text ? text : "";
+    H5free_memory(text);
+    return result;
+  }
+  void write_index() const {
+    write_strings(file.get(), index_attribute, {index.dump()}, true);
+  }
+  void describe(hid_t dataset, const std::string& object, const char* kind, const std::string& units,
+                const std::string& description) {
+    write_strings(dataset, "units", {units}, true);
+    write_strings(dataset, "description", {description}, true);
+    index[object] = {{"kind", kind}, {"units", units}, {"description", description}};
+    write_index();
+  }
+
+  std::vector<hsize_t> extent(hid_t dataset) const {
+    Handle space(id(H5Dget_space(dataset), "H5Dget_space"), H5Sclose);
+    std::vector<hsize_t> dims(H5Sget_simple_extent_ndims(space.get()));
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    return dims;
+  }
+
+  // The one hyperslab writer: ranks with `participate` false select nothing (collective
+  // transfers) or skip the call (independent ones).
+  void write_block(hid_t dataset, hid_t mem_type, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count,
+                   const void* data, bool participate, H5FD_mpio_xfer_t mode) const {
+    if (!participate && mode == H5FD_MPIO_INDEPENDENT) return;
+    Handle file_space(id(H5Dget_space(dataset), "H5Dget_space"), H5Sclose);
+    Handle memory_space(id(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), "H5Screate"),
+                        H5Sclose);
+    if (participate) {
+      ok(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+            "H5Sselect_hyperslab");
+    } else {
+      H5Sselect_none(file_space.get());
+      H5Sselect_none(memory_space.get());
+    }
+    Handle transfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    ok(H5Pset_dxpl_mpio(transfer.get(), mode), "H5Pset_dxpl_mpio");
+    ok(H5Dwrite(dataset, mem_type, memory_space.get(), file_space.get(), transfer.get(), data), "H5Dwrite");
+  }
+
+  Series* find(const std::string& object) {
+    for (auto& s : series)
+      if (s.path == object) return &s;
+    return nullptr;
+  }
+
+  void declare(const std::string& object, SeriesType type, bool per_rank, int width, std::int64_t rows,
+               const std::string& units, const std::string& description) {
+    if (find(object)) fail(object + " is declared twice");
+    if (width < 0) fail(object + ": negative width " + std::to_string(width));
+    const char* kind = per_rank ? "per_rank" : "per_step";
+    const std::vector<hsize_t> row_shape = width == 0 ? std::vector<hsize_t>{} : std::vector<hsize_t>{hsize_t(width)};
+    Handle dataset;
+    if (exists(object)) {
+      const auto entry = index.find(object);
+      if (entry == index.end() || (*entry)["kind"] != kind)
+        fail(object + " exists but is not a " + kind + " series");
+      dataset = Handle(id(H5Dopen2(file.get(), object.c_str(), H5P_DEFAULT), "H5Dopen " + object), H5Dclose);
+      Handle stored(id(H5Dget_type(dataset.get()), "H5Dget_type"), H5Tclose);
+      const bool type_matches = type == SeriesType::float64
+                                    ? H5Tget_class(stored.get()) == H5T_FLOAT && H5Tget_size(stored.get()) == 8
+                                    : H5Tget_class(stored.get()) == H5T_INTEGER && H5Tget_size(stored.get()) == 8;
+      if (!type_matches) fail(object + " holds another type than " + type_name(type));
+      const auto dims = extent(dataset.get());
+      const std::vector<hsize_t> stored_row(dims.begin() + 1, dims.end());
+      if (stored_row != row_shape) {
+        const std::string have = stored_row.empty() ? "0" : std::to_string(stored_row[0]);
+        fail(object + (per_rank ? " was written by " + have + " ranks, this run has " + std::to_string(width)
+                                : " has width " + have + ", declared " + std::to_string(width)));
+      }
+      if (dims[0] != hsize_t(rows)) fail(object + " has " + std::to_string(dims[0]) + " rows, expected " + std::to_string(rows));
+    } else {
+      std::vector<hsize_t> dims{hsize_t(rows)}, max_dims{H5S_UNLIMITED}, chunk{chunk_rows};
+      for (hsize_t w : row_shape) {
+        dims.push_back(w);
+        max_dims.push_back(w);
+        chunk.push_back(w);
+      }
+      Handle space(id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), max_dims.data()), "H5Screate"),
+                   H5Sclose);
+      Handle create(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+      ok(H5Pset_chunk(create.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
+      const void* fill = type == SeriesType::float64 ? static_cast<const void*>(&fill_f64) : &fill_i64;
+      ok(H5Pset_fill_value(create.get(), memory_type(type), fill), "H5Pset_fill_value");
+      dataset = create_dataset(object, file_type(type), space.get(), create.get());
+    }
+    describe(dataset.get(), object, kind, units, description);
+    series.push_back(Series{object, type, per_rank, width, std::move(dataset)});
+  }
+
+  Handle create_dataset(const std::string& object, hid_t type, hid_t space, hid_t create) const {
+    Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5Pset_create_intermediate_group(links.get(), 1);
+    return Handle(id(H5Dcreate2(file.get(), object.c_str(), type, space, links.get(), create, H5P_DEFAULT),
+                        "H5Dcreate " + object),
+                  H5Dclose);
+  }
+
+  // Why `row` does not fit the declared series, or "".
+  std::string validate(const StatsRow& row) {
+    for (const auto& [object, value] : row.values()) {
+      const Series* s = find(object);
+      if (!s) return "append: " + object + " was not declared";
+      if (s->per_rank != value.per_rank)
+        return "append: " + object + (s->per_rank ? " is per-rank, use set_rank" : " is per-step, use set");
+      if (s->type != value.type) return "append: " + object + " holds " + type_name(s->type);
+      const std::size_t count = value.type == SeriesType::float64 ? value.f64.size() : value.i64.size();
+      const int expected = s->per_rank ? 0 : s->width;
+      if (value.scalar != (expected == 0) || (!value.scalar && count != std::size_t(expected)))
+        return "append: " + object + " has width " + std::to_string(expected) + ", got " +
+               (value.scalar ? "a scalar" : std::to_string(count) + " values");
+    }
+    return "";
+  }
+
+  void append(const StatsRow& row, std::int64_t rows) {
+    agree(validate(row));
+    const hsize_t r = hsize_t(rows);
+    for (auto& s : series) {
+      std::vector<hsize_t> dims{r + 1};
+      if (s.width > 0) dims.push_back(hsize_t(s.width));
+      ok(H5Dset_extent(s.dataset.get(), dims.data()), "H5Dset_extent");
+    }
+    std::vector<double> f64;
+    std::vector<std::int64_t> i64;
+    for (auto& s : series) {
+      const auto it = row.values().find(s.path);
+      const StatsRow::Value* value = it == row.values().end() ? nullptr : &it->second;
+      const std::size_t count = s.per_rank || s.width == 0 ? 1 : std::size_t(s.width);
+      if (s.type == SeriesType::float64)
+        f64 = value ? value->f64 : std::vector<double>(count, fill_f64);
+      else
+        i64 = value ? value->i64 : std::vector<std::int64_t>(count, fill_i64);
+      const void* data = s.type == SeriesType::float64 ? static_cast<const void*>(f64.data()) : i64.data();
+      if (s.per_rank) {
+        write_block(s.dataset.get(), memory_type(s.type), {r, hsize_t(rank)}, {1, 1}, data, true,
+                    H5FD_MPIO_COLLECTIVE);
+      } else {
+        std::vector<hsize_t> start{r}, count_dims{1};
+        if (s.width > 0) {
+          start.push_back(0);
+          count_dims.push_back(hsize_t(s.width));
+        }
+        write_block(s.dataset.get(), memory_type(s.type), start, count_dims, data, rank == 0, H5FD_MPIO_INDEPENDENT);
+      }
+    }
+    ok(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+  }
+
+  void write_array(const std::string& object, hid_t mem_type, hid_t stored_type, const void* data, std::size_t count,
+                   const std::vector<std::int64_t>& dims, const std::string& units, const std::string& description) {
+    if (find(object)) fail("write_array: " + object + " is a series");
+    std::vector<hsize_t> shape;
+    std::size_t elements = 1;
+    for (auto d : dims) {
+      if (d <= 0) fail("write_array: " + object + " has a dimension " + std::to_string(d) + " (must be positive)");
+      shape.push_back(hsize_t(d));
+      elements *= std::size_t(d);
+    }
+    if (dims.empty()) fail("write_array: " + object + " has no dimensions");
+    agree(rank == 0 && count != elements ? "write_array: " + object + " has " + std::to_string(count) +
+                                               " values for " + std::to_string(elements) + " elements"
+                                         : "");
+    if (exists(object)) ok(H5Ldelete(file.get(), object.c_str(), H5P_DEFAULT), "H5Ldelete " + object);
+    Handle space(id(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), nullptr), "H5Screate"), H5Sclose);
+    Handle dataset = create_dataset(object, stored_type, space.get(), H5P_DEFAULT);
+    write_block(dataset.get(), mem_type, std::vector<hsize_t>(shape.size(), 0), shape, data, rank == 0,
+                H5FD_MPIO_INDEPENDENT);
+    describe(dataset.get(), object, "array", units, description);
+    ok(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+  }
+
+  hid_t object(const std::string& target) const {
+    if (!exists(target)) fail(target + " does not exist");
+    return id(H5Oopen(file.get(), target.c_str(), H5P_DEFAULT), "H5Oopen " + target);
+  }
+};
+
+StatsFile::StatsFile(MPI_Comm comm, const std::string& path, StatsOpen mode, std::int64_t keep_rows)
+    : impl_(std::make_unique<Impl>(comm, path)), path_(path) {
+  QuietHdf5 quiet;
+  Impl& f = *impl_;
+  if (keep_rows < 0 || (mode != StatsOpen::resume && keep_rows != 0))
+    f.fail("keep_rows " + std::to_string(keep_rows) + " is only meaningful (and >= 0) for resume");
+  {
+    // One rank looks at the file system, so every rank gets the same verdict.
+    std::string problem = f.rank == 0 ? precheck(path, mode) : "";
+    int length = static_cast<int>(problem.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, f.comm);
+    problem.resize(length);
+    MPI_Bcast(problem.data(), length, MPI_CHAR, 0, f.comm);
+    if (!problem.empty()) f.fail(problem);
+  }
+  Handle access(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  f.ok(H5Pset_fapl_mpio(access.get(), f.comm, MPI_INFO_NULL), "H5Pset_fapl_mpio");
+  // Metadata is written by all ranks together rather than by each rank on its own.
+  f.ok(H5Pset_coll_metadata_write(access.get(), 1), "H5Pset_coll_metadata_write");
+  if (mode == StatsOpen::resume) {
+    f.file = Handle(f.id(H5Fopen(path.c_str(), H5F_ACC_RDWR, access.get()), "H5Fopen"), H5Fclose);
+    if (H5Aexists(f.file.get(), format_attribute) <= 0) f.fail("is not a pulse stats file (no " + std::string(format_attribute) + " attribute)");
+    std::int64_t version = 0;
+    {
+      Handle attribute(f.id(H5Aopen(f.file.get(), format_attribute, H5P_DEFAULT), "H5Aopen"), H5Aclose);
+      f.ok(H5Aread(attribute.get(), H5T_NATIVE_INT64, &version), "H5Aread");
+    }
+    if (version != format_version) f.fail("has format version " + std::to_string(version) + ", this pulse reads " + std::to_string(format_version));
+    try {
+      f.index = nlohmann::json::parse(f.read_string_attribute(f.file.get(), index_attribute));
+    } catch (const nlohmann::json::exception& e) {
+      f.fail(std::string("its datasets attribute is not JSON: ") + e.what());
+    }
+    // Drop the rows the resumed run recomputes, on every series the file holds.
+    for (const auto& item : f.index.items()) {
+      const std::string& object = item.key();
+      const auto& entry = item.value();
+      if (entry.value("kind", "") == "array") continue;
+      Handle dataset(f.id(H5Dopen2(f.file.get(), object.c_str(), H5P_DEFAULT), "H5Dopen " + object), H5Dclose);
+      auto dims = f.extent(dataset.get());
+      if (dims.empty() || dims[0] < hsize_t(keep_rows))
+        f.fail(object + " has " + (dims.empty() ? "no" : std::to_string(dims[0])) + " rows, cannot resume at row " +
+               std::to_string(keep_rows));
+      dims[0] = hsize_t(keep_rows);
+      f.ok(H5Dset_extent(dataset.get(), dims.data()), "H5Dset_extent");
+    }
+    rows_ = keep_rows;
+  } else {
+    const unsigned flags = mode == StatsOpen::create ? H5F_ACC_EXCL : H5F_ACC_TRUNC;
+    f.file = Handle(f.id(H5Fcreate(path.c_str(), flags, H5P_DEFAULT, access.get()), "H5Fcreate"), H5Fclose);
+    f.write_attribute(f.file.get(), format_attribute, H5T_NATIVE_INT64, H5T_STD_I64LE, {}, &format_version);
+    f.write_index();
+  }
+  f.ok(H5Fflush(f.file.get(), H5F_SCOPE_GLOBAL), "H5Fflush");
+}
+
+StatsFile::~StatsFile() {
+  QuietHdf5 quiet;
+  impl_.reset();
+}
+
+void StatsFile::set_attribute(const std::string& name, const std::string& value) {
+  QuietHdf5 quiet;
+  impl_->write_strings(impl_->file.get(), name, {value}, true);
+}
+void StatsFile::set_attribute(const std::string& name, std::int64_t value) {
+  QuietHdf5 quiet;
+  impl_->write_attribute(impl_->file.get(), name, H5T_NATIVE_INT64, H5T_STD_I64LE, {}, &value);
+}
+void StatsFile::set_attribute(const std::string& name, double value) {
+  QuietHdf5 quiet;
+  impl_->write_attribute(impl_->file.get(), name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, {}, &value);
+}
+void StatsFile::set_attribute(const std::string& name, const std::vector<std::string>& values) {
+  QuietHdf5 quiet;
+  impl_->write_strings(impl_->file.get(), name, values, false);
+}
+void StatsFile::set_attribute(const std::string& name, const std::vector<double>& values) {
+  QuietHdf5 quiet;
+  impl_->write_attribute(impl_->file.get(), name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, {values.size()}, values.data());
+}
+
+void StatsFile::declare(const std::string& path, SeriesType type, int width, const std::string& units,
+                        const std::string& description) {
+  QuietHdf5 quiet;
+  impl_->declare(path, type, false, width, rows_, units, description);
+}
+void StatsFile::declare_per_rank(const std::string& path, SeriesType type, const std::string& units,
+                                 const std::string& description) {
+  QuietHdf5 quiet;
+  impl_->declare(path, type, true, impl_->size, rows_, units, description);
+}
+
+void StatsFile::set_dataset_attribute(const std::string& path, const std::string& name,
+                                      const std::vector<double>& values) {
+  QuietHdf5 quiet;
+  Handle object(impl_->object(path), H5Oclose);
+  impl_->write_attribute(object.get(), name, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, {values.size()}, values.data());
+}
+void StatsFile::set_dataset_attribute(const std::string& path, const std::string& name,
+                                      const std::vector<std::string>& values) {
+  QuietHdf5 quiet;
+  Handle object(impl_->object(path), H5Oclose);
+  impl_->write_strings(object.get(), name, values, false);
+}
+void StatsFile::set_dataset_attribute(const std::string& path, const std::string& name, const std::string& value) {
+  QuietHdf5 quiet;
+  Handle object(impl_->object(path), H5Oclose);
+  impl_->write_strings(object.get(), name, {value}, true);
+}
+
+void StatsFile::append(const StatsRow& row) {
+  QuietHdf5 quiet;
+  impl_->append(row, rows_);
+  ++rows_;
+}
+
+void StatsFile::write_array(const std::string& path, const std::vector<double>& data,
+                            const std::vector<std::int64_t>& dims, const std::string& units,
+                            const std::string& description) {
+  QuietHdf5 quiet;
+  impl_->write_array(path, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE, data.data(), data.size(), dims, units, description);
+}
+void StatsFile::write_array(const std::string& path, const std::vector<std::int64_t>& data,
+                            const std::vector<std::int64_t>& dims, const std::string& units,
+                            const std::string& description) {
+  QuietHdf5 quiet;
+  impl_->write_array(path, H5T_NATIVE_INT64, H5T_STD_I64LE, data.data(), data.size(), dims, units, description);
+}
+
+}  // namespace pulse::io

@@ -1,0 +1,108 @@
+#pragma once
+// The per-run HDF5 statistics file, written with parallel HDF5 (DESIGN.md "HDF5 statistics file").
+//
+// Layout, for readers:
+// - root attribute "pulse_stats_format" (int64, currently 1) marks a pulse stats file;
+// - root attribute "datasets": a JSON object, every dataset path -> {"kind", "units", "description"},
+//   kind one of "per_step" (steps,) or (steps, w), "per_rank" (steps, nranks), "array" (fixed shape);
+// - every dataset also carries its own "units" and "description" attributes;
+// - series grow by one row per append(); their first dimension is the true row count, and unset
+//   entries read as NaN (float64) or -1 (int64).
+// The app chooses the dataset paths ("/steps/loss", "/ranks/bytes_sent", ...); groups are created
+// as needed.
+#include <mpi.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pulse::io {
+
+enum class StatsOpen { create, overwrite, resume };
+enum class SeriesType { float64, int64 };
+
+// One step's values, keyed by series path. Only rank 0's values of per-step series are written;
+// every rank's set_rank values land in its own column of a per-rank series.
+class StatsRow {
+ public:
+  void set(const std::string& path, double value);
+  void set(const std::string& path, const std::vector<double>& values);  // width-w series
+  void set_int(const std::string& path, std::int64_t value);
+  void set_int(const std::string& path, const std::vector<std::int64_t>& values);
+  void set_rank(const std::string& path, double value);  // this rank's entry of a per-rank series
+  void set_rank_int(const std::string& path, std::int64_t value);
+  void clear() { values_.clear(); }
+
+  struct Value {
+    SeriesType type;
+    bool per_rank;
+    bool scalar;  // set(path, x) rather than set(path, {x...})
+    std::vector<double> f64;
+    std::vector<std::int64_t> i64;
+  };
+  const std::map<std::string, Value>& values() const { return values_; }
+
+ private:
+  std::map<std::string, Value> values_;
+};
+
+class StatsFile {
+ public:
+  // Collective over comm: every rank calls every method in the same order with the same arguments
+  // (data excepted). create: one-line pulse::Error if path exists, nothing touched; overwrite:
+  // replaces it; resume: opens the existing file, checks it is a pulse stats file and drops rows
+  // >= keep_rows on every series it lists, so the run continues from there. Errors name the path
+  // and are thrown on all ranks alike.
+  StatsFile(MPI_Comm comm, const std::string& path, StatsOpen mode, std::int64_t keep_rows = 0);
+  ~StatsFile();
+  StatsFile(const StatsFile&) = delete;
+  StatsFile& operator=(const StatsFile&) = delete;
+
+  // Root attributes; setting one again replaces it.
+  void set_attribute(const std::string& name, const std::string& value);
+  void set_attribute(const std::string& name, std::int64_t value);
+  void set_attribute(const std::string& name, double value);
+  void set_attribute(const std::string& name, const std::vector<std::string>& values);
+  void set_attribute(const std::string& name, const std::vector<double>& values);
+
+  // Per-step series (rank 0's values): width 0 -> shape (steps,), width w -> (steps, w). On resume
+  // an existing dataset is reopened and must match kind, type and width.
+  void declare(const std::string& path, SeriesType type, int width, const std::string& units,
+               const std::string& description);
+  // Per-rank series: shape (steps, nranks); each rank writes its own column, collectively.
+  void declare_per_rank(const std::string& path, SeriesType type, const std::string& units,
+                        const std::string& description);
+
+  // Attributes on a dataset already declared or written; setting one again replaces it.
+  void set_dataset_attribute(const std::string& path, const std::string& name, const std::vector<double>& values);
+  void set_dataset_attribute(const std::string& path, const std::string& name,
+                             const std::vector<std::string>& values);
+  void set_dataset_attribute(const std::string& path, const std::string& name, const std::string& value);
+
+  // Appends one row to every declared series, then flushes, so a run killed afterwards leaves a
+  // readable file holding every appended row. Throws on every rank if any rank's row names an
+  // undeclared series or has the wrong kind, type or width (nothing is written then).
+  void append(const StatsRow& row);
+  std::int64_t rows() const { return rows_; }
+
+  // A fixed array written once with rank 0's data (other ranks may pass empty data), e.g.
+  // "/absorption/step_000010/ratio_counts"; writing an existing path replaces it (a resumed run
+  // recomputes what it wrote before).
+  void write_array(const std::string& path, const std::vector<double>& data, const std::vector<std::int64_t>& dims,
+                   const std::string& units, const std::string& description);
+  void write_array(const std::string& path, const std::vector<std::int64_t>& data,
+                   const std::vector<std::int64_t>& dims, const std::string& units, const std::string& description);
+
+  const std::string& path() const { return path_; }
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  std::int64_t rows_ = 0;
+};
+
+}  // namespace pulse::io

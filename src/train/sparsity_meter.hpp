@@ -1,0 +1,49 @@
+#pragma once
+// Per-step sparsity of the BF16 weights: elements (total and per tensor) whose bits changed since
+// the previous version, and k-step sparsity against the versions k steps back, kept in a ring of
+// BF16 snapshots on the device. Also the gradient and Adam-ratio statistics of a step.
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor_table.hpp"
+#include "kernels/segments.hpp"
+#include "kernels/sparsity.hpp"
+#include "kernels/types.hpp"
+
+namespace pulse {
+
+struct StepSparsity {
+  index_t changed = 0;                // vs the previous version
+  std::vector<index_t> per_tensor;    // in table order
+  std::vector<double> kstep;          // sparsity for each k of kstep_values, NaN while fewer than k versions exist
+};
+
+class SparsityMeter {
+ public:
+  SparsityMeter(const TensorTable& table, const std::vector<int>& ks);
+
+  // Records the starting version (no statistics).
+  void start(const Kokkos::View<const bf16_bits*>& weights);
+  // Compares weights with the versions before it, then remembers it.
+  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights);
+
+  // The ring for a checkpoint, oldest first, and its restoration.
+  std::vector<std::vector<bf16_bits>> snapshots() const;
+  void restore(const std::vector<std::vector<bf16_bits>>& oldest_first);
+
+ private:
+  std::vector<int> ks_;
+  TensorSegments<DefaultMem> segments_;
+  SnapshotRing<DefaultMem> ring_;
+};
+
+// Fraction of |g| <= tau for each threshold.
+std::vector<double> gradient_sparsity(const Kokkos::View<const float*>& grads, const std::vector<float>& thresholds);
+
+// Quantiles of the Adam ratio |m_hat| / (sqrt(v_hat) + eps) after a step (m, v in FP32; bias
+// corrections 1 - beta^step), from an evenly strided sample of at most max_sample elements.
+std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, const Kokkos::View<const float*>& v,
+                                         double beta1, double beta2, double eps, std::int64_t step,
+                                         const std::vector<double>& quantiles, index_t max_sample = 1 << 16);
+
+}  // namespace pulse

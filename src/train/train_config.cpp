@@ -1,0 +1,112 @@
+#include "train/train_config.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace pulse {
+
+void add_train_options(CLI::App& app, TrainConfig& c) {
+  app.set_config("--config", "", "TOML file of settings (keys are flag names); flags given on the command line win");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.add_option("--out", c.out, "statistics file (HDF5); checkpoints go to OUT's stem + .ckpt/");
+  app.add_flag("--overwrite", c.overwrite, "replace an existing output");
+  app.add_flag("--resume", c.resume, "continue the run in --out from its last checkpoint");
+  app.add_flag("--quiet", c.quiet, "no per-step progress lines");
+  app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: only on signals and at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--model", c.model, "GPT preset")->check(CLI::IsMember({"tiny", "small", "base"}));
+  app.add_option("--init", c.init, "BF16 safetensors to start from (e.g. pulse-sft's model.safetensors)");
+  app.add_option("--seed", c.seed, "seed of initial weights, problems and sampling");
+  app.add_option("--digits", c.digits, "addition operands have up to this many digits");
+  app.add_option("--steps", c.steps, "GRPO optimizer steps");
+  app.add_option("--lr", c.lr, "AdamW learning rate after warm-up");
+  app.add_option("--warmup-steps", c.warmup_steps, "linear learning-rate warm-up steps");
+  app.add_option("--precision", c.precision, "mixed: FP32 master weights; bf16: BF16 weights and Adam state")
+      ->check(CLI::IsMember({"mixed", "bf16"}));
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay");
+  app.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
+  app.add_option("--prompts-per-step", c.prompts_per_step, "prompts per rollout batch (all ranks together)");
+  app.add_option("--group-size", c.group_size, "sampled completions per prompt");
+  app.add_option("--temperature", c.temperature, "sampling temperature");
+  app.add_option("--clip-low", c.clip_low, "DAPO ratio clip below 1");
+  app.add_option("--clip-high", c.clip_high, "DAPO ratio clip above 1");
+  app.add_option("--num-iterations", c.num_iterations, "mu: optimizer steps per rollout batch (batch reuse)");
+  app.add_option("--async-lag", c.async_lag, "S: rollouts used at step t come from weights version t-1-S");
+  app.add_option("--inference-ranks", c.inference_ranks, "ranks that only generate rollouts (BF16 weights via PULSESync)");
+  app.add_option("--relay", c.relay, "relay directory for patches (default: MPI broadcast)");
+  app.add_option("--anchor-every", c.anchor_every, "relay: a full anchor every K versions");
+  app.add_option("--keep-anchors", c.keep_anchors, "relay: newest anchors kept (with the patches after them)");
+  app.add_option("--eval-every", c.eval_every, "greedy pass@1 on held-out problems every N steps (0: never)");
+  app.add_option("--eval-problems", c.eval_problems, "held-out problems per evaluation");
+  app.add_option("--absorption-every", c.absorption_every, "absorption histograms every N steps (0: never)");
+  app.add_option("--trainer-sync", c.trainer_sync, "ddp: gradient allreduce every step; diloco, pulseloco: outer step every H")
+      ->check(CLI::IsMember({"ddp", "diloco", "pulseloco"}));
+  app.add_option("--inner-steps", c.inner_steps, "H: inner steps per outer step (diloco, pulseloco)");
+  app.add_option("--outer-lr", c.outer_lr, "outer SGD learning rate (diloco, pulseloco)");
+  app.add_option("--outer-momentum", c.outer_momentum, "outer Nesterov momentum (diloco, pulseloco)");
+}
+
+namespace {
+
+void check_positive(bool ok, const std::string& what) { PULSE_CHECK(ok, "config: " + what); }
+
+}  // namespace
+
+void validate(const TrainConfig& c, int world_size) {
+  check_positive(c.steps >= 1, "steps must be at least 1, got " + std::to_string(c.steps));
+  check_positive(std::isfinite(c.lr) && c.lr > 0, "lr must be a positive number, got " + std::to_string(c.lr));
+  check_positive(c.warmup_steps >= 0, "warmup-steps must be >= 0");
+  check_positive(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "weight-decay must be >= 0");
+  check_positive(std::isfinite(c.grad_clip) && c.grad_clip >= 0, "grad-clip must be >= 0");
+  check_positive(c.digits >= 1 && c.digits <= 9, "digits must be in 1..9, got " + std::to_string(c.digits));
+  check_positive(c.prompts_per_step >= 1, "prompts-per-step must be at least 1");
+  check_positive(c.group_size >= 2, "group-size must be at least 2 (advantages are relative within a group)");
+  check_positive(std::isfinite(c.temperature) && c.temperature >= 0, "temperature must be >= 0");
+  check_positive(c.clip_low > 0 && c.clip_low < 1 && c.clip_high > 0, "clip-low must be in (0, 1) and clip-high > 0");
+  check_positive(c.num_iterations >= 1, "num-iterations must be at least 1");
+  check_positive(c.async_lag >= 0, "async-lag must be >= 0");
+  check_positive(c.checkpoint_every >= 0, "checkpoint-every must be >= 0");
+  check_positive(c.anchor_every >= 1 && c.keep_anchors >= 1, "anchor-every and keep-anchors must be at least 1");
+  check_positive(c.eval_every >= 0 && c.eval_problems >= 1, "eval-every must be >= 0 and eval-problems >= 1");
+  check_positive(c.absorption_every >= 0, "absorption-every must be >= 0");
+  check_positive(c.inner_steps >= 1, "inner-steps must be at least 1");
+  check_positive(std::isfinite(c.outer_lr) && c.outer_lr > 0, "outer-lr must be positive");
+  check_positive(c.outer_momentum >= 0 && c.outer_momentum < 1, "outer-momentum must be in [0, 1)");
+  check_positive(!(c.overwrite && c.resume), "--overwrite and --resume exclude each other");
+  PULSE_CHECK(c.inference_ranks >= 0 && c.inference_ranks < world_size,
+              "config: inference-ranks " + std::to_string(c.inference_ranks) + " leaves no trainer among " +
+                  std::to_string(world_size) + " ranks");
+  const int trainers = world_size - c.inference_ranks;
+  PULSE_CHECK(c.prompts_per_step % trainers == 0, "config: prompts-per-step " + std::to_string(c.prompts_per_step) +
+                                                      " is not a multiple of the " + std::to_string(trainers) +
+                                                      " trainer ranks");
+  if (c.inference_ranks > 0)
+    PULSE_CHECK(c.prompts_per_step % c.inference_ranks == 0,
+                "config: prompts-per-step " + std::to_string(c.prompts_per_step) + " is not a multiple of the " +
+                    std::to_string(c.inference_ranks) + " inference ranks");
+  PULSE_CHECK(c.trainer_sync == "ddp" || c.inference_ranks == 0,
+              "config: trainer-sync " + c.trainer_sync + " runs without inference ranks (each trainer samples its own)");
+}
+
+std::string to_toml(const TrainConfig& c) {
+  std::ostringstream s;
+  s.precision(17);
+  auto str = [](const std::string& v) { return "\"" + v + "\""; };
+  s << "out = " << str(c.out) << "\ncheckpoint-every = " << c.checkpoint_every << "\nmodel = " << str(c.model)
+    << "\ninit = " << str(c.init) << "\nseed = " << c.seed << "\ndigits = " << c.digits << "\nsteps = " << c.steps
+    << "\nlr = " << c.lr << "\nwarmup-steps = " << c.warmup_steps << "\nprecision = " << str(c.precision)
+    << "\nweight-decay = " << c.weight_decay << "\ngrad-clip = " << c.grad_clip
+    << "\nprompts-per-step = " << c.prompts_per_step << "\ngroup-size = " << c.group_size
+    << "\ntemperature = " << c.temperature << "\nclip-low = " << c.clip_low << "\nclip-high = " << c.clip_high
+    << "\nnum-iterations = " << c.num_iterations << "\nasync-lag = " << c.async_lag
+    << "\ninference-ranks = " << c.inference_ranks << "\nrelay = " << str(c.relay)
+    << "\nanchor-every = " << c.anchor_every << "\nkeep-anchors = " << c.keep_anchors << "\neval-every = " << c.eval_every
+    << "\neval-problems = " << c.eval_problems << "\nabsorption-every = " << c.absorption_every
+    << "\ntrainer-sync = " << str(c.trainer_sync) << "\ninner-steps = " << c.inner_steps
+    << "\nouter-lr = " << c.outer_lr << "\nouter-momentum = " << c.outer_momentum << "\n";
+  return s.str();
+}
+
+}  // namespace pulse

@@ -1,0 +1,150 @@
+#include "train/weight_sync.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <cstring>
+
+#include "comm/collectives.hpp"
+#include "core/error.hpp"
+#include "sync/digest.hpp"
+
+namespace pulse {
+
+std::vector<sync::TensorRef> bf16_tensor_refs(const TensorTable& table, const std::vector<bf16_bits>& bits) {
+  std::vector<sync::TensorRef> refs;
+  for (const TensorInfo& t : table.tensors())
+    refs.push_back({t.name, "BF16", std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
+                    reinterpret_cast<const std::byte*>(bits.data() + t.offset), std::size_t(t.numel) * 2});
+  return refs;
+}
+
+namespace {
+
+std::vector<sync::MutableTensor> bf16_mutables(const TensorTable& table, std::vector<bf16_bits>& bits) {
+  std::vector<sync::MutableTensor> out;
+  for (const TensorInfo& t : table.tensors())
+    out.push_back({t.name, "BF16", std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
+                   reinterpret_cast<std::byte*>(bits.data() + t.offset), std::size_t(t.numel) * 2});
+  return out;
+}
+
+sync::Checkpoint as_checkpoint(const TensorTable& table, const std::vector<bf16_bits>& bits) {
+  sync::Checkpoint c;
+  for (const sync::TensorRef& r : bf16_tensor_refs(table, bits)) {
+    c.data.emplace_back(r.data, r.data + r.bytes);
+    c.layout.push_back(r);
+  }
+  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();
+  return c;
+}
+
+}  // namespace
+
+WeightSync::WeightSync(const Communicator& sync, const TensorTable& table, const std::string& relay, int anchor_every,
+                       int keep_anchors)
+    : sync_(sync), table_(table), relay_dir_(relay), anchor_every_(anchor_every), keep_anchors_(keep_anchors) {}
+
+void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weights) {
+  if (!relay_dir_.empty() && is_sender()) {
+    sync::PublishOptions options;
+    options.anchor_every = anchor_every_;
+    options.keep_anchors = keep_anchors_;
+    sync::Relay(relay_dir_).publish(version, bf16_tensor_refs(table_, weights), nullptr, options);
+  }
+  // Over MPI even with a relay: receivers start from the sender's bytes, then follow patches.
+  broadcast(sync_, as_view(weights.data(), weights.size()), 0, Channel::weights);
+  digests_ = sync::compute_digests(bf16_tensor_refs(table_, weights));
+  have_digests_ = true;
+}
+
+SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bits>* previous,
+                               std::vector<bf16_bits>& weights) {
+  PULSE_CHECK(have_digests_, "weight sync: step before bootstrap");
+  SyncStepStats stats;
+  std::vector<std::uint8_t> patch;
+  std::uint64_t size = 0;
+  if (is_sender()) {
+    PULSE_CHECK(previous != nullptr, "weight sync: the sender needs the previous version");
+    Kokkos::Timer timer;
+    sync::EncodeOptions options;
+    options.base_version = version - 1;
+    options.target_version = version;
+    sync::StateDigests target;
+    const auto base_refs = bf16_tensor_refs(table_, *previous);
+    const auto target_refs = bf16_tensor_refs(table_, weights);
+    if (relay_dir_.empty()) {
+      patch = sync::encode_patch(base_refs, target_refs, options, &digests_, &target);
+    } else {
+      sync::PublishOptions publish;
+      publish.anchor_every = anchor_every_;
+      publish.keep_anchors = keep_anchors_;
+      sync::Relay relay(relay_dir_);
+      relay.publish(version, target_refs, &base_refs, publish);
+      target = sync::compute_digests(target_refs);
+      const std::string path = relay.patch_path(version - 1, version);
+      std::FILE* f = std::fopen(path.c_str(), "rb");
+      if (f) {  // an anchor-only version has no patch file; report its size as 0
+        std::fseek(f, 0, SEEK_END);
+        patch.resize(std::ftell(f));
+        std::fseek(f, 0, SEEK_SET);
+        if (std::fread(patch.data(), 1, patch.size(), f) != patch.size()) patch.clear();
+        std::fclose(f);
+      }
+    }
+    stats.encode_seconds = timer.seconds();
+    if (!patch.empty()) {
+      const sync::ParsedPatch parsed = sync::parse_patch(patch.data(), patch.size());
+      stats.patch_raw_bytes = parsed.header.index_stream.raw + parsed.header.value_stream.raw +
+                              parsed.header.whole_stream.raw;
+      stats.changed = parsed.header.total_changed;
+    }
+    stats.patch_bytes = patch.size();
+    digests_ = target;
+    stats.state = target.state;
+    size = relay_dir_.empty() ? patch.size() : version;
+  }
+  // MPI: the patch itself; relay: only the news that the version is published.
+  broadcast(sync_, as_view(&size, 1), 0, Channel::control);
+  if (relay_dir_.empty()) {
+    if (!is_sender()) patch.resize(size);
+    broadcast(sync_, as_view(patch.data(), patch.size()), 0, Channel::patches);
+  }
+  if (is_sender()) return stats;
+
+  Kokkos::Timer timer;
+  sync::StateDigests target;
+  if (relay_dir_.empty()) {
+    const sync::ParsedPatch parsed = sync::parse_patch(patch.data(), patch.size());
+    PULSE_CHECK(parsed.header.target_version == version, "weight sync: patch to version " +
+                                                             std::to_string(parsed.header.target_version) +
+                                                             ", expected " + std::to_string(version));
+    auto state = bf16_mutables(table_, weights);
+    stats.changed = sync::apply_patch(parsed, state, {}, &digests_, &target);
+    stats.patch_bytes = patch.size();
+    stats.apply_seconds = timer.seconds();
+    timer.reset();
+    // The digest apply_patch derived from the tensors it hashed, against the sender's record.
+    stats.verified = target.state == parsed.header.target_state;
+  } else {
+    sync::Relay relay(relay_dir_);
+    const sync::Checkpoint have = as_checkpoint(table_, weights);
+    sync::PullResult pulled = relay.pull(&have, version - 1);
+    PULSE_CHECK(pulled.version == version, "weight sync: relay head is version " + std::to_string(pulled.version) +
+                                               ", expected " + std::to_string(version));
+    for (std::size_t i = 0; i < pulled.state.layout.size(); ++i) {
+      const TensorInfo& t = table_.tensors().at(i);
+      PULSE_CHECK(pulled.state.layout[i].name == t.name && pulled.state.data[i].size() == std::size_t(t.numel) * 2,
+                  "weight sync: relay state does not match the model's tensor table");
+      std::memcpy(weights.data() + t.offset, pulled.state.data[i].data(), pulled.state.data[i].size());
+    }
+    stats.apply_seconds = timer.seconds();
+    timer.reset();
+    target = sync::compute_digests(bf16_tensor_refs(table_, weights));
+    stats.verified = relay.head().has_value() && relay.head()->state == target.state;
+  }
+  stats.verify_seconds = timer.seconds();
+  digests_ = target;
+  stats.state = target.state;
+  return stats;
+}
+
+}  // namespace pulse

@@ -1,0 +1,54 @@
+#pragma once
+// PULSESync in the training loop: trainer rank 0 sends every new BF16 weight version to the
+// inference ranks as a patch, either broadcast over MPI (the sync communicator: trainer 0 as its
+// rank 0 plus every inference rank) or published to a relay directory that the inference ranks
+// pull from. Receivers apply the patch to their BF16 copy and verify the target digest; they
+// never receive dense weights except once at start (or resume).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "core/tensor_table.hpp"
+#include "kernels/types.hpp"
+#include "sync/patch.hpp"
+#include "sync/relay.hpp"
+
+namespace pulse {
+
+struct SyncStepStats {
+  std::uint64_t patch_bytes = 0;      // coded patch as sent
+  std::uint64_t patch_raw_bytes = 0;  // its index and value streams before compression
+  std::uint64_t changed = 0;          // elements the patch writes
+  double encode_seconds = 0, apply_seconds = 0, verify_seconds = 0;
+  bool verified = true;               // receiver's state digest == the patch's target digest
+  sync::Digest state{};               // digest of the weights this rank holds afterwards
+};
+
+// The BF16 weights as patch tensors, in table order, viewing `bits`.
+std::vector<sync::TensorRef> bf16_tensor_refs(const TensorTable& table, const std::vector<bf16_bits>& bits);
+
+class WeightSync {
+ public:
+  // sync: trainer 0 is rank 0 (the sender), the inference ranks are the others. relay empty:
+  // MPI broadcast; else the relay directory, with an anchor every anchor_every versions.
+  WeightSync(const Communicator& sync, const TensorTable& table, const std::string& relay, int anchor_every,
+             int keep_anchors);
+
+  bool is_sender() const { return sync_.rank() == 0; }
+  // Collective: the sender's weights (version) reach every receiver densely (start, resume).
+  void bootstrap(std::uint64_t version, std::vector<bf16_bits>& weights);
+  // Collective: the sender passes versions version-1 (previous) and version (weights); each
+  // receiver turns its copy of version-1 into version in place and verifies it.
+  SyncStepStats step(std::uint64_t version, const std::vector<bf16_bits>* previous, std::vector<bf16_bits>& weights);
+
+ private:
+  Communicator sync_;
+  const TensorTable& table_;
+  std::string relay_dir_;
+  int anchor_every_, keep_anchors_;
+  sync::StateDigests digests_;  // of the weights this rank holds
+  bool have_digests_ = false;
+};
+
+}  // namespace pulse

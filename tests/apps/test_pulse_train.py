@@ -1,0 +1,256 @@
+"""pulse-train end to end at np 1, 2 and 4 (trainers + inference ranks):
+- the HDF5 statistics equal an independent recomputation from the BF16 anchors the run
+  published to its relay (--anchor-every 1): changed counts per step and per tensor, per-step
+  and k-step sparsity, and the patch sizes equal the patch files;
+- every rank holds the same weights digest and version after every step, verify_ok is 1;
+- a run killed with SIGKILL at a random step and continued with --resume ends with the same
+  master weights, Adam state and BF16 weights, bit for bit, as an uninterrupted run, and the
+  same statistics rows;
+- SIGUSR1 checkpoints and exits 75, --resume finishes the run;
+- bad configs (unknown key, negative lr, more inference ranks than ranks, unwritable output)
+  and an existing output exit non-zero with a one-line error and create or change no file.
+    test_pulse_train.py --app build/apps/pulse-train --mpiexec mpiexec --mpi-flags "--oversubscribe"
+"""
+import argparse
+import glob
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_ref  # noqa: E402
+
+failures = []
+
+
+def expect(cond, message):
+    if not cond:
+        failures.append(message)
+        print("FAIL:", message, flush=True)
+
+
+# Small, fast settings shared by every run here (tiny model, 1-digit addition).
+BASE = ["--model", "tiny", "--digits", "1", "--lr", "3e-4", "--warmup-steps", "2", "--group-size", "4",
+        "--eval-every", "0", "--absorption-every", "3", "--quiet"]
+
+
+def launch(args, np_, app, mpi, **kw):
+    return subprocess.Popen(mpi + ["-n", str(np_), app] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **kw)
+
+
+def run(args, np_, app, mpi, timeout=300):
+    p = launch(args, np_, app, mpi)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def layouts(np_):
+    """(inference ranks, prompts per step) per rank count: both roles present from np 2 on."""
+    return {1: (0, 4), 2: (1, 4), 4: (2, 4)}[np_]
+
+
+def bf16_weights(path):
+    tensors, _ = safetensors_ref.read(path)
+    return tensors
+
+
+def check_statistics_against_anchors(app, mpi, np_, tmp):
+    inference, prompts = layouts(np_)
+    steps = 7
+    relay = os.path.join(tmp, "relay")
+    out = os.path.join(tmp, "stats.h5")
+    code, o, e = run(BASE + ["--steps", str(steps), "--prompts-per-step", str(prompts), "--inference-ranks",
+                             str(inference), "--relay", relay, "--anchor-every", "1", "--keep-anchors", "1000",
+                             "--out", out], np_, app, mpi)
+    expect(code == 0, f"np {np_}: relay run exit {code}: {e.strip()[-500:]}")
+    if code != 0:
+        return
+    anchors = [bf16_weights(os.path.join(relay, f"anchor-{v}.safetensors")) for v in range(steps + 1)]
+    with h5py.File(out, "r") as f:
+        names = [n.decode() if isinstance(n, bytes) else n for n in f["/steps/tensor_changed"].attrs["tensor_names"]]
+        n = int(f.attrs["num_parameters"])
+        expect(f["/steps/step"].shape == (steps,), f"np {np_}: {f['/steps/step'].shape} step rows")
+        expect(list(f["/steps/step"][:]) == list(range(1, steps + 1)), f"np {np_}: step column")
+        ks = [int(k) for k in f["/kstep/sparsity"].attrs["k_values"]]
+        for t in range(1, steps + 1):
+            per = [int(np.count_nonzero(anchors[t][name][1].view(np.uint16) != anchors[t - 1][name][1].view(np.uint16)))
+                   for name in names]
+            expect(list(f["/steps/tensor_changed"][t - 1]) == per, f"np {np_}: tensor_changed at step {t}")
+            expect(int(f["/steps/changed"][t - 1]) == sum(per), f"np {np_}: changed at step {t}")
+            expect(abs(f["/steps/sparsity"][t - 1] - (1 - sum(per) / n)) < 1e-12, f"np {np_}: sparsity at step {t}")
+            for j, k in enumerate(ks):
+                got = f["/kstep/sparsity"][t - 1, j]
+                if t < k:
+                    expect(np.isnan(got), f"np {np_}: k={k} at step {t} should be NaN")
+                    continue
+                changed = sum(int(np.count_nonzero(anchors[t][m][1].view(np.uint16) != anchors[t - k][m][1].view(np.uint16)))
+                              for m in names)
+                expect(abs(got - (1 - changed / n)) < 1e-12, f"np {np_}: k={k} sparsity at step {t}: {got}")
+            patch = os.path.join(relay, f"patch-{t - 1}-{t}.pulse")
+            expect(int(f["/steps/patch_bytes"][t - 1]) == os.path.getsize(patch), f"np {np_}: patch bytes at step {t}")
+            expect(int(f["/steps/dense_bytes"][t - 1]) == 2 * n, f"np {np_}: dense bytes")
+        expect(all(f["/steps/verify_ok"][:] == 1), f"np {np_}: verify_ok")
+        digests, versions = f["/ranks/weights_digest"][:], f["/ranks/version"][:]
+        expect(digests.shape == (steps, np_), f"np {np_}: digests shape {digests.shape}")
+        expect(all(len(set(row)) == 1 for row in digests), f"np {np_}: ranks disagree on the weights digest")
+        expect(all(list(row) == [t + 1] * np_ for t, row in enumerate(versions)), f"np {np_}: versions")
+        if inference:
+            recv = f["/ranks/patch_bytes_recv"][:]
+            for t in range(steps):
+                expect(all(recv[t, np_ - inference:] == 0), f"np {np_}: relay mode sends no patch over MPI")
+        ab = [k for k in f["/absorption"].keys()] if "absorption" in f else []
+        expect(ab == ["step_000003", "step_000006"], f"np {np_}: absorption groups {ab}")
+        for g in ab:
+            total = int(f[f"/absorption/{g}/ratio_counts"][:].sum())
+            expect(total == n, f"np {np_}: absorption histogram of {g} counts {total} of {n}")
+    # The final weights file equals the last anchor.
+    final = bf16_weights(os.path.join(tmp, "stats.weights.safetensors"))
+    expect(all(np.array_equal(final[k][1].view(np.uint16), anchors[steps][k][1].view(np.uint16)) for k in final),
+           f"np {np_}: final weights differ from the last anchor")
+
+
+def checkpoint_buffers(ckpt_dir):
+    with open(os.path.join(ckpt_dir, "LATEST")) as fh:
+        step = int(fh.read().split()[0])
+    out = {}
+    for path in sorted(glob.glob(os.path.join(ckpt_dir, f"rank-*-step-{step}.safetensors"))):
+        tensors, _ = safetensors_ref.read(path)
+        rank = os.path.basename(path).split("-")[1]
+        for name, (_, array) in tensors.items():
+            out[f"{rank}/{name}"] = array.tobytes()
+    return step, out
+
+
+def check_kill_and_resume(app, mpi, np_, tmp):
+    inference, prompts = layouts(np_)
+    steps = 9
+    common = BASE + ["--steps", str(steps), "--prompts-per-step", str(prompts), "--inference-ranks", str(inference),
+                     "--checkpoint-every", "2", "--num-iterations", "2", "--async-lag", "1"]
+    ref = os.path.join(tmp, "ref.h5")
+    code, _, e = run(common + ["--out", ref], np_, app, mpi)
+    expect(code == 0, f"np {np_}: reference run exit {code}: {e.strip()[-300:]}")
+    # Killed run: SIGKILL to the whole process group once a random checkpoint exists.
+    killed = os.path.join(tmp, "killed.h5")
+    ckpt = os.path.join(tmp, "killed.ckpt")
+    target = random.Random(np_).choice([2, 4, 6])
+    p = launch(common + ["--out", killed], np_, app, mpi)
+    deadline = time.time() + 240
+    while time.time() < deadline and p.poll() is None:
+        try:
+            with open(os.path.join(ckpt, "LATEST")) as fh:
+                if int(fh.read().split()[0]) >= target:
+                    break
+        except (OSError, ValueError, IndexError):
+            pass
+        time.sleep(0.05)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate()
+    subprocess.run(["pkill", "-9", "-f", killed], check=False)
+    with h5py.File(killed, "r") as f:  # readable after the kill
+        rows = f["/steps/step"].shape[0]
+    expect(rows >= target, f"np {np_}: killed file holds {rows} rows, checkpoint at >= {target}")
+    code, o, e = run(common + ["--out", killed, "--resume"], np_, app, mpi)
+    expect(code == 0, f"np {np_}: resume exit {code}: {e.strip()[-300:]}")
+    s_ref, b_ref = checkpoint_buffers(os.path.join(tmp, "ref.ckpt"))
+    s_kil, b_kil = checkpoint_buffers(ckpt)
+    expect(s_ref == s_kil == steps, f"np {np_}: final checkpoints at {s_ref} and {s_kil}")
+    expect(b_ref.keys() == b_kil.keys(), f"np {np_}: checkpoint buffers differ in names")
+    differ = [k for k in b_ref if b_ref[k] != b_kil.get(k)]
+    expect(not differ, f"np {np_}: resumed run differs from uninterrupted in {differ[:5]}")
+    with h5py.File(ref, "r") as a, h5py.File(killed, "r") as b:
+        for name in ("step", "changed", "loss", "reward", "sparsity", "patch_bytes", "rollout_version"):
+            x, y = a[f"/steps/{name}"][:], b[f"/steps/{name}"][:]
+            expect(x.shape == y.shape and np.array_equal(x, y), f"np {np_}: /steps/{name} differs after resume")
+        # Staleness: batch of step t generated at step 1 + 2*floor((t-1)/2) from version (that step - 2), lag 1.
+        expected = [max(0, (1 + 2 * ((t - 1) // 2)) - 1 - 1) for t in range(1, steps + 1)]
+        expect(list(a["/steps/rollout_version"][:]) == expected,
+               f"np {np_}: rollout_version {list(a['/steps/rollout_version'][:])} != {expected}")
+
+
+def check_signal(app, mpi, tmp):
+    out = os.path.join(tmp, "sig.h5")
+    common = BASE + ["--steps", "40", "--prompts-per-step", "4", "--checkpoint-every", "0", "--out", out]
+    p = launch(common, 1, app, mpi)
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        try:
+            with h5py.File(out, "r") as f:
+                if f["/steps/step"].shape[0] >= 2:
+                    break
+        except (OSError, KeyError):
+            pass
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGUSR1)
+    _, err = p.communicate(timeout=120)
+    expect(p.returncode == 75, f"SIGUSR1: exit {p.returncode}, expected 75: {err.strip()[-300:]}")
+    code, _, e = run(common + ["--resume"], 1, app, mpi)
+    expect(code == 0, f"resume after SIGUSR1: exit {code}: {e.strip()[-300:]}")
+    with h5py.File(out, "r") as f:
+        expect(list(f["/steps/step"][:]) == list(range(1, 41)), "resume after SIGUSR1 ends with steps 1..40")
+
+
+def check_bad_input(app, mpi, tmp):
+    bad = os.path.join(tmp, "bad")
+    os.makedirs(bad)
+    cfg = os.path.join(bad, "unknown.toml")
+    with open(cfg, "w") as fh:
+        fh.write("steps = 3\nlearning-rate-typo = 1e-3\n")
+    blocker = os.path.join(bad, "a_file")
+    open(blocker, "w").close()
+    cases = [
+        (["--config", cfg], 1, "unknown config key"),
+        (["--lr", "-1"], 1, "negative lr"),
+        (["--inference-ranks", "2"], 2, "more inference ranks than ranks"),
+        (["--out", os.path.join(blocker, "run.h5")], 1, "unwritable output"),
+    ]
+    before = sorted(os.listdir(bad))
+    for args, np_, what in cases:
+        full = BASE + ["--steps", "2", "--prompts-per-step", "2"] + (["--out", os.path.join(bad, "x.h5")] if "--out" not in args else []) + args
+        code, out, err = run(full, np_, app, mpi, timeout=120)
+        lines = [l for l in err.strip().splitlines() if l.startswith("pulse-train:")]
+        expect(code != 0, f"{what}: exit code 0")
+        expect(len(lines) >= 1, f"{what}: no 'pulse-train:' error line in {err.strip()[-300:]!r}")
+        expect(sorted(os.listdir(bad)) == before, f"{what}: files created: {sorted(os.listdir(bad))}")
+    # An existing output is refused without --overwrite and stays byte-identical.
+    existing = os.path.join(bad, "existing.h5")
+    with open(existing, "wb") as fh:
+        fh.write(b"not yours")
+    code, _, err = run(BASE + ["--steps", "2", "--prompts-per-step", "2", "--out", existing], 1, app, mpi)
+    expect(code != 0 and "exist" in err, f"existing output: exit {code}, {err.strip()[-200:]!r}")
+    expect(open(existing, "rb").read() == b"not yours", "existing output was changed")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--app", required=True)
+    parser.add_argument("--mpiexec", required=True)
+    parser.add_argument("--mpi-flags", default="")
+    parser.add_argument("--np", default="1,2,4")
+    args = parser.parse_args()
+    mpi = [args.mpiexec] + shlex.split(args.mpi_flags)
+    with tempfile.TemporaryDirectory() as tmp:
+        for np_ in [int(x) for x in args.np.split(",")]:
+            d = os.path.join(tmp, f"np{np_}")
+            os.makedirs(d)
+            check_statistics_against_anchors(args.app, mpi, np_, d)
+            check_kill_and_resume(args.app, mpi, np_, d)
+        check_signal(args.app, mpi, tmp)
+        check_bad_input(args.app, mpi, tmp)
+    if failures:
+        print(f"{len(failures)} failure(s)")
+        return 1
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
