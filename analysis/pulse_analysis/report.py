@@ -436,8 +436,10 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
     summary = [summary_row(r, k_values) for r in runs]
     ksteps = kstep_rows(runs)
     comm = comm_rows(runs)
-    model = bandwidth.Model(runs[0], params=params, compute_s=compute_s, sparsity=sparsity)
-    bw = model.table([b * 1e9 for b in bandwidths_gbps])
+    # the bandwidth model needs a run that sent patches to inference ranks
+    synced = [r for r in runs if r.steps["patch_bytes"].sum() > 0 and r.steps["changed"].sum() > 0]
+    model = bandwidth.Model(synced[0], params=params, compute_s=compute_s, sparsity=sparsity) if synced else None
+    bw = model.table([b * 1e9 for b in bandwidths_gbps]) if model else []
     _write_csv(os.path.join(out_dir, "summary.csv"), summary)
     _write_csv(os.path.join(out_dir, "kstep.csv"), ksteps)
     _write_csv(os.path.join(out_dir, "comm.csv"), comm)
@@ -454,7 +456,8 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
     fig.training()
     fig.comm()
     fig.sync()
-    fig.bandwidth(model, np.logspace(-2, 3, 200) * 1e9)
+    if model:
+        fig.bandwidth(model, np.logspace(-2, 3, 200) * 1e9)
 
     main_cols = ["run", "trainer_sync", "steps", "mean_sparsity", "min_sparsity"] + \
                 [f"k{k}_mean_sparsity" for k in k_values] + \
@@ -470,13 +473,16 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
                 "\n- `k<K>_mean_sparsity`: mean of the finite entries of /kstep/sparsity column k=K\n\n")
         f.write("## k-step sparsity\n\n" + _md_table(ksteps) + "\n")
         f.write("## Communication per trainer-sync method\n\n" + _md_table(comm) + "\n")
-        f.write(f"## Bandwidth model (from `{model.run}`)\n\n"
-                f"{model.params:.4g} parameters, sparsity {100 * model.sparsity:.3f}%, "
-                f"{model.bits_per_changed:.3g} bits per changed element, "
-                f"encode {model.encode_rate:.3g} and apply {model.apply_rate:.3g} parameters/s, "
-                f"compute {model.compute_s:.3g} s per step: patch {model.patch_bytes:.4g} B against dense "
-                f"{model.dense_bytes:.4g} B per step; the patch is faster below "
-                f"{model.crossover_bps / 1e9:.4g} Gbit/s.\n\n" + _md_table(bw) + "\n")
+        if not model:
+            f.write("## Bandwidth model\n\nNo run sent patches to inference ranks (inference-ranks 0): no model.\n\n")
+        else:
+            f.write(f"## Bandwidth model (from `{model.run}`)\n\n"
+                    f"{model.params:.4g} parameters, sparsity {100 * model.sparsity:.3f}%, "
+                    f"{model.bits_per_changed:.3g} bits per changed element, "
+                    f"encode {model.encode_rate:.3g} and apply {model.apply_rate:.3g} parameters/s, "
+                    f"compute {model.compute_s:.3g} s per step: patch {model.patch_bytes:.4g} B against dense "
+                    f"{model.dense_bytes:.4g} B per step; the patch is faster below "
+                    f"{model.crossover_bps / 1e9:.4g} Gbit/s.\n\n" + _md_table(bw) + "\n")
         if refs:
             f.write(f"## Paper reference ({os.path.basename(reference)})\n\n" + _md_table(refs) + "\n")
         f.write("## Figures\n\n" + "\n".join(f"![{n}]({n})" for n in fig.written) + "\n")

@@ -7,7 +7,8 @@ import numpy as np
 
 # Config keys that do not change what is measured: runs that differ only in these are repetitions
 # (seeds) of one variant.
-NOT_A_VARIANT = {"seed", "out", "overwrite", "resume", "quiet", "config", "checkpoint-every", "relay"}
+NOT_A_VARIANT = {"seed", "out", "overwrite", "resume", "quiet", "config", "checkpoint-every", "relay", "anchor-every",
+                 "keep-anchors"}
 
 
 REQUIRED = ["/steps/" + d for d in ("step", "sparsity", "changed", "patch_bytes", "dense_bytes", "reward", "loss",
