@@ -119,7 +119,8 @@ pulse_report() {
 
 # pulse_sweep PREFIX FLAG VALUES...: one run per value, PREFIX-VALUE.h5 with `FLAG VALUE`
 # (a value "a:b" with FLAG "--x:--y" gives --x a --y b). Inside an array job the task id picks the
-# value; without Slurm every value runs in turn. Then the report over the sweep.
+# value; without Slurm every value runs in turn. Then the report over the sweep. A script may
+# define pulse_sweep_flags VALUE: it prepares what the value needs and prints more flags.
 pulse_sweep() {
   local prefix=$1 flag=$2
   shift 2
@@ -137,6 +138,12 @@ pulse_sweep() {
     IFS=: read -r -a fs <<<"$flag"
     IFS=: read -r -a vs <<<"$v"
     for j in "${!fs[@]}"; do flags+=("${fs[$j]}" "${vs[$j]}"); done
+    if declare -F pulse_sweep_flags >/dev/null; then
+      local more
+      more=$(pulse_sweep_flags "$v") || return 1
+      read -r -a more <<<"$more"
+      flags+=("${more[@]}")
+    fi
     name=$prefix-${v//:/-}
     pulse_run "$dir/$name.h5" "${flags[@]}" || { rc=$?; return $rc; }
     touch "$dir/$name.done"
