@@ -5,6 +5,7 @@ import shlex
 
 def pytest_addoption(parser):
     parser.addoption("--app", required=True, help="pulse-train binary")
+    parser.addoption("--sft", required=True, help="pulse-sft binary (the warm start of the runs)")
     parser.addoption("--mpiexec", default="mpirun", help="MPI launcher")
     parser.addoption("--mpiexec-flags", default=None,
                      help="extra launcher flags (space- or ;-separated; default: --oversubscribe, "

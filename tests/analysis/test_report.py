@@ -1,7 +1,8 @@
-"""pulse_analysis report on statistics files pulse-train writes at test time (smoke config: two
-seeds of one variant plus a num-iterations = 2 variant): every figure and table is built, and every
-number in the tables equals the value recomputed here, independently, from the HDF5 datasets.
-    python3 tests/analysis/test_report.py --app build/apps/pulse-train [--mpiexec mpirun]
+"""pulse_analysis report on statistics files pulse-train writes at test time (smoke config from a
+short pulse-sft warm start on 1-digit addition, so rewards vary and weights change: two seeds of one
+variant, a num-iterations = 2 and an async-lag = 1 variant): every figure and table is built, and
+every number in the tables equals the value recomputed here, independently, from the datasets.
+    python3 tests/analysis/test_report.py --app build/apps/pulse-train --sft build/apps/pulse-sft
 """
 import csv
 import math
@@ -18,8 +19,9 @@ from conftest import launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOKE = os.path.join(ROOT, "jobs", "configs", "smoke.toml")
-EXTRA = ["--absorption-every", "3", "--eval-every", "3", "--quiet"]
-RUNS = {"seed-1": ["--seed", "1"], "seed-2": ["--seed", "2"], "mu2-seed-1": ["--seed", "1", "--num-iterations", "2"]}
+EXTRA = ["--digits", "1", "--absorption-every", "3", "--eval-every", "3", "--quiet"]
+RUNS = {"seed-1": ["--seed", "1"], "seed-2": ["--seed", "2"], "mu2-seed-1": ["--seed", "1", "--num-iterations", "2"],
+        "lag1-seed-1": ["--seed", "1", "--async-lag", "1"]}
 FIGURES = ["sparsity", "kstep", "staleness", "absorption", "grad_sparsity", "training", "comm", "sync", "bandwidth"]
 REFERENCE = [  # the paper's CSV format (sparsity in percent), a few made-up rows
     "model_family,model_size,seed,step,k,sparsity,iteration_num,learning_rate,experiment_type",
@@ -36,11 +38,17 @@ def run_report(files, out, *extra):
 @pytest.fixture(scope="session")
 def runs(pytestconfig, tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
+    # without a warm start no rollout is ever rewarded and no weight changes
+    sft = [os.path.abspath(pytestconfig.getoption("--sft")), "--model", "tiny", "--digits", "1", "--steps", "100", "--eval-every", "100",
+           "--out", str(d / "sft")]
+    p = subprocess.run(sft, capture_output=True, text=True)
+    assert p.returncode == 0, f"{' '.join(sft)} failed:\n{p.stdout}\n{p.stderr}"
     paths = []
     for name, flags in RUNS.items():
         out = d / f"{name}.h5"
-        cmd = launcher(pytestconfig, 3) + [pytestconfig.getoption("--app"), "--config", SMOKE, "--out", str(out)]
-        p = subprocess.run(cmd + EXTRA + flags, cwd=d, capture_output=True, text=True)
+        cmd = launcher(pytestconfig, 3) + [os.path.abspath(pytestconfig.getoption("--app")), "--config", SMOKE, "--out", str(out)]
+        p = subprocess.run(cmd + EXTRA + ["--init", str(d / "sft" / "model.safetensors")] + flags, cwd=d,
+                           capture_output=True, text=True)
         assert p.returncode == 0, f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}"
         paths.append(out)
     return paths
@@ -151,7 +159,9 @@ def test_summary_equals_the_datasets(report, runs):
                 close(row[col], float(want), f"{path.stem} {col}")
     # the variants: the runs really differ where the flags say so
     assert table["seed-1"]["seed"] != table["seed-2"]["seed"]
-    assert table["mu2-seed-1"]["num_iterations"] == "2"
+    assert table["mu2-seed-1"]["num_iterations"] == "2" and table["lag1-seed-1"]["async_lag"] == "1"
+    # the warm start works: weights change, so sparsity, patch sizes and the bandwidth model mean something
+    assert all(float(r["min_sparsity"]) < 1 and float(r["bits_per_changed"]) > 0 for r in table.values())
 
 
 def test_kstep_table(report, runs):

@@ -123,7 +123,7 @@ def test_measure_and_seed_array(slurm):
 
 def test_requeue_resumes_the_same_file(slurm):
     d, env = slurm
-    env = dict(env, PULSE_ARGS="--steps 16 --checkpoint-every 1")
+    env = dict(env, PULSE_ARGS="--steps 30 --checkpoint-every 1")
     start = time.monotonic()
     job = sbatch(env, d, "--ntasks=3", "--output=slurm-%j.out", os.path.join(ROOT, "jobs", "measure.sbatch"))
     ckpt = d / "runs" / job / "run.ckpt" / "LATEST"
@@ -149,7 +149,7 @@ def test_requeue_resumes_the_same_file(slurm):
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
     assert int(info["Restarts"]) >= 1, f"job was not requeued:\n{log}"
     assert "requeueing job" in log and "--resume" in log, log
-    assert check_run(d / "runs" / job / "run.h5") == 16
+    assert check_run(d / "runs" / job / "run.h5") == 30
 
 
 if __name__ == "__main__":
