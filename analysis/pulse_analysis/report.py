@@ -229,7 +229,7 @@ class Figures:
                         by_step.setdefault(r["step"], []).append(r["sparsity"])
                 if by_step:
                     st = sorted(by_step)
-                    ax.plot(st, [100 * np.mean(by_step[t]) for t in st], "--", lw=0.8, label=_ref_name(key))
+                    ax.plot(st, [100 * np.mean(by_step[t]) for t in st], "--.", lw=0.8, ms=3, label=_ref_name(key))
         ax.set_xlabel("step")
         ax.set_ylabel("per-step sparsity S1 (%)")
         ax.set_title("BF16 weights unchanged per step (band: min-max over seeds)")
