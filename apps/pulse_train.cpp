@@ -30,6 +30,7 @@
 #include "kernels/bf16.hpp"
 #include "kernels/grad_norm.hpp"
 #include "kernels/host_copy.hpp"
+#include "loco/outer_sync.hpp"
 #include "model/gpt.hpp"
 #include "model/gpt_decoder.hpp"
 #include "rl/grpo.hpp"
@@ -125,6 +126,11 @@ class Run {
   void save_checkpoint(std::int64_t t);
   void load_checkpoint(std::int64_t t);
   const std::vector<bf16_bits>& version_weights(std::uint64_t version) const;
+  loco::OuterHyper outer_hyper() const {
+    loco::OuterHyper h;
+    h.lr = c_.outer_lr, h.momentum = c_.outer_momentum;
+    return h;
+  }
   void remember_version(const std::vector<bf16_bits>& weights);
 
   TrainConfig c_;
@@ -147,6 +153,7 @@ class Run {
   Kokkos::View<bf16_bits*> weights_, grad_bf16_, m16_, v16_;  // weights_: bf16(theta) as computed with
   RolloutBatch batch_;                                // the batch reused for num_iterations steps
   std::unique_ptr<SparsityMeter> meter_;              // trainer 0
+  std::unique_ptr<loco::OuterSync> outer_;            // diloco, pulseloco
   // every rank holding weights for generation or sync: host BF16 versions, newest last
   std::deque<std::vector<bf16_bits>> history_;
   std::uint64_t version_ = 0;
@@ -273,7 +280,9 @@ void Run::declare_statistics() {
       {"step_s", "s|wall time of the step"},
       {"measure_s", "s|sparsity, gradient and Adam statistics time on trainer 0"},
       {"sync_s", "s|PULSESync time on trainer 0 (encode + send)"},
-      {"eval_pass1", "1|greedy pass@1 on held-out problems (NaN when not evaluated)"}};
+      {"eval_pass1", "1|greedy pass@1 on held-out problems (NaN when not evaluated)"},
+      {"gate_density", "1|diloco/pulseloco outer steps: fraction of entries trainer 0 sent (NaN on inner steps)"},
+      {"outer_s", "s|diloco/pulseloco: outer step time on trainer 0 (NaN on inner steps)"}};
   for (const auto& [name, ud] : doubles) {
     const auto bar = ud.find('|');
     s.declare("/steps/" + name, SeriesType::float64, 0, ud.substr(0, bar), ud.substr(bar + 1));
@@ -287,7 +296,8 @@ void Run::declare_statistics() {
       {"dense_bytes", "bytes|the BF16 weights sent densely"},
       {"verify_ok", "1|1 when every inference rank's digest equals the patch's target digest"},
       {"policy_version", "1|weights version after the step"},
-      {"rollout_version", "1|weights version that generated the rollouts of the step"}};
+      {"rollout_version", "1|weights version that generated the rollouts of the step"},
+      {"outer_step", "1|1 when the trainers synchronised (every step for ddp, every H for diloco/pulseloco)"}};
   for (const auto& [name, ud] : ints) {
     const auto bar = ud.find('|');
     s.declare("/steps/" + name, SeriesType::int64, 0, ud.substr(0, bar), ud.substr(bar + 1));
@@ -310,6 +320,10 @@ void Run::declare_statistics() {
   s.declare_per_rank("/ranks/bytes_sent", SeriesType::int64, "bytes", "bytes this rank handed to MPI in the step");
   s.declare_per_rank("/ranks/bytes_recv", SeriesType::int64, "bytes", "bytes MPI delivered to this rank in the step");
   s.declare_per_rank("/ranks/patch_bytes_recv", SeriesType::int64, "bytes", "PULSESync patch bytes received in the step");
+  s.declare_per_rank("/ranks/trainer_bytes_sent", SeriesType::int64, "bytes",
+                     "trainer-to-trainer bytes (gradients or pseudo-gradients) this rank handed to MPI in the step");
+  s.declare_per_rank("/ranks/trainer_bytes_recv", SeriesType::int64, "bytes",
+                     "trainer-to-trainer bytes (gradients or pseudo-gradients) MPI delivered to this rank in the step");
   s.declare_per_rank("/ranks/comm_s", SeriesType::float64, "s", "seconds in MPI collectives in the step");
   s.declare_per_rank("/ranks/compute_s", SeriesType::float64, "s", "seconds outside MPI collectives in the step");
   s.declare_per_rank("/ranks/weights_digest", SeriesType::int64, "1",
@@ -397,6 +411,12 @@ void Run::save_checkpoint(std::int64_t t) {
       state.add("adam_v", io::DType::BF16, to_host(v16_));
     }
     state.add("weights", io::DType::BF16, to_host(weights_));
+    if (outer_) {
+      state.add("outer.theta_global", io::DType::F32, to_host(outer_->theta_global()));
+      state.add("outer.momentum", io::DType::F32, to_host(outer_->momentum_buffer()));
+      if (outer_->error_buffer().extent(0)) state.add("outer.error", io::DType::F32, to_host(outer_->error_buffer()));
+      state.metadata["outer_steps"] = std::to_string(outer_->outer_steps());
+    }
     state.add("rollouts", io::DType::U8, batch_.serialize());
   }
   for (std::size_t i = 0; i < history_.size(); ++i) state.add("history." + std::to_string(i), io::DType::BF16, history_[i]);
@@ -423,6 +443,16 @@ void Run::load_checkpoint(std::int64_t t) {
       Kokkos::deep_copy(v16_, to_device(state.get<bf16_bits>("adam_v", n_)));
     }
     Kokkos::deep_copy(weights_, to_device(state.get<bf16_bits>("weights", n_)));
+    if (c_.trainer_sync != "ddp") {
+      // The outer state restarts from the checkpoint's global weights and buffers.
+      outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_,
+                                                 to_device(state.get<float>("outer.theta_global", n_)), outer_hyper(),
+                                                 loco::parse_sparse_exchange(c_.sparse_exchange), c_.dense_threshold);
+      Kokkos::deep_copy(outer_->momentum_buffer(), to_device(state.get<float>("outer.momentum", n_)));
+      if (outer_->error_buffer().extent(0))
+        Kokkos::deep_copy(outer_->error_buffer(), to_device(state.get<float>("outer.error", n_)));
+      outer_->set_outer_steps(std::stoll(state.meta("outer_steps")));
+    }
     const auto bytes = state.get<std::uint8_t>("rollouts");
     batch_ = bytes.empty() ? RolloutBatch{} : RolloutBatch::deserialize(bytes.data(), bytes.size());
   }
@@ -487,6 +517,10 @@ int Run::train() {
   weight_sync_ = std::make_unique<WeightSync>(sync_, table_, c_.relay, c_.anchor_every, c_.keep_anchors);
 
   std::vector<bf16_bits> current;  // host BF16 weights of version_ on trainer 0 and inference ranks
+  if (trainer_ && c_.trainer_sync != "ddp" && !c_.resume)
+    outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_, master_,
+                                               outer_hyper(), loco::parse_sparse_exchange(c_.sparse_exchange),
+                                               c_.dense_threshold);
   if (c_.resume) {
     load_checkpoint(resume_step);
     first_step_ = resume_step + 1;
@@ -546,6 +580,13 @@ void Run::step(std::int64_t t) {
       recv0 += comm->bytes_received(Channel(ch));
     }
   const std::uint64_t patch_recv0 = sync_.bytes_received(Channel::patches);
+  auto trainer_bytes = [&](bool sent) {
+    std::uint64_t b = 0;
+    for (const Channel ch : {Channel::gradients, Channel::pseudo_gradients})
+      b += sent ? trainers_.bytes_sent(ch) : trainers_.bytes_received(ch);
+    return b;
+  };
+  const std::uint64_t trainer_sent0 = trainer_bytes(true), trainer_recv0 = trainer_bytes(false);
   io::StatsRow row;
 
   // 1. Rollouts: new every num_iterations steps, reused (with importance ratios) in between.
@@ -564,6 +605,7 @@ void Run::step(std::int64_t t) {
     std::int64_t local_tokens = 0;
     for (const auto m : batch_.completion_mask) local_tokens += m;
     Kokkos::Timer timer;
+    const bool ddp = c_.trainer_sync == "ddp";
     tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
     double reward_sum = 0;
     for (const float r : batch_.rewards) reward_sum += r;
@@ -573,10 +615,13 @@ void Run::step(std::int64_t t) {
     hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
     model_->set_weights(weights_);
     model_->zero_grad();
-    g = grpo_backward(*model_, batch_, adv, hyper, double(std::max<std::int64_t>(tokens, 1)));
+    // DDP: the loss is the mean over every trainer's tokens, so the summed gradients are its
+    // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
+    const double normaliser = double(std::max<std::int64_t>(ddp ? tokens : local_tokens, 1));
+    g = grpo_backward(*model_, batch_, adv, hyper, normaliser);
     timer.reset();
-    allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
-    loss = allreduce_value(trainers_, g.loss, ReduceOp::sum);
+    if (ddp) allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
+    loss = allreduce_value(trainers_, g.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers_);
     comm_s += timer.seconds();
 
     // 3. Clip and AdamW. Gradient sparsity is measured on the summed, unclipped gradient.
@@ -608,6 +653,17 @@ void Run::step(std::int64_t t) {
       PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
       adamw_bf16(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::bf16), weights_, grad_bf16_,
                  m16_, v16_);
+    }
+    // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
+    if (outer_ && t % c_.inner_steps == 0) {
+      const loco::OuterStats o = outer_->outer_step(master_);
+      cast_to_bf16(DefaultExec(), master_, weights_);
+      comm_s += o.comm_seconds;
+      row.set_int("/steps/outer_step", 1);
+      row.set("/steps/gate_density", o.density);
+      row.set("/steps/outer_s", o.comm_seconds + o.compute_seconds);
+    } else {
+      row.set_int("/steps/outer_step", ddp ? 1 : 0);
     }
     ++version_;
 
@@ -701,6 +757,8 @@ void Run::step(std::int64_t t) {
   row.set_rank_int("/ranks/bytes_sent", std::int64_t(sent - sent0));
   row.set_rank_int("/ranks/bytes_recv", std::int64_t(recv - recv0));
   row.set_rank_int("/ranks/patch_bytes_recv", std::int64_t(sync_.bytes_received(Channel::patches) - patch_recv0));
+  row.set_rank_int("/ranks/trainer_bytes_sent", std::int64_t(trainer_bytes(true) - trainer_sent0));
+  row.set_rank_int("/ranks/trainer_bytes_recv", std::int64_t(trainer_bytes(false) - trainer_recv0));
   row.set_rank("/ranks/comm_s", comm_s);
   row.set_rank("/ranks/compute_s", step_s - comm_s);
   const sync::Digest held = rank_ == 0 || !trainer_ ? sync_stats.state : sync::compute_digests(bf16_tensor_refs(table_, current)).state;

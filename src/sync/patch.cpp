@@ -78,13 +78,6 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
-int gap_width(std::uint64_t max_gap) {
-  if (max_gap <= 0xFF) return 1;
-  if (max_gap <= 0xFFFF) return 2;
-  if (max_gap <= 0xFFFFFFFFull) return 4;
-  return 8;
-}
-
 bf16_bits load_bf16(const std::byte* data, std::uint64_t i) {
   bf16_bits b;
   std::memcpy(&b, data + 2 * i, 2);
@@ -220,17 +213,10 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
                 old_values);
       e.count = indices.size();
       total_changed += e.count;
-      std::uint64_t max_gap = 0;
-      for (std::size_t k = 0; k < indices.size(); ++k)
-        max_gap = std::max<std::uint64_t>(max_gap, indices[k] - (k ? indices[k - 1] + 1 : 0));
-      if (options.indices == IndexCoding::gap_fixed) e.index_width = static_cast<std::uint8_t>(gap_width(max_gap));
+      if (options.indices == IndexCoding::gap_fixed)
+        e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
+      encode_gaps(options.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
       for (std::size_t k = 0; k < indices.size(); ++k) {
-        const std::uint64_t gap = indices[k] - (k ? indices[k - 1] + 1 : 0);  // sorted: gap >= 0
-        if (options.indices == IndexCoding::gap_varint) {
-          put_varint(index_stream, gap);
-        } else {
-          for (int byte = 0; byte < e.index_width; ++byte) index_stream.push_back(static_cast<std::uint8_t>(gap >> (8 * byte)));
-        }
         if (options.values == ValueCoding::raw) {
           value_stream.push_back(static_cast<std::uint8_t>(values[k] & 0xFF));
           value_high.push_back(static_cast<std::uint8_t>(values[k] >> 8));
@@ -524,20 +510,8 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
       const std::uint64_t n = numel_of(t.shape);
       w.indices.resize(e.count);
       w.values.resize(e.count);
-      std::uint64_t next = 0;  // smallest index the next entry may take
-      for (std::uint64_t k = 0; k < e.count; ++k) {
-        std::uint64_t gap;
-        if (h.indices == IndexCoding::gap_varint) {
-          gap = get_varint(index_raw.data(), index_raw.size(), index_pos);
-        } else {
-          PULSE_CHECK(index_raw.size() - index_pos >= e.index_width, "patch index stream is truncated");
-          gap = 0;
-          for (int b = 0; b < e.index_width; ++b) gap |= std::uint64_t(index_raw[index_pos++]) << (8 * b);
-        }
-        PULSE_CHECK(gap < n && next <= n - 1 - gap, "patch index out of range in tensor '" + e.name + "'");
-        w.indices[k] = next + gap;
-        next = w.indices[k] + 1;
-      }
+      decode_gaps(h.indices, e.index_width, index_raw.data(), index_raw.size(), index_pos, e.count, 0, n,
+                  w.indices.data(), "patch", " in tensor '" + e.name + "'");
       if (h.values == ValueCoding::raw) {
         for (std::uint64_t k = 0; k < e.count; ++k)
           w.values[k] = static_cast<bf16_bits>(value_raw[value_pos++] | (value_raw[high_pos++] << 8));

@@ -13,6 +13,7 @@
 
 #include "sync/compress.hpp"
 #include "sync/digest.hpp"
+#include "sync/index_coding.hpp"
 #include "sync/signing.hpp"
 
 namespace pulse::sync {
@@ -20,10 +21,6 @@ namespace pulse::sync {
 enum class ValueCoding : std::uint8_t {
   raw = 0,      // new BF16 bit patterns, split into a low-byte plane and a high-byte plane
   keydiff = 1,  // zig-zag varint of key(new) - key(old): exact, usually one byte
-};
-enum class IndexCoding : std::uint8_t {
-  gap_fixed = 0,   // gaps between sorted indices in the narrowest width per tensor
-  gap_varint = 1,  // gaps as LEB128 varints
 };
 enum class EntryKind : std::uint8_t {
   sparse = 0,  // BF16: changed indices + values

@@ -46,6 +46,9 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--inner-steps", c.inner_steps, "H: inner steps per outer step (diloco, pulseloco)");
   app.add_option("--outer-lr", c.outer_lr, "outer SGD learning rate (diloco, pulseloco)");
   app.add_option("--outer-momentum", c.outer_momentum, "outer Nesterov momentum (diloco, pulseloco)");
+  app.add_option("--sparse-exchange", c.sparse_exchange, "pulseloco: allgather of payloads, or a sparse allreduce")
+      ->check(CLI::IsMember({"allgather", "sparse-allreduce"}));
+  app.add_option("--dense-threshold", c.dense_threshold, "pulseloco sparse-allreduce: go dense above this density");
 }
 
 namespace {
@@ -74,6 +77,9 @@ void validate(const TrainConfig& c, int world_size) {
   check_positive(c.inner_steps >= 1, "inner-steps must be at least 1");
   check_positive(std::isfinite(c.outer_lr) && c.outer_lr > 0, "outer-lr must be positive");
   check_positive(c.outer_momentum >= 0 && c.outer_momentum < 1, "outer-momentum must be in [0, 1)");
+  check_positive(c.dense_threshold >= 0 && c.dense_threshold <= 1, "dense-threshold must be in [0, 1]");
+  check_positive(c.trainer_sync == "ddp" || c.precision == "mixed",
+                 "trainer-sync " + c.trainer_sync + " needs precision mixed (FP32 local and global weights)");
   check_positive(!(c.overwrite && c.resume), "--overwrite and --resume exclude each other");
   PULSE_CHECK(c.inference_ranks >= 0 && c.inference_ranks < world_size,
               "config: inference-ranks " + std::to_string(c.inference_ranks) + " leaves no trainer among " +
@@ -105,7 +111,8 @@ std::string to_toml(const TrainConfig& c) {
     << "\nanchor-every = " << c.anchor_every << "\nkeep-anchors = " << c.keep_anchors << "\neval-every = " << c.eval_every
     << "\neval-problems = " << c.eval_problems << "\nabsorption-every = " << c.absorption_every
     << "\ntrainer-sync = " << str(c.trainer_sync) << "\ninner-steps = " << c.inner_steps
-    << "\nouter-lr = " << c.outer_lr << "\nouter-momentum = " << c.outer_momentum << "\n";
+    << "\nouter-lr = " << c.outer_lr << "\nouter-momentum = " << c.outer_momentum
+    << "\nsparse-exchange = " << str(c.sparse_exchange) << "\ndense-threshold = " << c.dense_threshold << "\n";
   return s.str();
 }
 

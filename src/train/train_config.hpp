@@ -49,6 +49,8 @@ struct TrainConfig {
   int inner_steps = 8;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
+  std::string sparse_exchange = "allgather";  // pulseloco: allgather | sparse-allreduce
+  double dense_threshold = 0.25;              // sparse-allreduce goes dense above this density
 };
 
 // k-step distances and gradient thresholds every run measures.
