@@ -9,7 +9,7 @@ Figures (the paper's figure in brackets):
   absorption.png    |w| and |update|/half-ulp histograms with the ratio = 1 line, absorbed fraction [3]
   grad_sparsity.png gradient sparsity at the recorded thresholds [11]
   training.png      reward, loss and greedy pass@1
-  comm.png          bytes the trainer ranks hand to MPI per step and cumulative, per trainer-sync method
+  comm.png          trainer-to-trainer bytes per step and cumulative per trainer-sync method, gate density
   sync.png          trainer -> inference patch bytes against dense BF16 bytes per step
   bandwidth.png     sync time and GPU utilisation against link bandwidth (bandwidth.py) [1, 13]
 Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, bandwidth.csv and, with
@@ -46,7 +46,9 @@ SUMMARY_COLUMNS = {
     "compression_vs_dense": "sum(/steps/dense_bytes) / sum(/steps/patch_bytes)",
     "bits_per_changed": "8 sum(/steps/patch_bytes) / sum(/steps/changed)",
     "verified_fraction": "mean of /steps/verify_ok",
-    "mean_trainer_bytes_sent": "mean over steps of /ranks/bytes_sent summed over trainer ranks",
+    "mean_trainer_bytes_sent": "mean over steps of /ranks/trainer_bytes_sent summed over trainer ranks",
+    "outer_steps": "sum of /steps/outer_step (steps on which the trainers synchronised)",
+    "mean_gate_density": "mean of the finite /steps/gate_density (outer steps of diloco/pulseloco)",
     "final_reward": "last /steps/reward",
     "mean_reward": "mean of /steps/reward",
     "final_loss": "last /steps/loss",
@@ -63,8 +65,11 @@ def _mean_finite(x):
 
 
 def trainer_bytes(run):
-    """Bytes the trainer ranks hand to MPI in each step (row), summed over trainer ranks."""
-    return run.ranks["bytes_sent"][:, run.trainer_ranks].sum(axis=1)
+    """Trainer-to-trainer bytes (gradients or pseudo-gradients) the trainer ranks hand to MPI in
+    each step (row), summed over trainer ranks; files without /ranks/trainer_bytes_sent (written
+    before it existed) give all bytes the trainer ranks sent."""
+    name = "trainer_bytes_sent" if "trainer_bytes_sent" in run.ranks else "bytes_sent"
+    return run.ranks[name][:, run.trainer_ranks].sum(axis=1)
 
 
 def summary_row(run, k_values):
@@ -82,6 +87,8 @@ def summary_row(run, k_values):
         "bits_per_changed": 8.0 * float(patch.sum()) / float(s["changed"].sum()) if s["changed"].sum() else math.nan,
         "verified_fraction": float(np.mean(s["verify_ok"])),
         "mean_trainer_bytes_sent": float(np.mean(trainer_bytes(run))) if "bytes_sent" in run.ranks else math.nan,
+        "outer_steps": int(np.sum(s["outer_step"])) if "outer_step" in s else "",
+        "mean_gate_density": _mean_finite(s["gate_density"]) if "gate_density" in s else math.nan,
         "final_reward": float(s["reward"][-1]), "mean_reward": float(np.mean(s["reward"])),
         "final_loss": float(s["loss"][-1]),
         "final_eval_pass1": float(evals[-1]) if evals.size else math.nan,
@@ -364,19 +371,28 @@ class Figures:
         runs = [r for r in self.runs if "bytes_sent" in r.ranks]
         if not runs:
             return
-        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
+        fig, (left, right, gate) = self.plt.subplots(1, 3, figsize=(16, 4.5))
         for r in runs:
             b = trainer_bytes(r).astype(float)
-            left.plot(r.steps["step"], b, label=f"{r.trainer_sync}: {r.name}")
+            left.plot(r.steps["step"], b, ".-", label=f"{r.trainer_sync}: {r.name}")
             right.plot(r.steps["step"], np.cumsum(b), label=f"{r.trainer_sync}: {r.name}")
-        left.set_yscale("log")
-        left.set_ylabel("bytes sent by trainer ranks per step")
-        right.set_yscale("log")
-        right.set_ylabel("cumulative bytes sent by trainer ranks")
+            g = r.steps.get("gate_density")
+            if g is not None and np.isfinite(g).any():
+                ok = np.isfinite(g)
+                gate.plot(r.steps["step"][ok], 100 * g[ok], "o-", label=f"{r.trainer_sync}: {r.name}")
+        gate.set_xlabel("step")
+        gate.set_ylabel("entries sent on outer steps (%)")
+        gate.set_title("gate density (diloco: 100%, pulseloco: the BF16 gate)")
+        if gate.has_data():
+            gate.legend(fontsize=7)
+        left.set_yscale("symlog", linthresh=1)
+        left.set_ylabel("trainer-to-trainer bytes per step")
+        right.set_yscale("symlog", linthresh=1)
+        right.set_ylabel("cumulative trainer-to-trainer bytes")
         for ax in (left, right):
             ax.set_xlabel("step")
             ax.legend(fontsize=7)
-        fig.suptitle("communication per trainer-sync method (all MPI traffic of the trainer ranks)")
+        fig.suptitle("communication between trainers per trainer-sync method (sum over trainer ranks)")
         self.save(fig, "comm.png")
 
     def sync(self):

@@ -1,7 +1,8 @@
 """pulse_analysis report on statistics files pulse-train writes at test time (smoke config from a
 short pulse-sft warm start on 1-digit addition, so rewards vary and weights change: two seeds of one
-variant, a num-iterations = 2 and an async-lag = 1 variant): every figure and table is built, and
-every number in the tables equals the value recomputed here, independently, from the datasets.
+variant, a num-iterations = 2 and an async-lag = 1 variant, and DDP, DiLoCo and PULSELoCo without
+inference ranks): every figure and table is built, and every number in the tables equals the value
+recomputed here, independently, from the datasets.
     python3 tests/analysis/test_report.py --app build/apps/pulse-train --sft build/apps/pulse-sft
 """
 import csv
@@ -20,8 +21,11 @@ from conftest import launcher
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOKE = os.path.join(ROOT, "jobs", "configs", "smoke.toml")
 EXTRA = ["--digits", "1", "--absorption-every", "3", "--eval-every", "3", "--quiet"]
-RUNS = {"seed-1": ["--seed", "1"], "seed-2": ["--seed", "2"], "mu2-seed-1": ["--seed", "1", "--num-iterations", "2"],
-        "lag1-seed-1": ["--seed", "1", "--async-lag", "1"]}
+LOCO = ["--seed", "1", "--inference-ranks", "0", "--inner-steps", "2", "--trainer-sync"]
+RUNS = {  # name: (ranks, flags)
+    "seed-1": (3, ["--seed", "1"]), "seed-2": (3, ["--seed", "2"]),
+    "mu2-seed-1": (3, ["--seed", "1", "--num-iterations", "2"]), "lag1-seed-1": (3, ["--seed", "1", "--async-lag", "1"]),
+    "ddp": (2, LOCO + ["ddp"]), "diloco": (2, LOCO + ["diloco"]), "pulseloco": (2, LOCO + ["pulseloco"])}
 FIGURES = ["sparsity", "kstep", "staleness", "absorption", "grad_sparsity", "training", "comm", "sync", "bandwidth"]
 REFERENCE = [  # the paper's CSV format (sparsity in percent), a few made-up rows
     "model_family,model_size,seed,step,k,sparsity,iteration_num,learning_rate,experiment_type",
@@ -44,9 +48,9 @@ def runs(pytestconfig, tmp_path_factory):
     p = subprocess.run(sft, capture_output=True, text=True)
     assert p.returncode == 0, f"{' '.join(sft)} failed:\n{p.stdout}\n{p.stderr}"
     paths = []
-    for name, flags in RUNS.items():
+    for name, (ranks, flags) in RUNS.items():
         out = d / f"{name}.h5"
-        cmd = launcher(pytestconfig, 3) + [os.path.abspath(pytestconfig.getoption("--app")), "--config", SMOKE, "--out", str(out)]
+        cmd = launcher(pytestconfig, ranks) + [os.path.abspath(pytestconfig.getoption("--app")), "--config", SMOKE, "--out", str(out)]
         p = subprocess.run(cmd + EXTRA + ["--init", str(d / "sft" / "model.safetensors")] + flags, cwd=d,
                            capture_output=True, text=True)
         assert p.returncode == 0, f"{' '.join(cmd)} failed:\n{p.stdout}\n{p.stderr}"
@@ -119,7 +123,8 @@ def expected_summary(path):
         s = {k: d[()] for k, d in f["steps"].items()}
         cfg = config(f)
         trainers = [r for r, role in enumerate(f.attrs["roles"]) if text(role) == "trainer"]
-        sent = f["ranks/bytes_sent"][()][:, trainers].sum(axis=1)
+        sent = f["ranks/trainer_bytes_sent"][()][:, trainers].sum(axis=1)
+        gate = s["gate_density"][~np.isnan(s["gate_density"])]
         last = f["absorption"][sorted(f["absorption"])[-1]]
         absorbed = last["absorbed"][0] / last["ratio_counts"][()].sum()
         kv = [int(k) for k in f["kstep/sparsity"].attrs["k_values"]]
@@ -136,7 +141,8 @@ def expected_summary(path):
             "compression_vs_dense": s["dense_bytes"].sum() / s["patch_bytes"].sum(),
             "bits_per_changed": 8 * s["patch_bytes"].sum() / s["changed"].sum(),
             "verified_fraction": s["verify_ok"].sum() / len(s["step"]),
-            "mean_trainer_bytes_sent": sent.sum() / len(sent),
+            "mean_trainer_bytes_sent": sent.sum() / len(sent), "outer_steps": int(s["outer_step"].sum()),
+            "mean_gate_density": gate.sum() / len(gate) if len(gate) else math.nan,
             "final_reward": s["reward"][-1], "mean_reward": s["reward"].sum() / len(s["step"]),
             "final_loss": s["loss"][-1], "final_eval_pass1": ev[-1] if len(ev) else math.nan,
             "mean_step_s": s["step_s"].sum() / len(s["step"]), "absorbed_fraction": absorbed,
@@ -161,7 +167,10 @@ def test_summary_equals_the_datasets(report, runs):
     assert table["seed-1"]["seed"] != table["seed-2"]["seed"]
     assert table["mu2-seed-1"]["num_iterations"] == "2" and table["lag1-seed-1"]["async_lag"] == "1"
     # the warm start works: weights change, so sparsity, patch sizes and the bandwidth model mean something
-    assert all(float(r["min_sparsity"]) < 1 and float(r["bits_per_changed"]) > 0 for r in table.values())
+    assert all(float(r["min_sparsity"]) < 1 for r in table.values())
+    # the LoCo runs synchronise every --inner-steps 2 steps, DDP every step
+    assert int(table["diloco"]["outer_steps"]) == int(table["diloco"]["steps"]) // 2
+    assert int(table["ddp"]["outer_steps"]) == int(table["ddp"]["steps"])
 
 
 def test_kstep_table(report, runs):
@@ -185,10 +194,10 @@ def test_comm_table(report, runs):
     for path in runs:
         with h5py.File(path, "r") as f:
             trainers = [r for r, role in enumerate(f.attrs["roles"]) if text(role) == "trainer"]
-            sent = f["ranks/bytes_sent"][()][:, trainers].sum(axis=1).astype(float)
+            sent = f["ranks/trainer_bytes_sent"][()][:, trainers].sum(axis=1).astype(float)
             per_method.setdefault(text(f.attrs["trainer_sync"]), []).append(sent)
     table = {r["method"]: r for r in read_csv(report / "comm.csv")}
-    assert set(table) == set(per_method)
+    assert set(table) == set(per_method) == {"ddp", "diloco", "pulseloco"}
     for m, series in per_method.items():
         assert int(table[m]["runs"]) == len(series)
         close(table[m]["mean_bytes_per_step"], sum(s.mean() for s in series) / len(series), f"{m} bytes/step")

@@ -4,7 +4,10 @@ at the end whatever happens):
     files have one row per configured step, and each job folder has its report;
   - a job told to stop the way Slurm warns before the time limit (`scancel --signal=USR1 --batch`,
     what `--signal=B:USR1@120` delivers) checkpoints, requeues itself, resumes with --resume and
-    ends with the full step count in the same HDF5 file.
+    ends with the full step count in the same HDF5 file;
+  - the same with Slurm's own time limit: --time=1 (the minimum, one minute) and
+    --signal=B:USR1@50, so Slurm itself signals the batch shell; the requeued job gets a longer
+    limit and finishes the run.
     python3 tests/jobs/test_slurm.py --app build/apps/pulse-train
 Exit code 77 (skipped) when Slurm or munge is not installed.
 """
@@ -99,6 +102,21 @@ def check_report(folder, runs):
         assert f.read(4) == b"\x89PNG"
 
 
+def releaser(env, job, *updates):
+    """on_pending hook: Slurm holds a requeued job for about two minutes (BeginTime); start it now
+    (once per requeue), applying `updates` (scontrol update fields) as well."""
+    done = set()
+
+    def release(pending):
+        for i in pending:
+            restarts = int(i.get("Restarts", 0))
+            if i.get("Reason") == "BeginTime" and restarts > 0 and restarts not in done:
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now", *updates], env=env, check=True)
+                done.add(restarts)
+
+    return release
+
+
 def log_of(d, job):
     with open(d / f"slurm-{job}.out") as f:
         return f.read()
@@ -134,22 +152,29 @@ def test_requeue_resumes_the_same_file(slurm):
         time.sleep(0.5)
     # what --signal=B:USR1@120 does before the time limit: USR1 to the batch shell only
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True)
-    released = []
-
-    def release(pending):
-        # Slurm holds a requeued job for about two minutes (BeginTime); start it now
-        for i in pending:
-            if i.get("Reason") == "BeginTime" and int(i.get("Restarts", 0)) > 0 and not released:
-                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
-                released.append(time.monotonic())
-
-    info = wait_done(env, [job], start + TIMEOUT_S, on_pending=release)[0]
+    info = wait_done(env, [job], start + TIMEOUT_S, on_pending=releaser(env, job))[0]
     print(f"requeue test: {time.monotonic() - start:.0f} s")
     log = log_of(d, job)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
     assert int(info["Restarts"]) >= 1, f"job was not requeued:\n{log}"
     assert "requeueing job" in log and "--resume" in log, log
     assert check_run(d / "runs" / job / "run.h5") == 30
+
+
+def test_time_limit_signal_requeues_and_resumes(slurm):
+    d, env = slurm
+    steps = 300  # longer than the minute of the first attempt on any machine this runs on
+    env = dict(env, PULSE_ARGS=f"--steps {steps} --checkpoint-every 5 --quiet")
+    start = time.monotonic()
+    job = sbatch(env, d, "--ntasks=3", "--time=1", "--signal=B:USR1@50", "--output=slurm-%j.out",
+                 os.path.join(ROOT, "jobs", "measure.sbatch"))
+    info = wait_done(env, [job], start + TIMEOUT_S + 120, on_pending=releaser(env, job, "TimeLimit=10"))[0]
+    print(f"time-limit test: {time.monotonic() - start:.0f} s")
+    log = log_of(d, job)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), log
+    assert "USR1 received" in log and "requeueing job" in log and "--resume" in log, log
+    assert int(info["Restarts"]) >= 1, log
+    assert check_run(d / "runs" / job / "run.h5") == steps
 
 
 if __name__ == "__main__":
