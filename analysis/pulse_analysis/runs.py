@@ -1,0 +1,129 @@
+"""Reading pulse-train statistics files (one HDF5 file per run, layout in apps/pulse_train.cpp and
+the README): root attributes, /steps/*, /kstep/sparsity, /ranks/* and /absorption/step_NNNNNN."""
+import os
+import tomllib
+
+import numpy as np
+
+# Config keys that do not change what is measured: runs that differ only in these are repetitions
+# (seeds) of one variant.
+NOT_A_VARIANT = {"seed", "out", "overwrite", "resume", "quiet", "config", "checkpoint-every", "relay", "anchor-every",
+                 "keep-anchors"}
+
+
+REQUIRED = ["/steps/" + d for d in ("step", "sparsity", "changed", "patch_bytes", "dense_bytes", "reward", "loss",
+                                    "eval_pass1", "step_s", "sync_s", "encode_s", "apply_s", "verify_ok",
+                                    "grad_sparsity")] + ["/kstep/sparsity"]
+
+
+def _plain(value):
+    """HDF5 attribute -> str, list of str, number or list of numbers."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "OSU":
+            return [v.decode() if isinstance(v, bytes) else str(v) for v in value.ravel()]
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _attrs(obj):
+    return {k: _plain(v) for k, v in obj.attrs.items()}
+
+
+class Absorption:
+    """Histograms of one step: |update| / half-ulp(bf16(w)) and |w| in log2 bins."""
+
+    def __init__(self, step, group):
+        self.step = step
+        self.ratio_counts = group["ratio_counts"][()].astype(np.int64)
+        self.weight_counts = group["weight_counts"][()].astype(np.int64)
+        self.absorbed = int(group["absorbed"][0])
+        self.ratio_k = [int(k) for k in _plain(group["ratio_counts"].attrs["k_range"])]
+        self.weight_k = [int(k) for k in _plain(group["weight_counts"].attrs["k_range"])]
+
+    @property
+    def elements(self):
+        """Every element falls in exactly one bin (log2 bins, zero, below, above, non-finite)."""
+        return int(self.ratio_counts.sum())
+
+
+class Run:
+    """One statistics file, read whole (they are small: a few numbers per step and rank)."""
+
+    def __init__(self, path):
+        import h5py
+
+        self.path = path
+        self.name = os.path.splitext(os.path.basename(path))[0]
+        try:
+            f = h5py.File(path, "r", locking=False)
+        except OSError as e:
+            raise ValueError(f"{path}: cannot open as HDF5 ({e})") from None
+        with f:
+            self.attrs = _attrs(f)
+            if self.attrs.get("format") != "pulse-train statistics":
+                raise ValueError(f"{path}: not a pulse-train statistics file (format attribute "
+                                 f"{self.attrs.get('format')!r})")
+            missing = [d for d in REQUIRED if d not in f]
+            if missing:
+                raise ValueError(f"{path}: lacks dataset(s) {', '.join(missing)}")
+            self.steps = {k: d[()] for k, d in f["steps"].items()}
+            self.step_attrs = {k: _attrs(d) for k, d in f["steps"].items()}
+            self.kstep = f["kstep/sparsity"][()]
+            self.k_values = [int(k) for k in _plain(f["kstep/sparsity"].attrs["k_values"])]
+            self.ranks = {k: d[()] for k, d in f["ranks"].items()} if "ranks" in f else {}
+            self.absorption = []
+            if "absorption" in f:
+                for g in sorted(f["absorption"]):
+                    self.absorption.append(Absorption(int(g.split("_")[-1]), f["absorption"][g]))
+        self.config = tomllib.loads(self.attrs.get("config", ""))
+
+    @property
+    def rows(self):
+        return len(self.steps["step"])
+
+    def cfg(self, key, default=None):
+        """A config value by its flag name (num-iterations); accepts num_iterations spelling too."""
+        for k in (key, key.replace("-", "_")):
+            if k in self.config:
+                return self.config[k]
+        return default
+
+    @property
+    def trainer_sync(self):
+        return self.attrs.get("trainer_sync", self.cfg("trainer-sync", "ddp"))
+
+    @property
+    def trainer_ranks(self):
+        return [r for r, role in enumerate(self.attrs["roles"]) if role == "trainer"]
+
+    @property
+    def inference_ranks(self):
+        return [r for r, role in enumerate(self.attrs["roles"]) if role == "inference"]
+
+    def variant(self):
+        """The config without the keys that only repeat a measurement (see NOT_A_VARIANT)."""
+        flat = {k.replace("_", "-"): v for k, v in self.config.items()}
+        return tuple(sorted((k, repr(v)) for k, v in flat.items() if k not in NOT_A_VARIANT))
+
+
+def group_runs(runs):
+    """Runs grouped by variant, in first-seen order, each group labelled by the config keys that
+    differ between the groups (e.g. 'lr=1e-05'); one group is labelled by its runs' common stem."""
+    groups = {}
+    for r in runs:
+        groups.setdefault(r.variant(), []).append(r)
+    keys = list(groups)
+    dicts = [dict(k) for k in keys]
+    differing = sorted({k for d in dicts for k in d if any(d.get(k) != e.get(k) for e in dicts)})
+    out = []
+    for key, d in zip(keys, dicts):
+        if differing:
+            label = ", ".join(f"{k}={d[k] if k in d else '-'}".replace("'", "") for k in differing)
+        else:
+            label = os.path.commonprefix([r.name for r in groups[key]]).rstrip("-_") or groups[key][0].name
+        out.append((label, groups[key]))
+    return out
