@@ -176,6 +176,33 @@ def check_kill_and_resume(app, mpi, np_, tmp):
                f"np {np_}: rollout_version {list(a['/steps/rollout_version'][:])} != {expected}")
 
 
+def check_ddp_matches_single_rank(app, mpi, tmp):
+    """DDP at np 2 (each trainer samples half the prompts, gradients summed with MPI_Allreduce)
+    against one rank on the whole batch: the same rollouts (sampling draws are keyed by global
+    row), so equal rewards, and losses and weights equal up to the order of the gradient sums."""
+    common = BASE + ["--steps", "3", "--prompts-per-step", "4", "--checkpoint-every", "0"]
+    outs = {}
+    for np_ in (1, 2):
+        out = os.path.join(tmp, f"ddp{np_}.h5")
+        code, _, e = run(common + ["--out", out], np_, app, mpi)
+        expect(code == 0, f"ddp np {np_}: exit {code}: {e.strip()[-300:]}")
+        outs[np_] = out
+    with h5py.File(outs[1], "r") as a, h5py.File(outs[2], "r") as b:
+        expect(np.array_equal(a["/steps/reward"][:1], b["/steps/reward"][:1]), "ddp: step-1 rewards differ")
+        la, lb = a["/steps/loss"][0], b["/steps/loss"][0]
+        expect(abs(la - lb) <= 1e-6 * max(1.0, abs(la)), f"ddp: step-1 loss {la} vs {lb}")
+        # Gradient norms agree to FP32 summation-order noise.
+        ga, gb = a["/steps/grad_norm"][0], b["/steps/grad_norm"][0]
+        expect(abs(ga - gb) <= 1e-5 * ga, f"ddp: step-1 gradient norm {ga} vs {gb}")
+    _, wa = checkpoint_buffers(os.path.join(tmp, "ddp1.ckpt"))
+    _, wb = checkpoint_buffers(os.path.join(tmp, "ddp2.ckpt"))
+    ma = np.frombuffer(wa["0/master"], dtype=np.float32)
+    mb = np.frombuffer(wb["0/master"], dtype=np.float32)
+    diff = float(np.max(np.abs(ma - mb)))
+    expect(diff <= 1e-5, f"ddp: final master weights differ by up to {diff} (tolerance 1e-5)")
+    expect(wb["0/master"] == wb["1/master"], "ddp: the two trainers hold different master weights")
+
+
 def check_signal(app, mpi, tmp):
     out = os.path.join(tmp, "sig.h5")
     common = BASE + ["--steps", "40", "--prompts-per-step", "4", "--checkpoint-every", "0", "--out", out]
@@ -250,6 +277,7 @@ def main():
             os.makedirs(d)
             check_statistics_against_anchors(args.app, mpi, np_, d)
             check_kill_and_resume(args.app, mpi, np_, d)
+        check_ddp_matches_single_rank(args.app, mpi, tmp)
         check_signal(args.app, mpi, tmp)
         check_bad_input(args.app, mpi, tmp)
     if failures:
