@@ -164,6 +164,7 @@ class Run {
   std::unique_ptr<WeightSync> weight_sync_;
   std::unique_ptr<io::StatsFile> stats_;
   std::int64_t first_step_ = 1, resume_step_ = 0;
+  double last_write_s_ = std::nan("");
   std::vector<float> initial_;  // starting FP32 weights, until the trainers take them
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };
@@ -282,6 +283,7 @@ void Run::declare_statistics() {
       {"step_s", "s|wall time of the step"},
       {"measure_s", "s|sparsity, gradient and Adam statistics time on trainer 0"},
       {"sync_s", "s|PULSESync time on trainer 0 (encode + send)"},
+      {"write_s", "s|time the previous step's statistics row took to write and flush (collective, slowest rank)"},
       {"eval_pass1", "1|greedy pass@1 on held-out problems (NaN when not evaluated)"},
       {"gate_density", "1|diloco/pulseloco outer steps: fraction of entries trainer 0 sent (NaN on inner steps)"},
       {"outer_s", "s|diloco/pulseloco: outer step time on trainer 0 (NaN on inner steps)"}};
@@ -792,7 +794,10 @@ void Run::step(std::int64_t t) {
   const sync::Digest held = rank_ == 0 || !trainer_ ? sync_stats.state : sync::compute_digests(bf16_tensor_refs(table_, current)).state;
   row.set_rank_int("/ranks/weights_digest", digest_word(held));
   row.set_rank_int("/ranks/version", std::int64_t(version_));
+  row.set("/steps/write_s", last_write_s_);
+  Kokkos::Timer write_timer;
   stats_->append(row);
+  last_write_s_ = allreduce_value(world_, write_timer.seconds(), ReduceOp::max);
 
   if (rank_ == 0 && !c_.quiet) {
     const double eta = elapsed / double(t - first_step_ + 1) * double(c_.steps - t);
