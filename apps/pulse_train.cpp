@@ -109,6 +109,15 @@ std::vector<float> initial_weights(const TrainConfig& c, const GPTConfig& config
   return master;
 }
 
+// after - before, element by element. A free function: nvcc rejects a device lambda in a
+// private member function.
+Kokkos::View<float*> weight_update(const Kokkos::View<const float*>& after, const Kokkos::View<const float*>& before) {
+  Kokkos::View<float*> update("pulse::train::update", after.extent(0));
+  Kokkos::parallel_for("pulse::train::update", FlatPolicy<DefaultExec>(DefaultExec(), 0, after.extent(0)),
+                       KOKKOS_LAMBDA(const index_t i) { update(i) = after(i) - before(i); });
+  return update;
+}
+
 class Run {
  public:
   Run(const TrainConfig& c, const Communicator& world, std::string command_line);
@@ -372,10 +381,7 @@ void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& bef
   std::int64_t absorbed = 0;
   const Log2Range ratio_range{-24, 16}, weight_range{-40, 8};
   if (rank_ == 0) {
-    Kokkos::View<float*> update("update", n_);
-    const auto master = master_;
-    Kokkos::parallel_for("pulse::train::update", FlatPolicy<DefaultExec>(DefaultExec(), 0, n_),
-                         KOKKOS_LAMBDA(const index_t i) { update(i) = master(i) - before(i); });
+    const Kokkos::View<const float*> update = weight_update(master_, before);
     const AbsorptionStats a = absorption_stats(DefaultExec(), before, update, ratio_range, weight_range);
     auto pack = [](const Log2Histogram& h) {
       std::vector<std::int64_t> v(h.bins.begin(), h.bins.end());

@@ -8,7 +8,8 @@ install(TARGETS pulse EXPORT pulseTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY kernels DESTINATION include/pulse FILES_MATCHING PATTERN "*.hpp")
 install(DIRECTORY src/ DESTINATION include/pulse FILES_MATCHING PATTERN "*.hpp")
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/generated/pulse_build_info.hpp DESTINATION include/pulse)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/generated/pulse_build_info.hpp
+              ${CMAKE_CURRENT_BINARY_DIR}/generated/pulse_config.hpp DESTINATION include/pulse)
 
 set(PULSE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/pulse)
 install(EXPORT pulseTargets NAMESPACE pulse:: DESTINATION ${PULSE_CMAKE_DIR})

@@ -279,3 +279,47 @@ TEST(Collectives, RejectNonContiguousViews) {
   HostView short_out("short", 3);
   EXPECT_THROW(pulse::allreduce(comm, out, short_out, pulse::ReduceOp::sum), pulse::Error);
 }
+
+TEST(Collectives, StageOnlyWhatMpiCannotReach) {
+  constexpr bool stage_all = PULSE_COMM_STAGE_ALL;
+  constexpr bool device_is_host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, pulse::DefaultMem>::accessible;
+  EXPECT_EQ(pulse::detail::mpi_stages<Kokkos::HostSpace>, stage_all);
+  EXPECT_EQ(pulse::detail::mpi_stages<pulse::DefaultMem>,
+            stage_all || (!device_is_host && !PULSE_CUDA_AWARE_MPI));
+}
+
+// Views in the default memory space (device memory on a GPU build), filled and read through
+// host mirrors so the test needs no kernels.
+TEST(Collectives, DefaultMemorySpaceViews) {
+  pulse::Communicator comm;
+  const int n = 6;
+  Kokkos::View<double*, pulse::DefaultMem> v("v", n), sum("sum", n);
+  auto v_h = Kokkos::create_mirror_view(v);
+  for (int i = 0; i < n; ++i) v_h(i) = input<double>(comm.rank(), i);
+  Kokkos::deep_copy(v, v_h);
+  pulse::allreduce(comm, v, sum, pulse::ReduceOp::sum);
+  pulse::allreduce(comm, v, pulse::ReduceOp::max);
+  auto sum_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sum);
+  Kokkos::deep_copy(v_h, v);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(sum_h(i), expected<double>(pulse::ReduceOp::sum, comm.size(), i)) << i;
+    EXPECT_EQ(v_h(i), expected<double>(pulse::ReduceOp::max, comm.size(), i)) << i;
+  }
+
+  Kokkos::View<std::int32_t*, pulse::DefaultMem> mine("mine", gatherv_count(comm.rank())), all("all", 0);
+  auto mine_h = Kokkos::create_mirror_view(mine);
+  for (int i = 0; i < gatherv_count(comm.rank()); ++i) mine_h(i) = 100 * comm.rank() + i;
+  Kokkos::deep_copy(mine, mine_h);
+  const auto offsets = pulse::allgatherv(comm, mine, all);
+  auto all_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), all);
+  for (int r = 0; r < comm.size(); ++r)
+    for (int i = 0; i < gatherv_count(r); ++i) EXPECT_EQ(all_h(offsets[r] + i), 100 * r + i) << r << " " << i;
+
+  Kokkos::View<std::uint16_t*, pulse::DefaultMem> bits("bits", 4);
+  auto bits_h = Kokkos::create_mirror_view(bits);
+  for (int i = 0; i < 4; ++i) bits_h(i) = comm.rank() == 0 ? std::uint16_t(0x8000 + i) : std::uint16_t(0);
+  Kokkos::deep_copy(bits, bits_h);
+  pulse::broadcast(comm, bits, 0);
+  Kokkos::deep_copy(bits_h, bits);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bits_h(i), 0x8000 + i) << i;
+}

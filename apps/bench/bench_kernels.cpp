@@ -1,6 +1,8 @@
 // Kernel benchmarks (Google Benchmark): BF16 cast, AdamW in both precisions, diff-count and
-// diff-compact at 99% sparsity, each reporting bytes/s and its fraction of the STREAM-triad
-// bandwidth this same binary measures at start-up (counter triad_fraction).
+// diff-compact at 99% sparsity, each reporting bytes/s and its fraction of two bandwidths this
+// same binary measures at start-up: STREAM triad (counter triad_fraction) and a Kokkos
+// deep_copy between two views of the default memory space, device to device on a GPU
+// (counter copy_fraction; the GPU targets are stated against it).
 //   pulse-bench-kernels --benchmark_format=json
 #include <benchmark/benchmark.h>
 
@@ -17,6 +19,7 @@ using namespace pulse;
 namespace {
 
 double g_triad_bytes_per_second = 0;
+double g_copy_bytes_per_second = 0;
 
 // Deterministic pseudo-random floats in (-1, 1) without a device RNG.
 KOKKOS_INLINE_FUNCTION float hash_unit(std::uint64_t i, std::uint64_t seed) {
@@ -33,7 +36,7 @@ Kokkos::View<float*> random_floats(index_t n, std::uint64_t seed, float scale) {
   return v;
 }
 
-// Times one call of body per iteration, fenced, and reports bytes/s and the triad fraction.
+// Times one call of body per iteration, fenced, and reports bytes/s and both fractions.
 template <class Body>
 void run_timed(benchmark::State& state, double bytes_per_iteration, Body&& body) {
   for (auto _ : state) {
@@ -45,6 +48,8 @@ void run_timed(benchmark::State& state, double bytes_per_iteration, Body&& body)
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes_per_iteration * state.iterations()));
   state.counters["triad_fraction"] = benchmark::Counter(bytes_per_iteration / g_triad_bytes_per_second,
                                                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["copy_fraction"] = benchmark::Counter(bytes_per_iteration / g_copy_bytes_per_second,
+                                                       benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void triad(const Kokkos::View<float*>& a, const Kokkos::View<float*>& b, const Kokkos::View<float*>& c) {
@@ -64,6 +69,28 @@ double measure_triad(index_t n) {
     best = std::min(best, timer.seconds());
   }
   return 12.0 * n / best;
+}
+
+// Copy convention: 8 bytes per float (one read, one write).
+double measure_copy(index_t n) {
+  auto src = random_floats(n, 1, 1.0f);
+  Kokkos::View<float*> dst("dst", n);  // initialised: no first-touch page faults in the timing
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    Kokkos::fence();
+    Kokkos::Timer timer;
+    Kokkos::deep_copy(DefaultExec(), dst, src);
+    Kokkos::fence();
+    best = std::min(best, timer.seconds());
+  }
+  return 8.0 * n / best;
+}
+
+void BM_DeviceCopy(benchmark::State& state) {
+  const index_t n = state.range(0);
+  auto src = random_floats(n, 1, 1.0f);
+  Kokkos::View<float*> dst("dst", n);  // initialised: no first-touch page faults in the timing
+  run_timed(state, 8.0 * n, [&] { Kokkos::deep_copy(DefaultExec(), dst, src); });
 }
 
 void BM_Triad(benchmark::State& state) {
@@ -169,6 +196,7 @@ void BM_DiffCompact(benchmark::State& state) {
 }
 
 #define PULSE_BENCH(fn) BENCHMARK(fn)->Arg(1 << 24)->Arg(1 << 28)->UseManualTime()->Unit(benchmark::kMillisecond)
+PULSE_BENCH(BM_DeviceCopy);
 PULSE_BENCH(BM_Triad);
 PULSE_BENCH(BM_CastToBf16);
 PULSE_BENCH(BM_AdamWMixed);
@@ -183,7 +211,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   g_triad_bytes_per_second = measure_triad(index_t(1) << 26);
+  g_copy_bytes_per_second = measure_copy(index_t(1) << 26);
   benchmark::AddCustomContext("triad_bytes_per_second", std::to_string(g_triad_bytes_per_second));
+  benchmark::AddCustomContext("copy_bytes_per_second", std::to_string(g_copy_bytes_per_second));
   benchmark::AddCustomContext("kokkos_execution_space", DefaultExec::name());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

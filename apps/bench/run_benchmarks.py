@@ -1,5 +1,5 @@
 """make bench: runs pulse's kernel benchmarks and the PyTorch peers on this machine in one
-invocation, writes both JSON files and prints bandwidth, triad fraction and speed-up.
+invocation, writes both JSON files and prints bandwidth, triad and copy fractions and speed-up.
     python3 run_benchmarks.py --build build --out runs/bench [--sizes 16777216]
 """
 import argparse
@@ -10,7 +10,7 @@ import sys
 
 # pulse benchmark -> PyTorch peer
 PEERS = {"BM_CastToBf16": "cast", "BM_AdamWMixed": "adamw_mixed", "BM_AdamWBf16": "adamw_bf16",
-         "BM_DiffCount": "diff_count", "BM_DiffCompact": "diff_compact", "BM_Triad": None}
+         "BM_DiffCount": "diff_count", "BM_DiffCompact": "diff_compact", "BM_Triad": None, "BM_DeviceCopy": None}
 
 
 def main():
@@ -36,13 +36,14 @@ def main():
     ours = json.load(open(pulse_json))
     theirs = {(r["kernel"], r["n"]): r["seconds"] for r in json.load(open(torch_json))["results"]}
     triad = float(ours["context"]["triad_bytes_per_second"])
-    print(f"\nSTREAM triad (this binary): {triad / 1e9:.2f} GB/s")
-    print(f"{'kernel':<16}{'elements':>11}{'ms':>10}{'GB/s':>8}{'triad':>7}{'torch ms':>10}{'speed-up':>9}")
+    copy = float(ours["context"]["copy_bytes_per_second"])
+    print(f"\nSTREAM triad (this binary): {triad / 1e9:.2f} GB/s, Kokkos deep_copy: {copy / 1e9:.2f} GB/s")
+    print(f"{'kernel':<16}{'elements':>11}{'ms':>10}{'GB/s':>8}{'triad':>7}{'copy':>7}{'torch ms':>10}{'speed-up':>9}")
     for b in ours["benchmarks"]:
         name, n = b["name"].split("/")[0], int(b["name"].split("/")[1])
         ms = b["real_time"] if b["time_unit"] == "ms" else b["real_time"] / 1e6
         peer = theirs.get((PEERS.get(name), n))
-        line = f"{name:<16}{n:>11}{ms:>10.2f}{b['bytes_per_second'] / 1e9:>8.2f}{b['triad_fraction']:>7.2f}"
+        line = f"{name:<16}{n:>11}{ms:>10.2f}{b['bytes_per_second'] / 1e9:>8.2f}{b['triad_fraction']:>7.2f}{b['copy_fraction']:>7.2f}"
         if peer:
             line += f"{peer * 1e3:>10.2f}{peer * 1e3 / ms:>8.1f}x"
         print(line)

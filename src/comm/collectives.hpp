@@ -6,7 +6,10 @@
 //   sent     = bytes of this rank's send buffer handed to MPI,
 //   received = bytes MPI writes into this rank's receive buffer (own block included).
 // These are the logical payload sizes, not what the MPI algorithm puts on the wire.
-// Views must be readable by MPI: host memory, or device memory with a CUDA-aware MPI.
+// Views may live in any memory space. Host-accessible memory goes to MPI as it is; device
+// memory goes to MPI directly only when pulse is configured with PULSE_CUDA_AWARE_MPI=ON,
+// otherwise it is staged through a host buffer (pinned with CUDA or HIP): copied in before
+// the MPI call, copied back after it for outputs.
 #include <Kokkos_Core.hpp>
 
 #include <climits>
@@ -19,6 +22,7 @@
 #include "comm/mpi_type.hpp"
 #include "core/error.hpp"
 #include "kernels/types.hpp"
+#include "pulse_config.hpp"
 
 namespace pulse {
 
@@ -69,6 +73,58 @@ std::uint64_t bytes_of(const View& view) {
   return static_cast<std::uint64_t>(view.size()) * sizeof(typename View::value_type);
 }
 
+// Host memory the device copies into fastest, for staging device views.
+#if defined(KOKKOS_ENABLE_CUDA)
+using StagingSpace = Kokkos::CudaHostPinnedSpace;
+#elif defined(KOKKOS_ENABLE_HIP)
+using StagingSpace = Kokkos::HIPHostPinnedSpace;
+#else
+using StagingSpace = Kokkos::HostSpace;
+#endif
+
+// PULSE_COMM_STAGE_ALL (a test hook) stages host views too, so the staging path runs in tests
+// on machines without a GPU.
+#ifndef PULSE_COMM_STAGE_ALL
+#define PULSE_COMM_STAGE_ALL 0
+#endif
+
+template <class MemorySpace>
+inline constexpr bool mpi_stages =
+    PULSE_COMM_STAGE_ALL ||
+    (!PULSE_CUDA_AWARE_MPI && !Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible);
+
+// The memory handed to MPI for view: the view's own, or a host copy when it has to be staged.
+// copy_in fills the copy from the view; copy_out writes it back (for receive buffers).
+template <class View>
+class MpiBuffer {
+ public:
+  using T = typename View::value_type;
+  static constexpr bool staged = mpi_stages<typename View::memory_space>;
+
+  MpiBuffer(const View& view, bool copy_in) : view_(view) {
+    if constexpr (staged) {
+      host_ = HostView(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::comm::staging"), view.size());
+      if (copy_in) Kokkos::deep_copy(host_, view);
+    }
+  }
+  T* data() const {
+    if constexpr (staged) {
+      return host_.data();
+    } else {
+      return view_.data();
+    }
+  }
+  void copy_out() const {
+    static_assert(!std::is_const_v<T>, "pulse collectives: cannot copy back into a const view");
+    if constexpr (staged) Kokkos::deep_copy(view_, host_);
+  }
+
+ private:
+  using HostView = Kokkos::View<typename View::non_const_value_type*, Kokkos::LayoutRight, StagingSpace>;
+  View view_;
+  HostView host_;
+};
+
 }  // namespace detail
 
 // out[i] = op over ranks of in[i]; every rank gets the result.
@@ -81,8 +137,11 @@ void allreduce(const Communicator& comm, const InView& in, const OutView& out, R
   using T = typename OutView::value_type;
   const int count = detail::mpi_count(in.size(), "allreduce");
   Kokkos::fence();
-  check_mpi(MPI_Allreduce(in.data(), out.data(), count, mpi_type<T>(), mpi_op(op), comm.raw()),
+  const detail::MpiBuffer<InView> send(in, true);
+  const detail::MpiBuffer<OutView> recv(out, false);
+  check_mpi(MPI_Allreduce(send.data(), recv.data(), count, mpi_type<T>(), mpi_op(op), comm.raw()),
             "MPI_Allreduce");
+  recv.copy_out();
   comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
 }
 
@@ -95,9 +154,11 @@ void allreduce(const Communicator& comm, const View& inout, ReduceOp op,
   static_assert(!std::is_const_v<T>, "allreduce in place needs a writable view");
   const int count = detail::mpi_count(inout.size(), "allreduce");
   Kokkos::fence();
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, inout.data(), count, mpi_type<T>(), mpi_op(op),
+  const detail::MpiBuffer<View> buffer(inout, true);
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count, mpi_type<T>(), mpi_op(op),
                           comm.raw()),
             "MPI_Allreduce");
+  buffer.copy_out();
   comm.count_bytes(channel, detail::bytes_of(inout), detail::bytes_of(inout));
 }
 
@@ -125,9 +186,12 @@ void allgather(const Communicator& comm, const InView& in, const OutView& out,
   const int count = detail::mpi_count(in.size(), "allgather");
   detail::mpi_count(out.size(), "allgather");
   Kokkos::fence();
-  check_mpi(MPI_Allgather(in.data(), count, mpi_type<T>(), out.data(), count, mpi_type<T>(),
+  const detail::MpiBuffer<InView> send(in, true);
+  const detail::MpiBuffer<OutView> recv(out, false);
+  check_mpi(MPI_Allgather(send.data(), count, mpi_type<T>(), recv.data(), count, mpi_type<T>(),
                           comm.raw()),
             "MPI_Allgather");
+  recv.copy_out();
   comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
 }
 
@@ -163,9 +227,12 @@ std::vector<index_t> allgatherv(const Communicator& comm, const InView& in, OutV
 
   using T = typename OutView::value_type;
   Kokkos::fence();
-  check_mpi(MPI_Allgatherv(in.data(), mpi_counts[comm.rank()], mpi_type<T>(), out.data(),
+  const detail::MpiBuffer<InView> send(in, true);
+  const detail::MpiBuffer<OutView> recv(out, false);
+  check_mpi(MPI_Allgatherv(send.data(), mpi_counts[comm.rank()], mpi_type<T>(), recv.data(),
                            mpi_counts.data(), mpi_displs.data(), mpi_type<T>(), comm.raw()),
             "MPI_Allgatherv");
+  recv.copy_out();
   comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
   return offsets;
 }
@@ -181,9 +248,11 @@ void broadcast(const Communicator& comm, const View& view, int root,
                                                    " is not a rank of a communicator of size " +
                                                    std::to_string(comm.size()));
   const int count = detail::mpi_count(view.size(), "broadcast");
-  Kokkos::fence();
-  check_mpi(MPI_Bcast(view.data(), count, mpi_type<T>(), root, comm.raw()), "MPI_Bcast");
   const bool is_root = comm.rank() == root;
+  Kokkos::fence();
+  const detail::MpiBuffer<View> buffer(view, is_root);
+  check_mpi(MPI_Bcast(buffer.data(), count, mpi_type<T>(), root, comm.raw()), "MPI_Bcast");
+  if (!is_root) buffer.copy_out();
   comm.count_bytes(channel, is_root ? detail::bytes_of(view) : 0,
                    is_root ? 0 : detail::bytes_of(view));
 }
