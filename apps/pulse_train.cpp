@@ -550,7 +550,7 @@ int Run::train() {
     AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
     for (int i = 0; i < c_.eval_problems; ++i) eval_problems_.push_back(eval_task.sample());
   }
-  weight_sync_ = std::make_unique<WeightSync>(sync_, table_, c_.relay, c_.anchor_every, c_.keep_anchors);
+  if (rank_ == 0 || !trainer_) weight_sync_ = std::make_unique<WeightSync>(sync_, table_, c_.relay, c_.anchor_every, c_.keep_anchors);
 
   std::vector<bf16_bits> current;  // host BF16 weights of version_ on trainer 0 and inference ranks
   if (trainer_ && c_.trainer_sync != "ddp" && !c_.resume)
@@ -567,7 +567,8 @@ int Run::train() {
   }
   if (trainer_) current = to_host(weights_);
   else current.assign(n_, 0);
-  weight_sync_->bootstrap(version_, current);  // inference ranks start from trainer 0's bytes
+  // Only trainer 0 and the inference ranks take part: trainer 0 is the one publisher.
+  if (rank_ == 0 || !trainer_) weight_sync_->bootstrap(version_, current);  // receivers start from its bytes
   if (!trainer_ && !c_.resume) remember_version(current);
   if (!trainer_ && c_.resume) PULSE_CHECK(history_.empty() || history_.back() == current,
                                           "--resume: inference rank " + std::to_string(rank_) +
@@ -862,7 +863,17 @@ int main(int argc, char** argv) {
         if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
         code = 1;
       }
-      if (code < 0) code = run->train();
+      if (code < 0) {
+        // Caught while `run` is alive: its destructor would close the HDF5 file, a collective
+        // call the other ranks never join, so a one-rank error must abort before unwinding.
+        try {
+          code = run->train();
+        } catch (const std::exception& e) {
+          std::cerr << "pulse-train: rank " << rank << ": " << e.what() << "\n";
+          std::cerr.flush();
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+      }
     } catch (const std::exception& e) {
       // Output errors (existing file, unwritable folder) arise on every rank alike; anything
       // else may be one rank's, so the job is aborted rather than left waiting in a collective.
