@@ -89,7 +89,9 @@ pulse_run() {
     break
   done
   _pulse_child=""
-  trap - USR1 TERM
+  # The run is over: a time-limit USR1 arriving now (during the report) must not kill the shell.
+  trap '' USR1
+  trap - TERM
   if ((rc == 75)); then
     if [[ -n ${SLURM_JOB_ID:-} ]]; then
       echo "pulse-job: checkpointed, requeueing job $SLURM_JOB_ID" >&2

@@ -163,7 +163,7 @@ def test_requeue_resumes_the_same_file(slurm):
 
 def test_time_limit_signal_requeues_and_resumes(slurm):
     d, env = slurm
-    steps = 300  # longer than the minute of the first attempt on any machine this runs on
+    steps = 800  # ~80 s of training here: still running when USR1 comes, 10-40 s into the job
     env = dict(env, PULSE_ARGS=f"--steps {steps} --checkpoint-every 5 --quiet")
     start = time.monotonic()
     job = sbatch(env, d, "--ntasks=3", "--time=1", "--signal=B:USR1@50", "--output=slurm-%j.out",
