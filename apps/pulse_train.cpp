@@ -231,20 +231,16 @@ RolloutBatch Run::generate(std::uint64_t generation, int first_prompt, int num_p
 RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
   const std::uint64_t generation = std::uint64_t(t - 1) / c_.num_iterations;
   const std::uint64_t from_version = std::uint64_t(std::max<std::int64_t>(0, t - 1 - c_.async_lag));
-  if (c_.inference_ranks == 0) {
-    if (!trainer_) return {};
-    const int per = c_.prompts_per_step / num_trainers_;
-    RolloutBatch b = generate(generation, rank_ * per, per, version_weights(from_version));
+  // The generating ranks split the prompts evenly; this rank samples share `part` of `parts`.
+  auto sample_share = [&](int part, int parts) {
+    const int per = c_.prompts_per_step / parts;
+    RolloutBatch b = generate(generation, part * per, per, version_weights(from_version));
     b.policy_version = from_version;
     return b;
-  }
+  };
+  if (c_.inference_ranks == 0) return trainer_ ? sample_share(rank_, num_trainers_) : RolloutBatch{};
   std::vector<std::uint8_t> mine;
-  if (!trainer_) {
-    const int per = c_.prompts_per_step / c_.inference_ranks, i = rank_ - num_trainers_;
-    RolloutBatch b = generate(generation, i * per, per, version_weights(from_version));
-    b.policy_version = from_version;
-    mine = b.serialize();
-  }
+  if (!trainer_) mine = sample_share(rank_ - num_trainers_, c_.inference_ranks).serialize();
   Kokkos::Timer timer;
   Kokkos::View<std::uint8_t*, Kokkos::HostSpace> all("rollouts", 0);
   const std::vector<index_t> offsets =
@@ -610,12 +606,15 @@ int Run::train() {
 void Run::step(std::int64_t t) {
   Kokkos::Timer step_timer;
   double comm_s = 0;
-  std::uint64_t sent0 = 0, recv0 = 0;
-  for (const Communicator* comm : {&world_, &trainers_, &sync_})
-    for (int ch = 0; ch < num_channels; ++ch) {
-      sent0 += comm->bytes_sent(Channel(ch));
-      recv0 += comm->bytes_received(Channel(ch));
-    }
+  // Bytes this rank handed to / got from MPI so far, over all its communicators and channels.
+  auto all_bytes = [&](bool sent) {
+    std::uint64_t b = 0;
+    for (const Communicator* comm : {&world_, &trainers_, &sync_})
+      for (int ch = 0; ch < num_channels; ++ch)
+        b += sent ? comm->bytes_sent(Channel(ch)) : comm->bytes_received(Channel(ch));
+    return b;
+  };
+  const std::uint64_t sent0 = all_bytes(true), recv0 = all_bytes(false);
   const std::uint64_t patch_recv0 = sync_.bytes_received(Channel::patches);
   auto trainer_bytes = [&](bool sent) {
     std::uint64_t b = 0;
@@ -785,12 +784,7 @@ void Run::step(std::int64_t t) {
     row.set("/steps/sync_s", sync_s);
     row.set("/steps/eval_pass1", pass1);
   }
-  std::uint64_t sent = 0, recv = 0;
-  for (const Communicator* comm : {&world_, &trainers_, &sync_})
-    for (int ch = 0; ch < num_channels; ++ch) {
-      sent += comm->bytes_sent(Channel(ch));
-      recv += comm->bytes_received(Channel(ch));
-    }
+  const std::uint64_t sent = all_bytes(true), recv = all_bytes(false);
   row.set_rank_int("/ranks/bytes_sent", std::int64_t(sent - sent0));
   row.set_rank_int("/ranks/bytes_recv", std::int64_t(recv - recv0));
   row.set_rank_int("/ranks/patch_bytes_recv", std::int64_t(sync_.bytes_received(Channel::patches) - patch_recv0));
