@@ -30,15 +30,21 @@ constexpr const char* kMetadataKey = "__metadata__";
 struct DTypeInfo {
   DType dtype;
   const char* name;
-  std::size_t size;
+  std::size_t bits;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::BOOL, "BOOL", 1}, {DType::U8, "U8", 1},   {DType::I8, "I8", 1},
-    {DType::F8_E5M2, "F8_E5M2", 1}, {DType::F8_E4M3, "F8_E4M3", 1},
-    {DType::I16, "I16", 2},   {DType::U16, "U16", 2}, {DType::F16, "F16", 2},
-    {DType::BF16, "BF16", 2}, {DType::I32, "I32", 4}, {DType::U32, "U32", 4},
-    {DType::F32, "F32", 4},   {DType::F64, "F64", 8}, {DType::I64, "I64", 8},
-    {DType::U64, "U64", 8},
+    {DType::BOOL, "BOOL", 8},       {DType::F4, "F4", 4},
+    {DType::F6_E2M3, "F6_E2M3", 6}, {DType::F6_E3M2, "F6_E3M2", 6},
+    {DType::U8, "U8", 8},           {DType::I8, "I8", 8},
+    {DType::F8_E5M2, "F8_E5M2", 8}, {DType::F8_E4M3, "F8_E4M3", 8},
+    {DType::F8_E8M0, "F8_E8M0", 8}, {DType::F8_E4M3FNUZ, "F8_E4M3FNUZ", 8},
+    {DType::F8_E5M2FNUZ, "F8_E5M2FNUZ", 8},
+    {DType::I16, "I16", 16},        {DType::U16, "U16", 16},
+    {DType::F16, "F16", 16},        {DType::BF16, "BF16", 16},
+    {DType::I32, "I32", 32},        {DType::U32, "U32", 32},
+    {DType::F32, "F32", 32},        {DType::C64, "C64", 64},
+    {DType::F64, "F64", 64},        {DType::I64, "I64", 64},
+    {DType::U64, "U64", 64},
 };
 
 const DTypeInfo& info(DType dtype) {
@@ -92,7 +98,18 @@ struct FileDescriptor {
 }  // namespace
 
 const char* dtype_name(DType dtype) { return info(dtype).name; }
-std::size_t dtype_size(DType dtype) { return info(dtype).size; }
+std::size_t dtype_bits(DType dtype) { return info(dtype).bits; }
+std::size_t dtype_size(DType dtype) {
+  PULSE_CHECK(dtype_bits(dtype) % 8 == 0, std::string("dtype ") + dtype_name(dtype) + " is packed below a byte");
+  return dtype_bits(dtype) / 8;
+}
+
+bool tensor_bytes(DType dtype, std::size_t numel, std::size_t& bytes) {
+  std::size_t bits = 0;
+  if (!mul_fits(numel, dtype_bits(dtype), bits) || bits % 8 != 0) return false;
+  bytes = bits / 8;
+  return true;
+}
 
 DType parse_dtype(const std::string& name) {
   const DTypeInfo* d = lookup_dtype(name);
@@ -158,7 +175,9 @@ HeaderEntry parse_entry(const std::string& name, const Json& value, std::size_t 
     entry.shape.push_back(static_cast<std::int64_t>(x));
   }
   std::size_t bytes = 0;
-  HEADER_CHECK(mul_fits(numel, d->size, bytes), tensor + ": shape product overflows");
+  HEADER_CHECK(mul_fits(numel, d->bits, bytes), tensor + ": shape product overflows");
+  HEADER_CHECK(tensor_bytes(d->dtype, numel, bytes),
+               tensor + ": " + std::to_string(numel) + " elements of " + d->name + " do not fill whole bytes");
 
   const Json& offsets = field("data_offsets");
   HEADER_CHECK(offsets.is_array() && offsets.size() == 2, tensor + ": data_offsets is not [begin, end]");
@@ -357,9 +376,9 @@ std::string make_header(const std::string& path, const std::vector<TensorToWrite
       shape += (shape.empty() ? "" : ",") + std::to_string(d);
     }
     std::size_t bytes = 0;
-    WRITE_CHECK(mul_fits(numel, dtype_size(t.dtype), bytes) && bytes == t.bytes,
+    WRITE_CHECK(tensor_bytes(t.dtype, numel, bytes) && bytes == t.bytes,
                 tensor + ": " + std::to_string(t.bytes) + " bytes given, dtype and shape need " +
-                    std::to_string(numel) + " x " + std::to_string(dtype_size(t.dtype)));
+                    std::to_string(numel) + " x " + std::to_string(dtype_bits(t.dtype)) + " bits");
     WRITE_CHECK(t.data || t.bytes == 0, tensor + ": no data");
     text += json_string(t.name) + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":[" + shape +
             "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]},";

@@ -12,12 +12,20 @@
 
 namespace pulse::io {
 
-// Every dtype name of the format. pulse computes on BF16, F16 and F32; the rest pass through.
-enum class DType { BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64 };
+// Every dtype the format defines (safetensors' Dtype enum, 2026). pulse computes on BF16, F16
+// and F32; the rest pass through. F4 and F6_* are packed below a byte: a tensor of them holds
+// numel x bits / 8 bytes, and numel x bits must be a multiple of 8 (as safetensors requires).
+enum class DType {
+  BOOL, F4, F6_E2M3, F6_E3M2, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ,
+  I16, U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64
+};
 
 const char* dtype_name(DType dtype);
-std::size_t dtype_size(DType dtype);  // bytes per element
+std::size_t dtype_bits(DType dtype);  // bits per element
+std::size_t dtype_size(DType dtype);  // bytes per element; throws for the sub-byte dtypes
 DType parse_dtype(const std::string& name);  // throws pulse::Error for an unknown name
+// Bytes of numel elements into bytes; false when they overflow or do not fill whole bytes.
+bool tensor_bytes(DType dtype, std::size_t numel, std::size_t& bytes);
 
 // One tensor of an open file. data points into the map and is not aligned to the element
 // type in general (memcpy before reading wider than a byte); it lives as long as the file.
@@ -90,7 +98,7 @@ struct TensorToWrite {
   DType dtype;
   std::vector<std::int64_t> shape;
   const void* data;
-  std::size_t bytes;  // must equal product(shape) * dtype_size(dtype)
+  std::size_t bytes;  // must equal tensor_bytes(dtype, product(shape))
 };
 
 // Writes tensors in the given order (header keys too, "__metadata__" first as Hugging Face
