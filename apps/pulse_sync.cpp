@@ -47,47 +47,81 @@ const SecretKey* signing_key(const std::string& path, SecretKey& storage) {
   return &storage;
 }
 
-std::uint64_t bf16_elements(const std::vector<TensorRef>& state) {
-  std::uint64_t n = 0;
-  for (const auto& t : state)
-    if (t.dtype == "BF16") n += t.bytes / 2;
-  return n;
+// "12.3x smaller than dense" or "1.4x larger than dense": never a ratio below 1 called smaller.
+std::string versus_dense(std::uint64_t patch_bytes, std::uint64_t dense_bytes) {
+  char text[64];
+  if (patch_bytes <= dense_bytes)
+    std::snprintf(text, sizeof text, "%.1fx smaller than dense", patch_bytes ? double(dense_bytes) / patch_bytes : 0.0);
+  else
+    std::snprintf(text, sizeof text, "%.2fx larger than dense", dense_bytes ? double(patch_bytes) / dense_bytes : 0.0);
+  return text;
+}
+
+double sparsity_percent(std::uint64_t changed, std::uint64_t elements) {
+  return elements ? 100.0 * (1.0 - double(changed) / double(elements)) : 100.0;
+}
+
+// One line per dtype of a patch's summary: changed counts and sparsity for sparse-coded
+// dtypes, bytes carried whole for the others.
+void print_summary(const std::vector<DtypeSummary>& summary) {
+  for (const auto& s : summary) {
+    std::printf("  %-12s %4llu tensors %12llu elements", s.dtype.c_str(), static_cast<unsigned long long>(s.tensors),
+                static_cast<unsigned long long>(s.elements));
+    if (is_sparse_dtype(s.dtype))
+      std::printf(" %12llu changed (sparsity %.4f%%)", static_cast<unsigned long long>(s.changed),
+                  sparsity_percent(s.changed, s.elements));
+    if (s.whole_bytes) std::printf(" %llu bytes carried whole", static_cast<unsigned long long>(s.whole_bytes));
+    std::printf("\n");
+  }
 }
 
 int cmd_diff(const std::string& a_path, const std::string& b_path) {
   const auto a_file = io::SafetensorsFile::open(a_path), b_file = io::SafetensorsFile::open(b_path);
-  const auto a = tensor_refs(a_file);
-  std::map<std::string, const TensorRef*> b_by_name;
-  const auto b = tensor_refs(b_file);
+  const auto a = tensor_refs(a_file), b = tensor_refs(b_file);
+  std::map<std::string, const TensorRef*> a_by_name, b_by_name;
+  for (const auto& t : a) a_by_name[t.name] = &t;
   for (const auto& t : b) b_by_name[t.name] = &t;
-  PULSE_CHECK(a.size() == b.size(), a_path + " has " + std::to_string(a.size()) + " tensors, " + b_path + " has " +
-                                        std::to_string(b.size()));
-  std::uint64_t total = 0, changed_total = 0;
-  std::printf("%-48s %6s %12s %12s %10s\n", "tensor", "dtype", "elements", "changed", "sparsity");
-  for (const auto& t : a) {
-    const auto it = b_by_name.find(t.name);
-    PULSE_CHECK(it != b_by_name.end(), "tensor '" + t.name + "' is missing from " + b_path);
-    const TensorRef& u = *it->second;
-    PULSE_CHECK(t.dtype == u.dtype && t.shape == u.shape && t.bytes == u.bytes,
-                "tensor '" + t.name + "' has another dtype or shape in " + b_path);
-    if (t.dtype != "BF16") {
-      std::printf("%-48s %6s %12s %12s %10s\n", t.name.c_str(), t.dtype.c_str(), "-",
-                  std::memcmp(t.data, u.data, t.bytes) ? "differs" : "same", "-");
+  struct Totals {
+    std::uint64_t elements = 0, changed = 0, differing_tensors = 0;
+  };
+  std::map<std::string, Totals> by_dtype;
+  std::printf("%-48s %8s %12s %12s %10s\n", "tensor", "dtype", "elements", "changed", "sparsity");
+  for (const auto& t : a)
+    if (!b_by_name.count(t.name)) std::printf("%-48s %8s removed in %s\n", t.name.c_str(), t.dtype.c_str(), b_path.c_str());
+  for (const auto& u : b) {
+    const auto it = a_by_name.find(u.name);
+    if (it == a_by_name.end() || it->second->dtype != u.dtype || it->second->shape != u.shape) {
+      std::printf("%-48s %8s %s in %s\n", u.name.c_str(), u.dtype.c_str(), it == a_by_name.end() ? "added" : "re-declared",
+                  b_path.c_str());
       continue;
     }
-    const std::size_t n = t.bytes / 2;
-    // The maps give no alignment guarantee for BF16; copy to aligned buffers for the kernel.
-    Kokkos::View<bf16_bits*, Kokkos::HostSpace> old_bits("old", n), new_bits("new", n);
-    std::memcpy(old_bits.data(), t.data, t.bytes);
-    std::memcpy(new_bits.data(), u.data, u.bytes);
-    const index_t changed = count_changed(Kokkos::DefaultHostExecutionSpace(), old_bits, new_bits);
-    total += n;
-    changed_total += changed;
-    std::printf("%-48s %6s %12zu %12lld %9.4f%%\n", t.name.c_str(), "BF16", n, static_cast<long long>(changed),
-                n ? 100.0 * (1.0 - double(changed) / n) : 100.0);
+    const TensorRef& t = *it->second;
+    const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
+    Totals& totals = by_dtype[t.dtype];
+    const bool differs = std::memcmp(t.data, u.data, t.bytes) != 0;
+    totals.differing_tensors += differs;
+    if (bits % 8 != 0) {  // packed below a byte: compared as bytes
+      std::printf("%-48s %8s %12s %12s %10s\n", t.name.c_str(), t.dtype.c_str(), "-", differs ? "differs" : "same", "-");
+      continue;
+    }
+    const std::size_t width = bits / 8, n = t.bytes / width;
+    std::uint64_t changed = 0;
+    if (differs)
+      for (std::size_t i = 0; i < n; ++i) changed += std::memcmp(t.data + width * i, u.data + width * i, width) != 0;
+    totals.elements += n;
+    totals.changed += changed;
+    std::printf("%-48s %8s %12zu %12llu %9.4f%%\n", t.name.c_str(), t.dtype.c_str(), n,
+                static_cast<unsigned long long>(changed), sparsity_percent(changed, n));
   }
-  std::printf("total BF16: %llu elements, %llu changed, sparsity %.4f%%\n", static_cast<unsigned long long>(total),
-              static_cast<unsigned long long>(changed_total), total ? 100.0 * (1.0 - double(changed_total) / total) : 100.0);
+  for (const auto& [dtype, totals] : by_dtype) {
+    if (io::dtype_bits(io::parse_dtype(dtype)) % 8 != 0)
+      std::printf("total %s: %llu tensors differ\n", dtype.c_str(), static_cast<unsigned long long>(totals.differing_tensors));
+    else
+      std::printf("total %s: %llu elements, %llu changed, sparsity %.4f%%\n", dtype.c_str(),
+                  static_cast<unsigned long long>(totals.elements), static_cast<unsigned long long>(totals.changed),
+                  sparsity_percent(totals.changed, totals.elements));
+  }
+  std::printf("metadata: %s\n", a_file.metadata() == b_file.metadata() ? "same" : "changed");
   return 0;
 }
 
@@ -138,17 +172,22 @@ int cmd_encode(const EncodeArgs& args) {
     opt.target_version = args.target_version;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto patch = encode_patch(tensor_refs(base_file), target, opt);
+  const auto patch = encode_patch(tensor_refs(base_file), target, opt, nullptr, nullptr, base_file.metadata(),
+                                  target_file.metadata());
   const double seconds = seconds_since(t0);
   write_file_atomically(args.out, patch.data(), patch.size());
   const ParsedPatch p = parse_patch(patch.data(), patch.size());
-  const std::uint64_t n = bf16_elements(target);
-  std::printf("wrote %s: %zu bytes, %llu of %llu BF16 elements changed (sparsity %.4f%%), %.2f bits per change, "
-              "%.1fx smaller than dense BF16, encoded in %.3f s\n",
-              args.out.c_str(), patch.size(), static_cast<unsigned long long>(p.header.total_changed),
-              static_cast<unsigned long long>(n), n ? 100.0 * (1.0 - double(p.header.total_changed) / n) : 100.0,
-              p.header.total_changed ? 8.0 * patch.size() / p.header.total_changed : 0.0,
-              patch.size() ? 2.0 * n / patch.size() : 0.0, seconds);
+  std::uint64_t dense = 0;
+  for (const auto& t : target) dense += t.bytes;
+  std::printf("wrote %s: %zu bytes, %s, %llu elements changed in sparse-coded tensors, %.2f bits per change, "
+              "encoded in %.3f s\n",
+              args.out.c_str(), patch.size(), versus_dense(patch.size(), dense).c_str(),
+              static_cast<unsigned long long>(p.header.total_changed),
+              p.header.total_changed ? 8.0 * patch.size() / p.header.total_changed : 0.0, seconds);
+  print_summary(p.summary);
+  if (p.header.changes_layout)
+    std::printf("  layout: %zu tensors removed, %zu added\n", p.removed.size(), p.added.size());
+  if (p.header.changes_metadata) std::printf("  metadata changed (carried whole)\n");
   return 0;
 }
 
@@ -159,21 +198,25 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   if (!public_key_path.empty()) key = read_public_key(public_key_path);
   const ParsedPatch patch = parse_patch(bytes.data(), bytes.size(), {}, public_key_path.empty() ? nullptr : &key);
   Checkpoint state = load_checkpoint(base);
-  auto tensors = state.mutables();
   const auto t0 = std::chrono::steady_clock::now();
-  const std::uint64_t written = apply_patch(patch, tensors);
+  apply_to_checkpoint(patch, state);
   const double seconds = seconds_since(t0);
   save_checkpoint(out, state);
-  std::printf("applied %s (version %llu -> %llu): %llu elements written in %.3f s, target digest %s verified; wrote %s\n",
+  std::printf("applied %s (version %llu -> %llu) in %.3f s, target state digest %s verified (tensors and metadata); "
+              "wrote %s\n",
               patch_path.c_str(), static_cast<unsigned long long>(patch.header.base_version),
-              static_cast<unsigned long long>(patch.header.target_version), static_cast<unsigned long long>(written),
-              seconds, to_hex(patch.header.target_state).c_str(), out.c_str());
+              static_cast<unsigned long long>(patch.header.target_version), seconds,
+              to_hex(patch.header.target_state).c_str(), out.c_str());
+  print_summary(patch.summary);
+  if (patch.header.changes_layout)
+    std::printf("  layout: %zu tensors removed, %zu added\n", patch.removed.size(), patch.added.size());
+  if (patch.header.changes_metadata) std::printf("  metadata changed\n");
   return 0;
 }
 
 int cmd_verify(const std::string& path, const std::string& expected) {
   const auto file = io::SafetensorsFile::open(path);
-  const Digest d = state_digest(tensor_refs(file));
+  const Digest d = state_digest(tensor_refs(file), file.metadata());
   if (expected.empty()) {
     std::printf("%s  %s\n", to_hex(d).c_str(), path.c_str());
     return 0;
@@ -201,11 +244,18 @@ int cmd_inspect(const std::string& path) {
               static_cast<unsigned long long>(h.index_stream.coded), static_cast<unsigned long long>(h.index_stream.raw),
               static_cast<unsigned long long>(h.value_stream.coded), static_cast<unsigned long long>(h.value_stream.raw),
               static_cast<unsigned long long>(h.whole_stream.coded), static_cast<unsigned long long>(h.whole_stream.raw));
-  std::printf("changed BF16 elements: %llu in %zu tensors\n", static_cast<unsigned long long>(h.total_changed),
-              p.entries.size());
-  for (const auto& e : p.entries) {
-    const char* kind = e.kind == EntryKind::sparse ? "sparse" : e.kind == EntryKind::same ? "same" : "whole";
-    std::printf("  %-48s %6s %-6s %llu\n", e.name.c_str(), e.dtype.c_str(), kind, static_cast<unsigned long long>(e.count));
+  std::size_t kinds[3] = {0, 0, 0};
+  for (const auto& e : p.entries) ++kinds[static_cast<int>(e.kind)];
+  std::printf("entry table: %llu bytes for %zu tensors (%zu sparse, %zu same, %zu whole)\n",
+              static_cast<unsigned long long>(p.table_bytes), p.entries.size(),
+              kinds[int(EntryKind::sparse)], kinds[int(EntryKind::same)], kinds[int(EntryKind::whole)]);
+  std::printf("changed elements in sparse-coded tensors: %llu\n", static_cast<unsigned long long>(h.total_changed));
+  print_summary(p.summary);
+  for (const auto& name : p.removed) std::printf("  removes %s\n", name.c_str());
+  for (const auto& t : p.added) std::printf("  adds %s %s\n", t.name.c_str(), t.dtype.c_str());
+  if (h.changes_metadata) {
+    std::printf("  target metadata:\n");
+    for (const auto& [key, value] : p.metadata) std::printf("    %s = %s\n", key.c_str(), value.c_str());
   }
   return 0;
 }
@@ -261,7 +311,7 @@ int cmd_pull(const RelayArgs& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"pulse-sync: lossless sparse BF16 patches (PULSESync) on safetensors checkpoints"};
+  CLI::App app{"pulse-sync: lossless sparse patches (PULSESync) on safetensors checkpoints"};
   app.require_subcommand(1);
 
   std::string a, b;

@@ -26,6 +26,27 @@ std::vector<MutableTensor> Checkpoint::mutables() {
   return out;
 }
 
+std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint) {
+  auto tensors = checkpoint.mutables();
+  StateChange change;
+  const std::uint64_t written = apply_patch(patch, tensors, {}, nullptr, nullptr, checkpoint.metadata, &change);
+  for (const auto& name : change.removed)
+    for (std::size_t i = 0; i < checkpoint.layout.size(); ++i)
+      if (checkpoint.layout[i].name == name) {
+        checkpoint.layout.erase(checkpoint.layout.begin() + std::ptrdiff_t(i));
+        checkpoint.data.erase(checkpoint.data.begin() + std::ptrdiff_t(i));
+        break;
+      }
+  for (std::size_t a = 0; a < change.added.size(); ++a) {
+    const TensorLayout& l = change.added[a];
+    checkpoint.data.push_back(std::move(change.added_bytes[a]));
+    checkpoint.layout.push_back({l.name, l.dtype, l.shape, nullptr, checkpoint.data.back().size()});
+  }
+  for (std::size_t i = 0; i < checkpoint.layout.size(); ++i) checkpoint.layout[i].data = checkpoint.data[i].data();
+  checkpoint.metadata = std::move(change.metadata);
+  return written;
+}
+
 namespace {
 
 bool is_zstd_path(const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0; }

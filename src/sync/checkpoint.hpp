@@ -21,6 +21,10 @@ struct Checkpoint {
   std::vector<MutableTensor> mutables();
 };
 
+// Applies a patch to a whole checkpoint: its tensors' bytes, its layout (added and removed
+// tensors, added ones at the end) and its metadata; transactional as apply_patch.
+std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint);
+
 // A path ending in ".zst" holds a zstd-compressed safetensors file (relay anchors may be).
 Checkpoint load_checkpoint(const std::string& path);
 // Atomic: the file at path holds either its old content or all of the new one; a path ending

@@ -45,8 +45,20 @@ Digest digest_from_hex(const std::string& hex) {
   return d;
 }
 
-Digest state_digest(const std::vector<TensorRef>& tensors, const std::vector<Digest>& tensor_digests) {
-  PULSE_CHECK(tensors.size() == tensor_digests.size(), "state_digest: one digest per tensor");
+namespace {
+
+Digest finish(XXH3_state_t* state) {
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, h);
+  Digest d;
+  std::memcpy(d.data(), canonical.digest, d.size());
+  return d;
+}
+
+// Hashes names, dtypes and shapes in order of name, and each tensor's digest when given.
+XXH3_state_t* hash_layout(const std::vector<TensorRef>& tensors, const std::vector<Digest>* tensor_digests) {
   std::vector<std::size_t> order(tensors.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
@@ -60,22 +72,42 @@ Digest state_digest(const std::vector<TensorRef>& tensors, const std::vector<Dig
     const std::uint64_t rank = t.shape.size();
     XXH3_128bits_update(state, &rank, sizeof rank);
     for (std::int64_t d : t.shape) XXH3_128bits_update(state, &d, sizeof d);
-    XXH3_128bits_update(state, tensor_digests[i].data(), tensor_digests[i].size());
+    if (tensor_digests) XXH3_128bits_update(state, (*tensor_digests)[i].data(), (*tensor_digests)[i].size());
   }
-  const XXH128_hash_t h = XXH3_128bits_digest(state);
-  XXH3_freeState(state);
-  XXH128_canonical_t canonical;
-  XXH128_canonicalFromHash(&canonical, h);
-  Digest d;
-  std::memcpy(d.data(), canonical.digest, d.size());
-  return d;
+  return state;
 }
 
-Digest state_digest(const std::vector<TensorRef>& tensors) {
+}  // namespace
+
+Digest state_digest(const std::vector<TensorRef>& tensors, const std::vector<Digest>& tensor_digests,
+                    const std::map<std::string, std::string>& metadata) {
+  PULSE_CHECK(tensors.size() == tensor_digests.size(), "state_digest: one digest per tensor");
+  XXH3_state_t* state = hash_layout(tensors, &tensor_digests);
+  if (!metadata.empty()) {
+    // A 0xFF byte cannot start a tensor's name (safetensors names are UTF-8), so the metadata
+    // part cannot be mistaken for another tensor.
+    const std::uint8_t marker = 0xFF;
+    const std::uint64_t count = metadata.size();
+    XXH3_128bits_update(state, &marker, 1);
+    XXH3_128bits_update(state, &count, sizeof count);
+    for (const auto& [key, value] : metadata) {
+      for (const std::string* s : {&key, &value}) {
+        const std::uint64_t length = s->size();
+        XXH3_128bits_update(state, &length, sizeof length);
+        XXH3_128bits_update(state, s->data(), s->size());
+      }
+    }
+  }
+  return finish(state);
+}
+
+Digest state_digest(const std::vector<TensorRef>& tensors, const std::map<std::string, std::string>& metadata) {
   std::vector<Digest> digests;
   digests.reserve(tensors.size());
   for (const auto& t : tensors) digests.push_back(tensor_digest(t));
-  return state_digest(tensors, digests);
+  return state_digest(tensors, digests, metadata);
 }
+
+Digest layout_digest(const std::vector<TensorRef>& tensors) { return finish(hash_layout(tensors, nullptr)); }
 
 }  // namespace pulse::sync

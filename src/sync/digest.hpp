@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,13 @@ struct TensorRef {
 // Digest of the tensor's bytes (the per-tensor digest a patch records).
 inline Digest tensor_digest(const TensorRef& t) { return digest_bytes(t.data, t.bytes); }
 
-// Canonical digest of a state from its tensors' metadata and per-tensor digests.
-Digest state_digest(const std::vector<TensorRef>& tensors, const std::vector<Digest>& tensor_digests);
-Digest state_digest(const std::vector<TensorRef>& tensors);
+// Canonical digest of a state from its tensors' names, dtypes, shapes and per-tensor digests,
+// and its `__metadata__` (key, value pairs); an empty metadata adds nothing.
+Digest state_digest(const std::vector<TensorRef>& tensors, const std::vector<Digest>& tensor_digests,
+                    const std::map<std::string, std::string>& metadata = {});
+Digest state_digest(const std::vector<TensorRef>& tensors, const std::map<std::string, std::string>& metadata = {});
+
+// Digest of a layout: the tensors' names, dtypes and shapes in order of name, no contents.
+Digest layout_digest(const std::vector<TensorRef>& tensors);
 
 }  // namespace pulse::sync

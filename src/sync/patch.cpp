@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/sparsity.hpp"
+#include "io/safetensors.hpp"
 #include "sync/varint.hpp"
 
 // The header implementation, compiled for this CPU (AVX2 where -march=native has it), is
@@ -19,8 +21,8 @@ namespace pulse::sync {
 namespace {
 
 constexpr char kMagic[8] = {'P', 'U', 'L', 'S', 'E', 'P', 'C', 'H'};
-constexpr std::uint16_t kFormatVersion = 1;
-constexpr std::size_t kFixedHeaderBytes = 8 + 2 + 2 + 4 + 8 + 8 + 16 + 16 + 8 + 4 + 3 * 16 + 8;
+constexpr std::uint16_t kFormatVersion = 2;
+constexpr std::size_t kFixedHeaderBytes = 8 + 2 + 2 + 4 + 8 + 8 + 3 * 16 + 3 * 16 + 8;
 constexpr std::size_t kChecksumBytes = 16;
 constexpr std::size_t kSignatureBytes = 64;
 
@@ -78,18 +80,54 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
-bf16_bits load_bf16(const std::byte* data, std::uint64_t i) {
-  bf16_bits b;
-  std::memcpy(&b, data + 2 * i, 2);
-  return b;
+// Element width and key of a sparse-coded dtype. The key of a sign-magnitude float is its
+// monotone integer order (as bf16_key); F8_E8M0 has no sign, its bits are its key.
+struct SparseFormat {
+  unsigned bytes;
+  bool sign_magnitude;
+  std::uint64_t sign() const { return std::uint64_t(1) << (8 * bytes - 1); }
+  std::uint64_t mask() const { return (std::uint64_t(1) << (8 * bytes)) - 1; }
+  std::uint64_t key(std::uint64_t bits) const {
+    if (!sign_magnitude) return bits;
+    return bits & sign() ? ~bits & mask() : bits | sign();
+  }
+  std::uint64_t from_key(std::uint64_t key) const {
+    if (!sign_magnitude) return key;
+    return key & sign() ? key ^ sign() : ~key & mask();
+  }
+  unsigned max_varint_bytes() const { return bytes == 1 ? 2 : bytes == 2 ? 3 : 5; }  // of zigzag(+-mask)
+};
+
+std::optional<SparseFormat> sparse_format(const std::string& dtype) {
+  if (dtype == "BF16" || dtype == "F16") return SparseFormat{2, true};
+  if (dtype == "F32") return SparseFormat{4, true};
+  if (dtype == "F8_E5M2" || dtype == "F8_E4M3" || dtype == "F8_E4M3FNUZ" || dtype == "F8_E5M2FNUZ")
+    return SparseFormat{1, true};
+  if (dtype == "F8_E8M0") return SparseFormat{1, false};
+  return std::nullopt;
 }
 
-// One pass over a BF16 tensor in cache-sized chunks: the compaction kernel finds the changed
-// indices (sorted) and new bits, and the chunk, still in cache, feeds the digests, so base and
-// target are read from memory once.
-void scan_bf16(const std::byte* old_data, const std::byte* new_data, std::size_t n, Digest* old_digest,
-               Digest& new_digest, std::vector<index_t>& indices, std::vector<bf16_bits>& values,
-               std::vector<bf16_bits>& old_values) {
+std::uint64_t load_value(const std::byte* data, std::uint64_t i, unsigned bytes) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, data + bytes * i, bytes);  // little-endian hosts, as safetensors
+  return v;
+}
+
+// Bytes a tensor of this dtype and shape holds; throws for an unknown dtype or a sub-byte
+// tensor that does not fill whole bytes.
+std::uint64_t layout_bytes(const std::string& name, const std::string& dtype, const std::vector<std::int64_t>& shape) {
+  std::size_t bytes = 0;
+  PULSE_CHECK(io::tensor_bytes(io::parse_dtype(dtype), numel_of(shape), bytes),
+              "tensor '" + name + "' of " + dtype + shape_string(shape) + " does not fill whole bytes");
+  return bytes;
+}
+
+// One pass over a sparse-coded tensor in cache-sized chunks: finds the changed indices (sorted),
+// their new and old values, and feeds the chunk, still in cache, to the digests, so base and
+// target are read from memory once. 16-bit tensors go through the compaction kernel.
+void scan_changes(const SparseFormat& format, const std::byte* old_data, const std::byte* new_data, std::size_t n,
+                  Digest* old_digest, Digest& new_digest, std::vector<index_t>& indices,
+                  std::vector<std::uint32_t>& values, std::vector<std::uint32_t>& old_values) {
   using ConstView = Kokkos::View<const bf16_bits*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
   constexpr std::size_t chunk = std::size_t(1) << 16;
   thread_local std::vector<index_t> chunk_indices(chunk);
@@ -102,30 +140,40 @@ void scan_bf16(const std::byte* old_data, const std::byte* new_data, std::size_t
   indices.clear();
   values.clear();
   old_values.clear();
+  const unsigned w = format.bytes;
   const Kokkos::DefaultHostExecutionSpace space;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t len = std::min(chunk, n - begin);
-    const std::byte* o = old_data + 2 * begin;
-    const std::byte* w = new_data + 2 * begin;
-    // safetensors does not promise 2-byte alignment; copy the rare unaligned tensor's chunks.
-    auto aligned = [len](const std::byte* p, std::vector<bf16_bits>& copy) -> const bf16_bits* {
-      if (reinterpret_cast<std::uintptr_t>(p) % alignof(bf16_bits) == 0) return reinterpret_cast<const bf16_bits*>(p);
-      copy.resize(len);
-      std::memcpy(copy.data(), p, 2 * len);
-      return copy.data();
-    };
-    const index_t count = compact_changed(
-        space, ConstView(aligned(o, old_copy), len), ConstView(aligned(w, new_copy), len),
-        Kokkos::View<index_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(chunk_indices.data(), len),
-        Kokkos::View<bf16_bits*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(chunk_values.data(), len));
-    space.fence();
-    for (index_t k = 0; k < count; ++k) {
-      indices.push_back(index_t(begin) + chunk_indices[k]);
-      old_values.push_back(load_bf16(o, chunk_indices[k]));  // while the chunk is in cache
+    const std::byte* o = old_data + w * begin;
+    const std::byte* t = new_data + w * begin;
+    if (w == 2) {
+      // safetensors does not promise 2-byte alignment; copy the rare unaligned tensor's chunks.
+      auto aligned = [len](const std::byte* p, std::vector<bf16_bits>& copy) -> const bf16_bits* {
+        if (reinterpret_cast<std::uintptr_t>(p) % alignof(bf16_bits) == 0) return reinterpret_cast<const bf16_bits*>(p);
+        copy.resize(len);
+        std::memcpy(copy.data(), p, 2 * len);
+        return copy.data();
+      };
+      const index_t count = compact_changed(
+          space, ConstView(aligned(o, old_copy), len), ConstView(aligned(t, new_copy), len),
+          Kokkos::View<index_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(chunk_indices.data(), len),
+          Kokkos::View<bf16_bits*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(chunk_values.data(), len));
+      space.fence();
+      for (index_t k = 0; k < count; ++k) {
+        indices.push_back(index_t(begin) + chunk_indices[k]);
+        values.push_back(chunk_values[k]);
+        old_values.push_back(std::uint32_t(load_value(o, chunk_indices[k], 2)));  // while the chunk is in cache
+      }
+    } else if (std::memcmp(o, t, w * len) != 0) {
+      for (std::size_t i = 0; i < len; ++i)
+        if (std::memcmp(o + w * i, t + w * i, w) != 0) {
+          indices.push_back(index_t(begin + i));
+          values.push_back(std::uint32_t(load_value(t, i, w)));
+          old_values.push_back(std::uint32_t(load_value(o, i, w)));
+        }
     }
-    values.insert(values.end(), chunk_values.begin(), chunk_values.begin() + count);
-    if (old_state) XXH3_128bits_update(old_state, o, 2 * len);
-    XXH3_128bits_update(new_state, w, 2 * len);
+    if (old_state) XXH3_128bits_update(old_state, o, w * len);
+    XXH3_128bits_update(new_state, t, w * len);
   }
   auto finish = [](XXH3_state_t* state) {
     XXH128_canonical_t canonical;
@@ -139,7 +187,36 @@ void scan_bf16(const std::byte* old_data, const std::byte* new_data, std::size_t
   new_digest = finish(new_state);
 }
 
+void put_string(std::vector<std::uint8_t>& out, const std::string& s) {
+  put_varint(out, s.size());
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+// The per-dtype totals of a target layout and its entries (in the same order).
+std::vector<DtypeSummary> summarize(const std::vector<TensorLayout>& layout, const std::vector<std::uint64_t>& bytes,
+                                    const std::vector<PatchEntry>& entries) {
+  std::map<std::string, DtypeSummary> by_dtype;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    DtypeSummary& s = by_dtype[layout[i].dtype];
+    s.dtype = layout[i].dtype;
+    s.tensors += 1;
+    s.elements += numel_of(layout[i].shape);
+    if (entries[i].kind == EntryKind::sparse) s.changed += entries[i].count;
+    if (entries[i].kind == EntryKind::whole) s.whole_bytes += bytes[i];
+  }
+  std::vector<DtypeSummary> out;
+  for (auto& [dtype, s] : by_dtype) out.push_back(std::move(s));
+  return out;
+}
+
 }  // namespace
+
+bool operator==(const DtypeSummary& a, const DtypeSummary& b) {
+  return a.dtype == b.dtype && a.tensors == b.tensors && a.elements == b.elements && a.changed == b.changed &&
+         a.whole_bytes == b.whole_bytes;
+}
+
+bool is_sparse_dtype(const std::string& dtype) { return sparse_format(dtype).has_value(); }
 
 const char* value_coding_name(ValueCoding v) { return v == ValueCoding::raw ? "raw" : "keydiff"; }
 ValueCoding parse_value_coding(const std::string& name) {
@@ -154,14 +231,14 @@ IndexCoding parse_index_coding(const std::string& name) {
   throw_error(__FILE__, __LINE__, "unknown index coding '" + name + "' (gap-fixed, gap-varint)");
 }
 
-StateDigests compute_digests(const std::vector<TensorRef>& state) {
+StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata) {
   StateDigests out;
   std::vector<Digest> digests;
   for (const auto& t : state) {
     digests.push_back(tensor_digest(t));
     out.tensors[t.name] = digests.back();
   }
-  out.state = state_digest(state, digests);
+  out.state = state_digest(state, digests, metadata);
   return out;
 }
 
@@ -174,6 +251,13 @@ const Digest& known_digest(const StateDigests& known, const std::string& name) {
   return it->second;
 }
 
+std::map<std::string, const TensorRef*> by_name(const std::vector<TensorRef>& state, const char* which) {
+  std::map<std::string, const TensorRef*> out;
+  for (const auto& t : state)
+    PULSE_CHECK(out.emplace(t.name, &t).second, "duplicate tensor '" + t.name + "' in " + which);
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -181,81 +265,124 @@ const Digest& known_digest(const StateDigests& known, const std::string& name) {
 
 std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
                                        const EncodeOptions& options, const StateDigests* base_digests,
-                                       StateDigests* target_digests) {
-  std::map<std::string, const TensorRef*> base_by_name;
-  for (const auto& t : base) PULSE_CHECK(base_by_name.emplace(t.name, &t).second, "duplicate tensor '" + t.name + "' in base");
-  PULSE_CHECK(base.size() == target.size(), "base has " + std::to_string(base.size()) + " tensors, target " +
-                                                std::to_string(target.size()));
-  std::vector<PatchEntry> entries;
-  std::vector<std::uint8_t> index_stream, value_stream, whole_stream;
-  std::vector<std::uint8_t> value_high;  // raw coding: high bytes, appended after the low bytes
-  std::map<std::string, Digest> base_digest_of;
-  std::vector<Digest> target_list;  // in target order
-  std::vector<index_t> indices;
-  std::vector<bf16_bits> values, old_values;
-  std::uint64_t total_changed = 0;
+                                       StateDigests* target_digests, const Metadata& base_metadata,
+                                       const Metadata& target_metadata) {
+  const auto base_by_name = by_name(base, "base"), target_by_name = by_name(target, "target");
+  for (const auto* state : {&base, &target})
+    for (const TensorRef& t : *state)
+      PULSE_CHECK(t.bytes == layout_bytes(t.name, t.dtype, t.shape),
+                  "tensor '" + t.name + "' holds " + std::to_string(t.bytes) + " bytes, not what its dtype and shape need");
+  // The layout change: base tensors the target lacks or re-declares, target tensors the base
+  // lacks or declares otherwise.
+  std::vector<std::string> removed;
+  std::vector<TensorLayout> added;
+  for (const auto& [name, b] : base_by_name) {
+    const auto it = target_by_name.find(name);
+    if (it == target_by_name.end() || it->second->dtype != b->dtype || it->second->shape != b->shape) removed.push_back(name);
+  }
+  for (const auto& [name, t] : target_by_name) {
+    const auto it = base_by_name.find(name);
+    if (it == base_by_name.end() || it->second->dtype != t->dtype || it->second->shape != t->shape)
+      added.push_back({t->name, t->dtype, t->shape});
+  }
 
-  for (const TensorRef& t : target) {
-    const auto it = base_by_name.find(t.name);
-    PULSE_CHECK(it != base_by_name.end(), "tensor '" + t.name + "' is in the target but not in the base");
-    const TensorRef& b = *it->second;
-    PULSE_CHECK(b.dtype == t.dtype && b.shape == t.shape,
-                "tensor '" + t.name + "' changes from " + b.dtype + shape_string(b.shape) + " to " + t.dtype +
-                    shape_string(t.shape));
-    PULSE_CHECK(b.bytes == t.bytes, "tensor '" + t.name + "' differs in byte size");
-    PatchEntry e{t.name, t.dtype, t.shape, EntryKind::same, 0, 0, {}, {}};
-    if (base_digests) e.base_digest = known_digest(*base_digests, t.name);
-    if (t.dtype == "BF16") {
-      const std::uint64_t n = numel_of(t.shape);
-      PULSE_CHECK(t.bytes == 2 * n, "tensor '" + t.name + "' size does not match its shape");
+  std::vector<PatchEntry> entries;
+  std::vector<TensorLayout> target_layout;
+  std::vector<std::uint64_t> target_bytes;
+  std::vector<std::uint8_t> index_stream, value_stream, whole_stream;
+  std::map<std::string, Digest> base_digest_of, target_digest_of;
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> values, old_values;
+  for (const auto& [name, tp] : target_by_name) {
+    const TensorRef& t = *tp;
+    const auto it = base_by_name.find(name);
+    const TensorRef* b = it != base_by_name.end() && it->second->dtype == t.dtype && it->second->shape == t.shape
+                             ? it->second : nullptr;
+    PatchEntry e;
+    Digest base_digest{}, target_digest{};
+    if (b && base_digests) base_digest = known_digest(*base_digests, name);
+    const auto format = sparse_format(t.dtype);
+    if (b && format) {
       e.kind = EntryKind::sparse;
-      scan_bf16(b.data, t.data, n, base_digests ? nullptr : &e.base_digest, e.target_digest, indices, values,
-                old_values);
+      scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
+                   indices, values, old_values);
       e.count = indices.size();
-      total_changed += e.count;
       if (options.indices == IndexCoding::gap_fixed)
         e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
       encode_gaps(options.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        if (options.values == ValueCoding::raw) {
-          value_stream.push_back(static_cast<std::uint8_t>(values[k] & 0xFF));
-          value_high.push_back(static_cast<std::uint8_t>(values[k] >> 8));
-        } else {
-          const std::int64_t d = std::int64_t(bf16_key(values[k])) - std::int64_t(bf16_key(old_values[k]));
-          put_varint(value_stream, zigzag(d));
-        }
+      if (options.values == ValueCoding::raw) {
+        for (unsigned plane = 0; plane < format->bytes; ++plane)  // byte planes compress better
+          for (std::uint32_t v : values) value_stream.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
+      } else {
+        for (std::size_t k = 0; k < values.size(); ++k)
+          put_varint(value_stream, zigzag(std::int64_t(format->key(values[k])) - std::int64_t(format->key(old_values[k]))));
       }
     } else {
-      if (!base_digests) e.base_digest = tensor_digest(b);
-      e.target_digest = tensor_digest(t);
+      if (b && !base_digests) base_digest = tensor_digest(*b);
+      target_digest = tensor_digest(t);
+      if (!b || std::memcmp(b->data, t.data, t.bytes) != 0) {
+        e.kind = EntryKind::whole;
+        const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+        whole_stream.insert(whole_stream.end(), p, p + t.bytes);
+      }
     }
-    if (e.kind != EntryKind::sparse && std::memcmp(b.data, t.data, t.bytes) != 0) {
-      e.kind = EntryKind::whole;
-      e.count = t.bytes;
-      const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
-      whole_stream.insert(whole_stream.end(), p, p + t.bytes);
-    }
-    base_digest_of[t.name] = e.base_digest;
-    target_list.push_back(e.target_digest);
-    entries.push_back(std::move(e));
+    if (b) base_digest_of[name] = base_digest;
+    target_digest_of[name] = target_digest;
+    target_layout.push_back({t.name, t.dtype, t.shape});
+    target_bytes.push_back(t.bytes);
+    entries.push_back(e);
   }
-  value_stream.insert(value_stream.end(), value_high.begin(), value_high.end());
 
-  Writer entry_table;
-  for (const PatchEntry& e : entries) {
-    PULSE_CHECK(e.name.size() <= 0xFFFF && e.dtype.size() <= 0xFF && e.shape.size() <= 0xFF,
-                "tensor '" + e.name + "' has a name, dtype or rank too long for a patch");
-    entry_table.put<std::uint16_t>(e.name.size());
-    entry_table.put_bytes(e.name.data(), e.name.size());
-    entry_table.put<std::uint8_t>(e.dtype.size());
-    entry_table.put_bytes(e.dtype.data(), e.dtype.size());
-    entry_table.put<std::uint8_t>(e.shape.size());
-    for (std::int64_t d : e.shape) entry_table.put<std::int64_t>(d);
-    entry_table.put<std::uint8_t>(static_cast<std::uint8_t>(e.kind));
-    entry_table.put<std::uint8_t>(e.index_width);
-    entry_table.put<std::uint64_t>(e.count);
-    entry_table.put_bytes(e.base_digest.data(), 16);
-    entry_table.put_bytes(e.target_digest.data(), 16);
+  Digest base_state;
+  if (base_digests) {
+    base_state = base_digests->state;
+  } else {
+    std::vector<Digest> in_base_order;
+    for (const auto& t : base)
+      in_base_order.push_back(base_digest_of.count(t.name) ? base_digest_of[t.name] : tensor_digest(t));
+    base_state = state_digest(base, in_base_order, base_metadata);
+  }
+  std::vector<Digest> in_target_order;
+  for (const auto& t : target) in_target_order.push_back(target_digest_of.at(t.name));
+  const Digest target_state = state_digest(target, in_target_order, target_metadata);
+  if (target_digests) {
+    target_digests->tensors = target_digest_of;
+    target_digests->state = target_state;
+  }
+
+  const bool changes_layout = !removed.empty() || !added.empty();
+  const bool changes_metadata = base_metadata != target_metadata;
+  std::vector<std::uint8_t> table;
+  if (changes_layout) {
+    put_varint(table, removed.size());
+    for (const auto& name : removed) put_string(table, name);
+    put_varint(table, added.size());
+    for (const auto& t : added) {
+      put_string(table, t.name);
+      put_string(table, t.dtype);
+      put_varint(table, t.shape.size());
+      for (std::int64_t d : t.shape) put_varint(table, std::uint64_t(d));
+    }
+  }
+  if (changes_metadata) {
+    put_varint(table, target_metadata.size());
+    for (const auto& [key, value] : target_metadata) {
+      put_string(table, key);
+      put_string(table, value);
+    }
+  }
+  const auto summary = summarize(target_layout, target_bytes, entries);
+  put_varint(table, summary.size());
+  for (const auto& s : summary) {
+    put_string(table, s.dtype);
+    for (std::uint64_t v : {s.tensors, s.elements, s.changed, s.whole_bytes}) put_varint(table, v);
+  }
+  put_varint(table, entries.size());
+  for (const auto& e : entries) {
+    table.push_back(static_cast<std::uint8_t>(e.kind));
+    if (e.kind != EntryKind::sparse) continue;
+    put_varint(table, e.count);
+    if (options.indices == IndexCoding::gap_fixed) table.push_back(e.index_width);
   }
 
   const auto coded_index = compress(options.compressor, options.level, index_stream);
@@ -265,38 +392,24 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   Writer w;
   w.put_bytes(kMagic, 8);
   w.put<std::uint16_t>(kFormatVersion);
-  w.put<std::uint16_t>(options.signing_key ? 1 : 0);
+  w.put<std::uint16_t>((options.signing_key ? 1 : 0) | (changes_layout ? 2 : 0) | (changes_metadata ? 4 : 0));
   w.put<std::uint8_t>(static_cast<std::uint8_t>(options.values));
   w.put<std::uint8_t>(static_cast<std::uint8_t>(options.indices));
   w.put<std::uint8_t>(static_cast<std::uint8_t>(options.compressor));
   w.put<std::uint8_t>(0);
   w.put<std::uint64_t>(options.base_version);
   w.put<std::uint64_t>(options.target_version);
-  Digest base_state;
-  if (base_digests) {
-    base_state = base_digests->state;
-  } else {
-    std::vector<Digest> in_base_order;
-    for (const auto& t : base) in_base_order.push_back(base_digest_of.at(t.name));
-    base_state = state_digest(base, in_base_order);
-  }
-  const Digest target_state = state_digest(target, target_list);
-  if (target_digests) {
-    target_digests->tensors.clear();
-    for (std::size_t i = 0; i < target.size(); ++i) target_digests->tensors[target[i].name] = target_list[i];
-    target_digests->state = target_state;
-  }
+  const Digest base_layout = layout_digest(base);
+  w.put_bytes(base_layout.data(), 16);
   w.put_bytes(base_state.data(), 16);
   w.put_bytes(target_state.data(), 16);
-  w.put<std::uint64_t>(total_changed);
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(entries.size()));
   for (const auto* s : {&index_stream, &value_stream, &whole_stream}) {
     const auto& coded = s == &index_stream ? coded_index : s == &value_stream ? coded_value : coded_whole;
     w.put<std::uint64_t>(coded.size());
     w.put<std::uint64_t>(s->size());
   }
-  w.put<std::uint64_t>(entry_table.out.size());
-  w.put_bytes(entry_table.out.data(), entry_table.out.size());
+  w.put<std::uint64_t>(table.size());
+  w.put_bytes(table.data(), table.size());
   w.put_bytes(coded_index.data(), coded_index.size());
   w.put_bytes(coded_value.data(), coded_value.size());
   w.put_bytes(coded_whole.data(), coded_whole.size());
@@ -312,21 +425,51 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
 // ---------------------------------------------------------------------------------------
 // parse
 
+namespace {
+
+// Bounded reading of the entry table's varints and strings.
+struct TableReader {
+  Reader r;
+  std::uint64_t varint() { return get_varint(r.data, r.size, r.pos); }
+  // A count of items that each take at least one byte: bounded by the bytes left.
+  std::uint64_t count(std::uint64_t limit, const char* what) {
+    const std::uint64_t n = varint();
+    PULSE_CHECK(n <= limit && n <= r.size - r.pos, std::string("patch declares too many ") + what);
+    return n;
+  }
+  std::string string() {
+    const std::uint64_t n = varint();
+    r.need(n);
+    std::string s(reinterpret_cast<const char*>(r.data + r.pos), n);
+    r.pos += n;
+    return s;
+  }
+};
+
+constexpr std::uint64_t kMaxRank = 64;
+constexpr std::uint64_t kMaxDtypes = 64;
+
+}  // namespace
+
 ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const PatchLimits& limits,
                         const PublicKey* public_key) {
   PULSE_CHECK(size <= limits.max_patch_bytes, "patch is larger than the limit of " +
                                                   std::to_string(limits.max_patch_bytes) + " bytes");
-  PULSE_CHECK(size >= kFixedHeaderBytes + kChecksumBytes, "patch is truncated (" + std::to_string(size) + " bytes)");
-  PULSE_CHECK(std::memcmp(bytes, kMagic, 8) == 0, "not a PULSESync patch (bad magic)");
+  PULSE_CHECK(size >= 12 && std::memcmp(bytes, kMagic, 8) == 0, "not a PULSESync patch (bad magic)");
   Reader r{bytes, size, 8, "header"};
   ParsedPatch p;
   PatchHeader& h = p.header;
   h.format_version = r.get<std::uint16_t>();
+  PULSE_CHECK(h.format_version != 1, "patch format version 1 is no longer read (this pulse reads version 2); "
+                                     "encode the patch again from its base and target");
   PULSE_CHECK(h.format_version == kFormatVersion,
-              "patch format version " + std::to_string(h.format_version) + " is not supported (expected 1)");
+              "patch format version " + std::to_string(h.format_version) + " is not supported (expected 2)");
+  PULSE_CHECK(size >= kFixedHeaderBytes + kChecksumBytes, "patch is truncated (" + std::to_string(size) + " bytes)");
   const auto flags = r.get<std::uint16_t>();
-  PULSE_CHECK((flags & ~1u) == 0, "patch has unknown flags");
+  PULSE_CHECK((flags & ~7u) == 0, "patch has unknown flags");
   h.is_signed = flags & 1;
+  h.changes_layout = flags & 2;
+  h.changes_metadata = flags & 4;
   const auto values = r.get<std::uint8_t>(), indices = r.get<std::uint8_t>(), compressor = r.get<std::uint8_t>();
   PULSE_CHECK(values <= 1 && indices <= 1 && compressor <= 2 && r.get<std::uint8_t>() == 0,
               "patch names an unknown coding or compressor");
@@ -335,12 +478,9 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   h.compressor = static_cast<Compressor>(compressor);
   h.base_version = r.get<std::uint64_t>();
   h.target_version = r.get<std::uint64_t>();
+  r.get_bytes(h.base_layout.data(), 16);
   r.get_bytes(h.base_state.data(), 16);
   r.get_bytes(h.target_state.data(), 16);
-  h.total_changed = r.get<std::uint64_t>();
-  const std::uint32_t num_entries = r.get<std::uint32_t>();
-  PULSE_CHECK(num_entries <= limits.max_tensors, "patch declares " + std::to_string(num_entries) + " tensors, limit " +
-                                                     std::to_string(limits.max_tensors));
   for (StreamSize* s : {&h.index_stream, &h.value_stream, &h.whole_stream}) {
     s->coded = r.get<std::uint64_t>();
     s->raw = r.get<std::uint64_t>();
@@ -368,65 +508,80 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
     PULSE_CHECK(verify_signature(*public_key, sig, bytes, signed_part), "patch signature does not verify with the given key");
   }
 
-  Reader t{bytes, kFixedHeaderBytes + table_bytes, kFixedHeaderBytes, "entry table"};
-  std::uint64_t changed = 0, whole_bytes = 0;
-  std::map<std::string, int> seen;
-  for (std::uint32_t i = 0; i < num_entries; ++i) {
-    PatchEntry e;
-    e.name.resize(t.get<std::uint16_t>());
-    t.get_bytes(e.name.data(), e.name.size());
-    e.dtype.resize(t.get<std::uint8_t>());
-    t.get_bytes(e.dtype.data(), e.dtype.size());
-    e.shape.resize(t.get<std::uint8_t>());
-    for (auto& d : e.shape) d = t.get<std::int64_t>();
-    const auto kind = t.get<std::uint8_t>();
-    PULSE_CHECK(kind <= 2, "patch entry '" + e.name + "' has an unknown kind");
-    e.kind = static_cast<EntryKind>(kind);
-    e.index_width = t.get<std::uint8_t>();
-    e.count = t.get<std::uint64_t>();
-    t.get_bytes(e.base_digest.data(), 16);
-    t.get_bytes(e.target_digest.data(), 16);
-    PULSE_CHECK(seen.emplace(e.name, i).second, "patch names tensor '" + e.name + "' twice");
-    const std::uint64_t n = numel_of(e.shape);
-    if (e.kind == EntryKind::sparse) {
-      PULSE_CHECK(e.dtype == "BF16", "patch entry '" + e.name + "' is sparse but not BF16");
-      PULSE_CHECK(e.count <= n, "patch entry '" + e.name + "' changes more elements than it has");
-      const bool width_ok = h.indices == IndexCoding::gap_varint
-                                ? e.index_width == 0
-                                : (e.index_width == 1 || e.index_width == 2 || e.index_width == 4 || e.index_width == 8);
-      PULSE_CHECK(width_ok, "patch entry '" + e.name + "' has an invalid index width");
-      changed += e.count;
-    } else if (e.kind == EntryKind::whole) {
-      // An unchanged tensor is `same`; a whole entry carries at least one new byte.
-      PULSE_CHECK(e.count > 0, "patch entry '" + e.name + "' carries an empty tensor whole");
-      whole_bytes += e.count;
-    } else {
-      PULSE_CHECK(e.count == 0 && e.base_digest == e.target_digest, "patch entry '" + e.name + "' is inconsistent");
+  TableReader t{Reader{bytes, kFixedHeaderBytes + table_bytes, kFixedHeaderBytes, "entry table"}};
+  if (h.changes_layout) {
+    const auto removed = t.count(limits.max_tensors, "removed tensors");
+    for (std::uint64_t i = 0; i < removed; ++i) p.removed.push_back(t.string());
+    const auto added = t.count(limits.max_tensors, "added tensors");
+    for (std::uint64_t i = 0; i < added; ++i) {
+      TensorLayout a{t.string(), t.string(), {}};
+      const auto rank = t.count(kMaxRank, "dimensions");
+      for (std::uint64_t d = 0; d < rank; ++d) {
+        const std::uint64_t dim = t.varint();
+        PULSE_CHECK(dim <= std::uint64_t(INT64_MAX), "patch adds tensor '" + a.name + "' with a dimension out of range");
+        a.shape.push_back(std::int64_t(dim));
+      }
+      p.added.push_back(std::move(a));
     }
-    p.entries.push_back(std::move(e));
+    PULSE_CHECK(removed + added > 0, "patch declares a layout change that changes nothing");
   }
-  PULSE_CHECK(t.pos == t.size, "patch entry table has trailing bytes");
-  PULSE_CHECK(changed == h.total_changed, "patch entries do not add up to the declared change count");
-  // Raw stream sizes follow from the entries; anything else is corrupt (or a decompression bomb).
+  if (h.changes_metadata) {
+    const auto n = t.count(limits.max_tensors, "metadata entries");
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::string key = t.string();
+      PULSE_CHECK(p.metadata.emplace(std::move(key), t.string()).second, "patch names a metadata key twice");
+    }
+  }
+  const auto dtypes = t.count(kMaxDtypes, "dtypes");
+  std::uint64_t summary_changed = 0;
+  for (std::uint64_t i = 0; i < dtypes; ++i) {
+    DtypeSummary s{t.string()};
+    for (std::uint64_t* v : {&s.tensors, &s.elements, &s.changed, &s.whole_bytes}) *v = t.varint();
+    PULSE_CHECK(p.summary.empty() || p.summary.back().dtype < s.dtype, "patch dtype summary is not in order of dtype");
+    PULSE_CHECK(s.changed <= limits.max_stream_bytes, "patch declares more changes than its streams can hold");
+    summary_changed += s.changed;
+    p.summary.push_back(std::move(s));
+  }
+  const auto num_entries = t.count(limits.max_tensors, "tensors");
   std::uint64_t fixed_index_bytes = 0;
-  for (const auto& e : p.entries)
-    if (e.kind == EntryKind::sparse) fixed_index_bytes += e.count * e.index_width;
+  for (std::uint64_t i = 0; i < num_entries; ++i) {
+    PatchEntry e;
+    const auto kind = t.r.get<std::uint8_t>();
+    PULSE_CHECK(kind <= 2, "patch entry " + std::to_string(i) + " has an unknown kind");
+    e.kind = static_cast<EntryKind>(kind);
+    if (e.kind == EntryKind::sparse) {
+      e.count = t.varint();
+      // Every change takes at least one byte of the index stream.
+      PULSE_CHECK(e.count <= limits.max_stream_bytes, "patch entry " + std::to_string(i) + " declares too many changes");
+      if (h.indices == IndexCoding::gap_fixed) {
+        e.index_width = t.r.get<std::uint8_t>();
+        PULSE_CHECK(e.index_width == 1 || e.index_width == 2 || e.index_width == 4 || e.index_width == 8,
+                    "patch entry " + std::to_string(i) + " has an invalid index width");
+        fixed_index_bytes += e.count * e.index_width;
+      }
+      h.total_changed += e.count;
+      PULSE_CHECK(h.total_changed <= limits.max_stream_bytes, "patch declares more changes than its streams can hold");
+    }
+    p.entries.push_back(e);
+  }
+  PULSE_CHECK(t.r.pos == t.r.size, "patch entry table has trailing bytes");
+  PULSE_CHECK(summary_changed == h.total_changed, "patch entries do not add up to its dtype summary");
+  // Raw stream sizes follow from the entries (exactly once the receiver's layout gives the
+  // element widths); anything else is corrupt (or a decompression bomb).
+  const std::uint64_t changed = h.total_changed;
   if (h.indices == IndexCoding::gap_fixed)
     PULSE_CHECK(h.index_stream.raw == fixed_index_bytes, "patch index stream size disagrees with its entries");
   else
     PULSE_CHECK(h.index_stream.raw >= changed && h.index_stream.raw <= 10 * changed,
                 "patch index stream size disagrees with its entries");
-  if (h.values == ValueCoding::raw)
-    PULSE_CHECK(h.value_stream.raw == 2 * changed, "patch value stream size disagrees with its entries");
-  else
-    PULSE_CHECK(h.value_stream.raw >= changed && h.value_stream.raw <= 3 * changed,
-                "patch value stream size disagrees with its entries");
-  PULSE_CHECK(h.whole_stream.raw == whole_bytes, "patch whole-tensor stream size disagrees with its entries");
+  PULSE_CHECK(h.value_stream.raw >= changed && h.value_stream.raw <= 5 * changed,
+              "patch value stream size disagrees with its entries");
 
   p.index_stream = bytes + kFixedHeaderBytes + table_bytes;
   p.value_stream = p.index_stream + h.index_stream.coded;
   p.whole_stream = p.value_stream + h.value_stream.coded;
   p.patch_bytes = size;
+  p.table_bytes = table_bytes;
   return p;
 }
 
@@ -439,102 +594,158 @@ namespace {
 // keeps enough memory accesses in flight.
 constexpr std::size_t kPrefetchAhead = 16;
 
+// A tensor of the target layout: one the receiver keeps, or one the patch adds.
+struct TargetTensor {
+  const TensorLayout* layout;
+  MutableTensor* kept = nullptr;  // nullptr: added
+  std::size_t added_index = 0;
+  std::uint64_t bytes = 0;
+};
+
 // What one entry will write, fully decoded and checked before the first write.
 struct PlannedWrite {
   MutableTensor* tensor;
+  unsigned width = 0;                  // sparse: bytes per element
   std::vector<std::uint64_t> indices;  // sparse
-  std::vector<bf16_bits> values;       // sparse: new bits
+  std::vector<std::uint8_t> values;    // sparse: new values, width bytes each
   const std::uint8_t* whole = nullptr; // whole: new bytes
 };
 
 }  // namespace
 
 std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits,
-                          const StateDigests* base_digests, StateDigests* target_digests) {
+                          const StateDigests* base_digests, StateDigests* target_digests, const Metadata& metadata,
+                          StateChange* change) {
   (void)limits;  // sizes were bounded by parse_patch; the receiver's own tensors bound the rest
   const PatchHeader& h = patch.header;
-  // 1. The receiver holds exactly the patch's tensors, with the base contents.
-  PULSE_CHECK(state.size() == patch.entries.size(), "patch covers " + std::to_string(patch.entries.size()) +
-                                                        " tensors, the receiver holds " + std::to_string(state.size()));
-  std::map<std::string, MutableTensor*> by_name;
-  for (auto& t : state) by_name[t.name] = &t;
+  PULSE_CHECK(change || (!h.changes_layout && !h.changes_metadata),
+              "patch adds or removes tensors or changes the metadata, which this receiver cannot take");
+  // 1. The receiver holds the base: its layout, then its contents.
+  std::map<std::string, MutableTensor*> kept_by_name;
+  std::vector<TensorRef> base_refs;
+  for (auto& t : state) {
+    PULSE_CHECK(kept_by_name.emplace(t.name, &t).second, "receiver holds tensor '" + t.name + "' twice");
+    base_refs.push_back(t.view());
+  }
+  PULSE_CHECK(layout_digest(base_refs) == h.base_layout,
+              "receiver's tensors (names, dtypes, shapes) are not the layout of the patch's base version " +
+                  std::to_string(h.base_version));
   std::map<std::string, Digest> digest_by_name;
   Digest base_state;
   if (base_digests) {
     for (const auto& t : state) digest_by_name[t.name] = known_digest(*base_digests, t.name);
     base_state = base_digests->state;
   } else {
-    std::vector<TensorRef> refs;
     std::vector<Digest> digests;
-    for (auto& t : state) {
-      refs.push_back(t.view());
-      digests.push_back(tensor_digest(refs.back()));
+    for (const auto& t : base_refs) {
+      digests.push_back(tensor_digest(t));
       digest_by_name[t.name] = digests.back();
     }
-    base_state = state_digest(refs, digests);
+    base_state = state_digest(base_refs, digests, metadata);
   }
   PULSE_CHECK(base_state == h.base_state, "receiver's weights are not the patch's base version " +
                                               std::to_string(h.base_version) + " (state digest mismatch)");
 
-  // 2. Every entry against the receiver's tensor before anything is decompressed: the raw
-  // stream sizes follow from the entries, so they are then bounded by the receiver's tensors.
-  for (const PatchEntry& e : patch.entries) {
-    const auto it = by_name.find(e.name);
-    PULSE_CHECK(it != by_name.end(), "receiver has no tensor '" + e.name + "'");
-    const MutableTensor& t = *it->second;
-    PULSE_CHECK(t.dtype == e.dtype && t.shape == e.shape, "receiver's tensor '" + e.name + "' is " + t.dtype +
-                                                              shape_string(t.shape) + ", the patch expects " + e.dtype +
-                                                              shape_string(e.shape));
-    PULSE_CHECK(digest_by_name[e.name] == e.base_digest, "receiver's tensor '" + e.name + "' is not the base version");
-    if (e.kind == EntryKind::whole)
-      PULSE_CHECK(e.count == t.bytes, "patch carries " + std::to_string(e.count) + " bytes for tensor '" + e.name +
-                                          "' of " + std::to_string(t.bytes));
-    if (e.kind == EntryKind::sparse)
-      PULSE_CHECK(t.bytes == 2 * numel_of(t.shape), "receiver's tensor '" + e.name + "' size does not match its shape");
+  // 2. The target layout: the base's tensors less the removed ones, plus the added ones.
+  std::vector<TensorLayout> kept_layout;
+  kept_layout.reserve(state.size());
+  for (const auto& t : state) kept_layout.push_back({t.name, t.dtype, t.shape});
+  std::map<std::string, TargetTensor> targets;
+  for (std::size_t i = 0; i < state.size(); ++i) targets[state[i].name] = {&kept_layout[i], &state[i], 0, state[i].bytes};
+  for (const auto& name : patch.removed)
+    PULSE_CHECK(targets.erase(name) == 1, "patch removes tensor '" + name + "', which the receiver does not hold");
+  for (std::size_t i = 0; i < patch.added.size(); ++i) {
+    const TensorLayout& a = patch.added[i];
+    PULSE_CHECK(targets.emplace(a.name, TargetTensor{&a, nullptr, i, layout_bytes(a.name, a.dtype, a.shape)}).second,
+                "patch adds tensor '" + a.name + "' twice or over a tensor it keeps");
   }
+  PULSE_CHECK(targets.size() == patch.entries.size(), "patch has " + std::to_string(patch.entries.size()) +
+                                                          " entries for a target of " + std::to_string(targets.size()) + " tensors");
 
-  // 3. Decompress and decode everything; check every index against the receiver's tensor.
+  // 3. Every entry against its tensor before anything is decompressed: the raw stream sizes
+  // follow from the entries and the layout, so they are bounded by the receiver's tensors.
+  std::vector<TargetTensor*> order;
+  std::vector<TensorLayout> target_layout;
+  std::vector<std::uint64_t> target_bytes;
+  std::uint64_t value_bytes = 0, value_bytes_max = 0, whole_bytes = 0;
+  std::size_t i = 0;
+  for (auto& [name, target] : targets) {
+    const PatchEntry& e = patch.entries[i++];
+    const TensorLayout& l = *target.layout;
+    if (target.kept)
+      PULSE_CHECK(target.kept->bytes == layout_bytes(name, l.dtype, l.shape),
+                  "receiver's tensor '" + name + "' size does not match its dtype and shape");
+    else
+      PULSE_CHECK(e.kind == EntryKind::whole, "patch adds tensor '" + name + "' without its bytes");
+    if (e.kind == EntryKind::sparse) {
+      const auto format = sparse_format(l.dtype);
+      PULSE_CHECK(format.has_value(), "patch codes tensor '" + name + "' of " + l.dtype + " sparsely");
+      PULSE_CHECK(e.count <= numel_of(l.shape), "patch changes more elements than tensor '" + name + "' has");
+      value_bytes += e.count * format->bytes;
+      value_bytes_max += e.count * format->max_varint_bytes();
+    }
+    if (e.kind == EntryKind::whole) whole_bytes += target.bytes;
+    order.push_back(&target);
+    target_layout.push_back(l);
+    target_bytes.push_back(target.bytes);
+  }
+  PULSE_CHECK(summarize(target_layout, target_bytes, patch.entries) == patch.summary,
+              "patch dtype summary disagrees with its entries and the receiver's layout");
+  if (h.values == ValueCoding::raw)
+    PULSE_CHECK(h.value_stream.raw == value_bytes, "patch value stream size disagrees with its entries");
+  else
+    PULSE_CHECK(h.value_stream.raw <= value_bytes_max, "patch value stream size disagrees with its entries");
+  PULSE_CHECK(h.whole_stream.raw == whole_bytes, "patch whole-tensor stream size disagrees with its entries");
+
+  // 4. Decompress and decode everything; check every index and value.
   const auto index_raw = decompress(h.compressor, patch.index_stream, h.index_stream.coded, h.index_stream.raw);
   const auto value_raw = decompress(h.compressor, patch.value_stream, h.value_stream.coded, h.value_stream.raw);
   const auto whole_raw = decompress(h.compressor, patch.whole_stream, h.whole_stream.coded, h.whole_stream.raw);
-  std::size_t index_pos = 0, value_pos = 0, whole_pos = 0, high_pos = h.total_changed;
+  std::size_t index_pos = 0, value_pos = 0, whole_pos = 0;
   std::vector<PlannedWrite> plan;
-  for (const PatchEntry& e : patch.entries) {
+  std::vector<const std::uint8_t*> added_data(patch.added.size(), nullptr);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const PatchEntry& e = patch.entries[k];
+    const TargetTensor& target = *order[k];
+    const std::string& name = target.layout->name;
     if (e.kind == EntryKind::same) continue;
-    MutableTensor& t = *by_name[e.name];
-    PlannedWrite w{&t, {}, {}, nullptr};
     if (e.kind == EntryKind::whole) {
-      w.whole = whole_raw.data() + whole_pos;
-      whole_pos += e.count;
+      const std::uint8_t* bytes = whole_raw.data() + whole_pos;
+      whole_pos += target.bytes;
+      if (target.kept)
+        plan.push_back({target.kept, 0, {}, {}, bytes});
+      else
+        added_data[target.added_index] = bytes;
+      continue;
+    }
+    MutableTensor& t = *target.kept;
+    const SparseFormat format = *sparse_format(t.dtype);
+    PlannedWrite w{&t, format.bytes, std::vector<std::uint64_t>(e.count), std::vector<std::uint8_t>(e.count * format.bytes)};
+    decode_gaps(h.indices, e.index_width, index_raw.data(), index_raw.size(), index_pos, e.count, 0, numel_of(t.shape),
+                w.indices.data(), "patch", " in tensor '" + name + "'");
+    if (h.values == ValueCoding::raw) {
+      for (unsigned plane = 0; plane < format.bytes; ++plane)
+        for (std::uint64_t c = 0; c < e.count; ++c) w.values[c * format.bytes + plane] = value_raw[value_pos++];
     } else {
-      const std::uint64_t n = numel_of(t.shape);
-      w.indices.resize(e.count);
-      w.values.resize(e.count);
-      decode_gaps(h.indices, e.index_width, index_raw.data(), index_raw.size(), index_pos, e.count, 0, n,
-                  w.indices.data(), "patch", " in tensor '" + e.name + "'");
-      if (h.values == ValueCoding::raw) {
-        for (std::uint64_t k = 0; k < e.count; ++k)
-          w.values[k] = static_cast<bf16_bits>(value_raw[value_pos++] | (value_raw[high_pos++] << 8));
-      } else {
-        for (std::uint64_t k = 0; k < e.count; ++k) {
-          // The old values are scattered: ask for them a few changes ahead.
-          if (k + kPrefetchAhead < e.count) __builtin_prefetch(t.data + 2 * w.indices[k + kPrefetchAhead]);
-          const std::int64_t d = unzigzag(get_varint(value_raw.data(), value_raw.size(), value_pos));
-          // Bound d first: a 64-bit difference would overflow the sum.
-          PULSE_CHECK(d >= -0xFFFF && d <= 0xFFFF, "patch value out of range in tensor '" + e.name + "'");
-          const std::int64_t key = std::int64_t(bf16_key(load_bf16(t.data, w.indices[k]))) + d;
-          PULSE_CHECK(key >= 0 && key <= 0xFFFF, "patch value out of range in tensor '" + e.name + "'");
-          w.values[k] = bf16_from_key(static_cast<std::uint16_t>(key));
-        }
+      const std::int64_t limit = std::int64_t(format.mask());
+      for (std::uint64_t c = 0; c < e.count; ++c) {
+        // The old values are scattered: ask for them a few changes ahead.
+        if (c + kPrefetchAhead < e.count) __builtin_prefetch(t.data + format.bytes * w.indices[c + kPrefetchAhead]);
+        const std::int64_t d = unzigzag(get_varint(value_raw.data(), value_raw.size(), value_pos));
+        // Bound d first: a 64-bit difference would overflow the sum.
+        PULSE_CHECK(d >= -limit && d <= limit, "patch value out of range in tensor '" + name + "'");
+        const std::int64_t key = std::int64_t(format.key(load_value(t.data, w.indices[c], format.bytes))) + d;
+        PULSE_CHECK(key >= 0 && key <= limit, "patch value out of range in tensor '" + name + "'");
+        const std::uint64_t bits = format.from_key(std::uint64_t(key));
+        std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
       }
     }
     plan.push_back(std::move(w));
   }
-  const std::size_t value_end = h.values == ValueCoding::raw ? h.total_changed : value_raw.size();
-  PULSE_CHECK(index_pos == index_raw.size() && value_pos == value_end && whole_pos == whole_raw.size(),
+  PULSE_CHECK(index_pos == index_raw.size() && value_pos == value_raw.size() && whole_pos == whole_raw.size(),
               "patch streams hold bytes no entry uses (corrupt patch)");
 
-  // 4. Write, keeping what was there; 5. verify the target; restore on any mismatch.
+  // 5. Write, keeping what was there; 6. verify the target; restore on any mismatch.
   std::vector<std::vector<std::uint8_t>> undo(plan.size());
   std::uint64_t written = 0;
   for (std::size_t p = 0; p < plan.size(); ++p) {
@@ -542,14 +753,16 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     if (w.whole) {
       undo[p].assign(reinterpret_cast<std::uint8_t*>(w.tensor->data),
                      reinterpret_cast<std::uint8_t*>(w.tensor->data) + w.tensor->bytes);
-      std::memcpy(w.tensor->data, w.whole, w.tensor->bytes);
+      if (w.tensor->bytes) std::memcpy(w.tensor->data, w.whole, w.tensor->bytes);
       written += w.tensor->bytes;
     } else {
-      undo[p].resize(2 * w.indices.size());
+      undo[p].resize(w.width * w.indices.size());
       for (std::size_t k = 0; k < w.indices.size(); ++k) {
-        if (k + kPrefetchAhead < w.indices.size()) __builtin_prefetch(w.tensor->data + 2 * w.indices[k + kPrefetchAhead], 1);
-        std::memcpy(undo[p].data() + 2 * k, w.tensor->data + 2 * w.indices[k], 2);
-        std::memcpy(w.tensor->data + 2 * w.indices[k], &w.values[k], 2);
+        std::byte* at = w.tensor->data + w.width * w.indices[k];
+        if (k + kPrefetchAhead < w.indices.size())
+          __builtin_prefetch(w.tensor->data + w.width * w.indices[k + kPrefetchAhead], 1);
+        std::memcpy(undo[p].data() + w.width * k, at, w.width);
+        std::memcpy(at, w.values.data() + w.width * k, w.width);
       }
       written += w.indices.size();
     }
@@ -557,34 +770,50 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   auto restore = [&] {
     for (std::size_t p = 0; p < plan.size(); ++p) {
       PlannedWrite& w = plan[p];
-      if (w.whole)
-        std::memcpy(w.tensor->data, undo[p].data(), w.tensor->bytes);
-      else
+      if (w.whole) {
+        if (w.tensor->bytes) std::memcpy(w.tensor->data, undo[p].data(), w.tensor->bytes);
+      } else {
         for (std::size_t k = 0; k < w.indices.size(); ++k)
-          std::memcpy(w.tensor->data + 2 * w.indices[k], undo[p].data() + 2 * k, 2);
+          std::memcpy(w.tensor->data + w.width * w.indices[k], undo[p].data() + w.width * k, w.width);
+      }
     }
   };
-  // Untouched tensors keep their (verified) base digest; touched ones are hashed again.
+  // Untouched tensors keep their (verified) base digest; touched and added ones are hashed.
   std::vector<Digest> after;
-  std::vector<TensorRef> entry_refs;
-  for (const auto& e : patch.entries) {
-    const MutableTensor& t = *by_name[e.name];
-    entry_refs.push_back(t.view());
-    const bool touched = e.kind == EntryKind::whole || (e.kind == EntryKind::sparse && e.count > 0);
-    after.push_back(touched ? tensor_digest(entry_refs.back()) : digest_by_name[e.name]);
-    if (after.back() != e.target_digest) {
-      restore();
-      throw_error(__FILE__, __LINE__, "tensor '" + e.name + "' does not match the patch's target digest after apply; weights restored");
+  std::vector<TensorRef> target_refs;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const PatchEntry& e = patch.entries[k];
+    const TargetTensor& target = *order[k];
+    if (target.kept) {
+      target_refs.push_back(target.kept->view());
+      const bool touched = e.kind == EntryKind::whole || (e.kind == EntryKind::sparse && e.count > 0);
+      after.push_back(touched ? tensor_digest(target_refs.back()) : digest_by_name[target.layout->name]);
+    } else {
+      const TensorLayout& l = *target.layout;
+      target_refs.push_back({l.name, l.dtype, l.shape, reinterpret_cast<const std::byte*>(added_data[target.added_index]),
+                             target.bytes});
+      after.push_back(tensor_digest(target_refs.back()));
     }
   }
-  const Digest target_state = state_digest(entry_refs, after);
+  const Metadata& target_metadata = h.changes_metadata ? patch.metadata : metadata;
+  const Digest target_state = state_digest(target_refs, after, target_metadata);
   if (target_state != h.target_state) {
     restore();
     throw_error(__FILE__, __LINE__, "weights do not match the patch's target state digest after apply; weights restored");
   }
+  if (change) {
+    change->removed = patch.removed;
+    change->added = patch.added;
+    change->added_bytes.clear();
+    for (std::size_t a = 0; a < patch.added.size(); ++a) {
+      const auto* p = reinterpret_cast<const std::byte*>(added_data[a]);
+      change->added_bytes.emplace_back(p, p + (p ? targets.at(patch.added[a].name).bytes : 0));
+    }
+    change->metadata = target_metadata;
+  }
   if (target_digests) {
     target_digests->tensors.clear();
-    for (std::size_t i = 0; i < entry_refs.size(); ++i) target_digests->tensors[entry_refs[i].name] = after[i];
+    for (std::size_t k = 0; k < target_refs.size(); ++k) target_digests->tensors[target_refs[k].name] = after[k];
     target_digests->state = target_state;
   }
   return written;

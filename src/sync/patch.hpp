@@ -1,11 +1,12 @@
 #pragma once
-// PULSESync patches: the lossless change from one version of a model's weights to the next.
-// BF16 tensors carry sorted changed indices and their new bit patterns; other tensors are
-// marked unchanged or carried whole. The byte format is documented in src/sync/FORMAT.md.
+// PULSESync patches: the lossless change from one version of a model state to the next.
+// Floating-point tensors of BF16, F16, F32 and the FP8 dtypes carry sorted changed indices and
+// their new values; other tensors are marked unchanged or carried whole; added and removed
+// tensors and a changed `__metadata__` travel too. The byte format is src/sync/FORMAT.md.
 //
 // Receiving is transactional: parse_patch checks the structure, sizes, checksum and signature;
-// apply_patch checks the receiver's tensors and base digests, decodes everything, and only
-// then writes; it verifies the target digests and restores every touched byte on failure.
+// apply_patch checks the receiver's layout and base digest, decodes everything, and only then
+// writes; it verifies the target state digest and restores every touched byte on failure.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -19,14 +20,21 @@
 namespace pulse::sync {
 
 enum class ValueCoding : std::uint8_t {
-  raw = 0,      // new BF16 bit patterns, split into a low-byte plane and a high-byte plane
+  raw = 0,      // new bit patterns, split into byte planes
   keydiff = 1,  // zig-zag varint of key(new) - key(old): exact, usually one byte
 };
 enum class EntryKind : std::uint8_t {
-  sparse = 0,  // BF16: changed indices + values
-  same = 1,    // non-BF16, bytes unchanged
-  whole = 2,   // non-BF16, new bytes carried whole
+  sparse = 0,  // a sparse-coded dtype: changed indices + values
+  same = 1,    // bytes unchanged
+  whole = 2,   // new bytes carried whole (any dtype; every added tensor)
 };
+
+// True for the dtypes coded sparsely (element-wise against the old value): BF16, F16, F32 and
+// the FP8 dtypes. Every other dtype passes through, unchanged or whole.
+bool is_sparse_dtype(const std::string& dtype);
+
+// A model state's `__metadata__` (safetensors' string-to-string map): part of the state.
+using Metadata = std::map<std::string, std::string>;
 
 const char* value_coding_name(ValueCoding v);
 ValueCoding parse_value_coding(const std::string& name);  // "raw", "keydiff"
@@ -51,16 +59,30 @@ struct PatchLimits {
   std::uint64_t max_stream_bytes = std::uint64_t(1) << 36;
 };
 
-struct PatchEntry {
+// A tensor's name, dtype and shape (a layout is a set of them).
+struct TensorLayout {
   std::string name;
   std::string dtype;
   std::vector<std::int64_t> shape;
-  EntryKind kind = EntryKind::sparse;
-  std::uint8_t index_width = 0;  // gap_fixed: bytes per gap (1, 2, 4, 8); 0 otherwise
-  std::uint64_t count = 0;       // sparse: changed elements; whole: bytes; same: 0
-  Digest base_digest{};
-  Digest target_digest{};
 };
+
+// One entry per tensor of the target layout, in name order; names, dtypes and shapes come
+// from the receiver's layout and the patch's layout change.
+struct PatchEntry {
+  EntryKind kind = EntryKind::same;
+  std::uint8_t index_width = 0;  // sparse, gap_fixed: bytes per gap (1, 2, 4, 8); 0 otherwise
+  std::uint64_t count = 0;       // sparse: changed elements; 0 otherwise
+};
+
+// Totals of one dtype of the target, so a patch reports what it changes without the layout.
+struct DtypeSummary {
+  std::string dtype;
+  std::uint64_t tensors = 0;
+  std::uint64_t elements = 0;
+  std::uint64_t changed = 0;      // elements of sparse entries
+  std::uint64_t whole_bytes = 0;  // bytes of tensors carried whole
+};
+bool operator==(const DtypeSummary& a, const DtypeSummary& b);
 
 struct StreamSize {
   std::uint64_t coded = 0;
@@ -68,16 +90,19 @@ struct StreamSize {
 };
 
 struct PatchHeader {
-  std::uint16_t format_version = 1;
+  std::uint16_t format_version = 2;
   bool is_signed = false;
+  bool changes_layout = false;
+  bool changes_metadata = false;
   ValueCoding values = ValueCoding::keydiff;
   IndexCoding indices = IndexCoding::gap_varint;
   Compressor compressor = Compressor::zstd;
   std::uint64_t base_version = 0;
   std::uint64_t target_version = 0;
+  Digest base_layout{};
   Digest base_state{};
   Digest target_state{};
-  std::uint64_t total_changed = 0;
+  std::uint64_t total_changed = 0;  // sum of the sparse entries' counts
   StreamSize index_stream, value_stream, whole_stream;
 };
 
@@ -85,11 +110,16 @@ struct PatchHeader {
 // It refers to the bytes it was parsed from, which must outlive it.
 struct ParsedPatch {
   PatchHeader header;
+  std::vector<std::string> removed;    // base tensors the target drops (or re-declares)
+  std::vector<TensorLayout> added;     // target tensors not in the base, carried whole
+  Metadata metadata;                   // the target's, when changes_metadata
+  std::vector<DtypeSummary> summary;   // per dtype of the target, by dtype name
   std::vector<PatchEntry> entries;
   const std::uint8_t* index_stream = nullptr;
   const std::uint8_t* value_stream = nullptr;
   const std::uint8_t* whole_stream = nullptr;
   std::uint64_t patch_bytes = 0;
+  std::uint64_t table_bytes = 0;  // layout change, metadata, dtype summary and entries
 };
 
 // A receiver's tensor, writable in place.
@@ -109,24 +139,39 @@ struct StateDigests {
   std::map<std::string, Digest> tensors;
   Digest state{};
 };
-StateDigests compute_digests(const std::vector<TensorRef>& state);
+StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata = {});
 
-// Base and target must hold the same tensor names with equal dtypes and shapes. With
-// base_digests the base is not hashed again; target_digests, when given, receives the target's.
+// Any two states: tensors present in both with equal dtype and shape are coded against the
+// base; the others are removed or added (carried whole); a changed metadata travels whole.
+// With base_digests the base is not hashed again; target_digests, when given, receives the
+// target's.
 std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
                                        const EncodeOptions& options, const StateDigests* base_digests = nullptr,
-                                       StateDigests* target_digests = nullptr);
+                                       StateDigests* target_digests = nullptr, const Metadata& base_metadata = {},
+                                       const Metadata& target_metadata = {});
 
 // Throws pulse::Error with a one-line reason. With a public key, an unsigned patch or a bad
 // signature is rejected.
 ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const PatchLimits& limits = {},
                         const PublicKey* public_key = nullptr);
 
-// Applies a parsed patch to the receiver's state in place. On any failure the state is left
-// exactly as it was and pulse::Error says why. Returns the number of elements written. With
-// base_digests (what the previous apply returned) the base is not hashed again; only the
-// tensors the patch touches are hashed after writing. target_digests receives the new digests.
+// What a patch changes beyond the bytes of the tensors the receiver keeps; apply_patch fills it
+// once the target is verified and the caller commits it (it cannot fail then).
+struct StateChange {
+  std::vector<std::string> removed;
+  std::vector<TensorLayout> added;
+  std::vector<std::vector<std::byte>> added_bytes;  // one per added tensor
+  Metadata metadata;                                // the target's
+};
+
+// Applies a parsed patch to the receiver's state (its tensors in place, and its metadata). On
+// any failure the state is left exactly as it was and pulse::Error says why. Returns the
+// number of elements (sparse) and bytes (whole) written. With base_digests (what the previous
+// apply returned) the base is not hashed again; only the tensors the patch touches are hashed
+// after writing. target_digests receives the new digests. A patch that adds or removes tensors
+// or changes the metadata needs `change`, which then receives them.
 std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits = {},
-                          const StateDigests* base_digests = nullptr, StateDigests* target_digests = nullptr);
+                          const StateDigests* base_digests = nullptr, StateDigests* target_digests = nullptr,
+                          const Metadata& metadata = {}, StateChange* change = nullptr);
 
 }  // namespace pulse::sync
