@@ -165,7 +165,16 @@ TEST(Patch, HeaderRecordsVersionsDigestsAndCounts) {
   for (std::size_t i = 0; i < base[0].bytes.size(); i += 2) changed += std::memcmp(&base[0].bytes[i], &target[0].bytes[i], 2) != 0;
   for (std::size_t i = 0; i < base[1].bytes.size(); i += 2) changed += std::memcmp(&base[1].bytes[i], &target[1].bytes[i], 2) != 0;
   EXPECT_EQ(p.header.total_changed, changed);
-  EXPECT_EQ(p.entries[2].kind, EntryKind::same);
+  // Entries in name order: the F32 "scale" is sparse-coded (nothing changed), the I64 "step" same.
+  ASSERT_EQ(p.entries.size(), 4u);
+  EXPECT_EQ(p.entries[2].kind, EntryKind::sparse);
+  EXPECT_EQ(p.entries[2].count, 0u);
+  EXPECT_EQ(p.entries[3].kind, EntryKind::same);
+  ASSERT_EQ(p.summary.size(), 3u);  // BF16, F32, I64
+  EXPECT_EQ(p.summary[0].dtype, "BF16");
+  EXPECT_EQ(p.summary[0].changed, changed);
+  EXPECT_EQ(p.summary[0].elements, base[0].bytes.size() / 2 + base[1].bytes.size() / 2);
+  EXPECT_FALSE(p.header.changes_layout || p.header.changes_metadata);
 }
 
 TEST(Patch, StateDigestIgnoresTensorOrder) {
@@ -207,30 +216,57 @@ std::vector<std::uint8_t> rechecksummed(std::vector<std::uint8_t> bytes) {
   return bytes;
 }
 
-// Offset of the entry table's record for a tensor name (its u16 name length).
-std::size_t entry_offset(const std::vector<std::uint8_t>& bytes, const std::string& name) {
-  std::vector<std::uint8_t> key{std::uint8_t(name.size()), std::uint8_t(name.size() >> 8)};
-  key.insert(key.end(), name.begin(), name.end());
-  const auto it = std::search(bytes.begin() + 132, bytes.end(), key.begin(), key.end());
-  EXPECT_NE(it, bytes.end()) << name;
-  return std::size_t(it - bytes.begin());
+constexpr std::size_t kTableAt = 136;  // the entry table follows the fixed header (FORMAT.md)
+
+// The patch with its entry table replaced (table size and checksum fixed up).
+std::vector<std::uint8_t> with_table(const std::vector<std::uint8_t>& bytes, const std::vector<std::uint8_t>& table) {
+  std::uint64_t old_size = 0;
+  std::memcpy(&old_size, bytes.data() + 128, 8);
+  std::vector<std::uint8_t> out(bytes.begin(), bytes.begin() + kTableAt);
+  const std::uint64_t size = table.size();
+  std::memcpy(out.data() + 128, &size, 8);
+  out.insert(out.end(), table.begin(), table.end());
+  out.insert(out.end(), bytes.begin() + kTableAt + std::ptrdiff_t(old_size), bytes.end());
+  return rechecksummed(out);
+}
+
+void put_varint_to(std::vector<std::uint8_t>& out, std::uint64_t v) {
+  for (; v >= 0x80; v >>= 7) out.push_back(std::uint8_t(v | 0x80));
+  out.push_back(std::uint8_t(v));
+}
+
+// An entry table of one dtype summary and the given entries (kind, count, width) in name order.
+std::vector<std::uint8_t> table_of(const DtypeSummary& s, const std::vector<std::vector<std::uint64_t>>& entries) {
+  std::vector<std::uint8_t> t{1, std::uint8_t(s.dtype.size())};
+  t.insert(t.end(), s.dtype.begin(), s.dtype.end());
+  for (std::uint64_t v : {s.tensors, s.elements, s.changed, s.whole_bytes}) put_varint_to(t, v);
+  put_varint_to(t, entries.size());
+  for (const auto& e : entries) {
+    t.push_back(std::uint8_t(e[0]));
+    for (std::size_t i = 1; i < e.size(); ++i)
+      if (i == 1) put_varint_to(t, e[i]); else t.push_back(std::uint8_t(e[i]));
+  }
+  return t;
 }
 
 }  // namespace
 
-// Found by fuzz_patch_decoder_rechecksummed: a `whole` entry of 0 bytes for an empty tensor
-// was accepted, and apply then called memcpy with the empty tensor's null pointer (UBSan).
-TEST(Patch, EmptyTensorCarriedWholeIsRejected) {
-  const State base{bf16_tensor("w", {0x3F80, 0x4000}), OwnedTensor{"empty", "F32", {0}, {}}};
+// Found by fuzz_patch_decoder_rechecksummed (format 1): a `whole` entry of 0 bytes for an empty
+// tensor made apply call memcpy with the empty tensor's null pointer (UBSan). In format 2 such
+// an entry is well-formed (it carries nothing) and must apply without touching memory.
+TEST(Patch, EmptyTensorCarriedWholeAppliesWithoutCopying) {
+  const State base{OwnedTensor{"empty", "I32", {0}, {}}, bf16_tensor("w", {0x3F80, 0x4000})};
   State target = base;
-  target[0].bytes[0] ^= std::byte{1};
+  target[1].bytes[0] ^= std::byte{1};
   const auto good = encode_patch(refs(base), refs(target), {});
   ASSERT_FALSE(rejected_and_untouched(good, base));
-  auto bad = good;
-  const std::size_t kind = entry_offset(bad, "empty") + 2 + 5 + 1 + 3 + 1 + 8;  // name, dtype, rank, dims
-  ASSERT_EQ(bad[kind], std::uint8_t(EntryKind::same));
-  bad[kind] = std::uint8_t(EntryKind::whole);  // count stays 0
-  EXPECT_TRUE(rejected_and_untouched(rechecksummed(bad), base));
+  // Both dtypes' summaries, then "empty" whole (was same), "w" sparse with one change.
+  std::vector<std::uint8_t> table{2, 4, 'B', 'F', '1', '6', 1, 2, 1, 0, 3, 'I', '3', '2', 1, 0, 0, 0, 2, 2, 0, 1};
+  const auto crafted = with_table(good, table);
+  State receiver = base;
+  auto m = mutables(receiver);
+  apply_patch(parse_patch(crafted.data(), crafted.size()), m);
+  expect_equal_state(receiver, target);
 }
 
 // A patch whose entries declare a tensor far larger than the receiver's (consistent sizes,
@@ -246,16 +282,13 @@ TEST(Patch, DeclaredStreamsAreBoundedByTheReceiverBeforeDecompression) {
   opt.compressor = Compressor::zstd;
   const auto good = encode_patch(refs(base), refs(target), opt);
   ASSERT_FALSE(rejected_and_untouched(good, base));
-  auto bad = good;
-  const std::size_t dim = entry_offset(bad, "w") + 2 + 1 + 1 + 4 + 1;  // name, dtype, rank
+  // The receiver's layout gives the shape [4]; the entries claim 2^33 changes with 8-byte gaps,
+  // and the header raw streams of 64 GiB and 16 GiB that they imply.
   const std::uint64_t n = std::uint64_t(1) << 33;
-  std::memcpy(bad.data() + dim, &n, 8);                 // shape [2^33]
-  bad[dim + 9] = 8;                                     // 8-byte gaps
-  std::memcpy(bad.data() + dim + 10, &n, 8);            // all 2^33 elements change
-  std::memcpy(bad.data() + 64, &n, 8);                  // total changed
-  const std::uint64_t index_raw = 8 * n, value_raw = 2 * n;  // 64 GiB, 16 GiB
-  std::memcpy(bad.data() + 84, &index_raw, 8);
-  std::memcpy(bad.data() + 100, &value_raw, 8);
+  auto bad = with_table(good, table_of({"BF16", 1, 4, n, 0}, {{0, n, 8}}));
+  const std::uint64_t index_raw = 8 * n, value_raw = 2 * n;
+  std::memcpy(bad.data() + 88, &index_raw, 8);
+  std::memcpy(bad.data() + 104, &value_raw, 8);
   const auto crafted = rechecksummed(bad);
   ASSERT_NO_THROW(parse_patch(crafted.data(), crafted.size()));  // consistent in itself
   EXPECT_TRUE(rejected_and_untouched(crafted, base));
@@ -276,9 +309,9 @@ TEST(Patch, KeydiffDifferenceBeyond16BitsIsRejected) {
   const auto good = encode_patch(refs(base), refs(target), opt);
   ASSERT_FALSE(rejected_and_untouched(good, base));
   std::uint64_t sizes[7];  // index, value, whole stream (coded, raw), entry table
-  std::memcpy(sizes, good.data() + 76, sizeof sizes);
+  std::memcpy(sizes, good.data() + 80, sizeof sizes);
   ASSERT_EQ(sizes[2], 5u);
-  const std::size_t value_at = 132 + sizes[6] + sizes[0];
+  const std::size_t value_at = kTableAt + sizes[6] + sizes[0];
   for (const std::uint64_t z : {std::uint64_t(0xFFFFFFFFFFFFFFFEull), std::uint64_t(0xFFFFFFFFFFFFFFFFull),
                                 std::uint64_t(2 * 0x10000)}) {  // zig-zag of INT64_MAX, INT64_MIN, 65536
     std::vector<std::uint8_t> bad(good.begin(), good.begin() + value_at);
@@ -287,8 +320,8 @@ TEST(Patch, KeydiffDifferenceBeyond16BitsIsRejected) {
     bad.push_back(std::uint8_t(v));
     bad.insert(bad.end(), good.begin() + value_at + 1, good.end());  // the other 4 values, checksum
     const std::uint64_t value_bytes = bad.size() - good.size() + 5;
-    std::memcpy(bad.data() + 92, &value_bytes, 8);   // coded
-    std::memcpy(bad.data() + 100, &value_bytes, 8);  // raw
+    std::memcpy(bad.data() + 96, &value_bytes, 8);   // coded
+    std::memcpy(bad.data() + 104, &value_bytes, 8);  // raw
     EXPECT_TRUE(rejected_and_untouched(rechecksummed(bad), base)) << z;
   }
 }
@@ -363,14 +396,14 @@ TEST(Patch, DeclaredSizesBeyondLimitsAreRejectedBeforeAllocation) {
   EXPECT_THROW(parse_patch(bytes.data(), bytes.size(), tight), Error);
 }
 
-TEST(Patch, EncodeRejectsMismatchedStates) {
+TEST(Patch, EncodeRejectsInconsistentStates) {
   std::mt19937 rng(8);
   const State base = random_state(rng, 10);
   State other = base;
-  other.pop_back();
+  other.push_back(base[0]);  // a name twice
   EXPECT_THROW(encode_patch(refs(base), refs(other), {}), Error);
   other = base;
-  other[0].shape = {5, 2};
+  other[0].shape = {5, 3};  // 15 elements in 20 bytes
   EXPECT_THROW(encode_patch(refs(base), refs(other), {}), Error);
 }
 
@@ -404,4 +437,223 @@ TEST(Patch, CachedDigestsGiveTheSamePatchesAlongAChain) {
   const State before = receiver;
   EXPECT_THROW(apply_patch(parse_patch(bytes.data(), bytes.size()), m, {}, &stale), Error);
   expect_equal_state(receiver, before);
+}
+
+namespace {
+
+// Every dtype safetensors defines, with its bits per element.
+const std::vector<std::pair<std::string, unsigned>> kEveryDtype{
+    {"BOOL", 8},    {"F4", 4},           {"F6_E2M3", 6},      {"F6_E3M2", 6}, {"U8", 8},   {"I8", 8},
+    {"F8_E5M2", 8}, {"F8_E4M3", 8},      {"F8_E8M0", 8},      {"F8_E4M3FNUZ", 8},         {"F8_E5M2FNUZ", 8},
+    {"I16", 16},    {"U16", 16},         {"F16", 16},         {"BF16", 16},   {"I32", 32}, {"U32", 32},
+    {"F32", 32},    {"C64", 64},         {"F64", 64},         {"I64", 64},    {"U64", 64}};
+
+// A state with one tensor of every dtype (96 elements, random bytes) and a metadata.
+State every_dtype_state(std::mt19937& rng) {
+  State s;
+  for (const auto& [dtype, bits] : kEveryDtype) {
+    OwnedTensor t{"t." + dtype, dtype, {8, 12}, std::vector<std::byte>(96 * bits / 8)};
+    for (auto& b : t.bytes) b = std::byte(rng());
+    s.push_back(t);
+  }
+  return s;
+}
+
+// The receiver's state after applying bytes with apply_to-like commit of a StateChange.
+void apply_whole(const std::vector<std::uint8_t>& bytes, State& receiver, Metadata& metadata) {
+  const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
+  auto m = mutables(receiver);
+  StateChange change;
+  apply_patch(p, m, {}, nullptr, nullptr, metadata, &change);
+  for (const auto& name : change.removed)
+    receiver.erase(std::find_if(receiver.begin(), receiver.end(), [&](const OwnedTensor& t) { return t.name == name; }));
+  for (std::size_t i = 0; i < change.added.size(); ++i)
+    receiver.push_back({change.added[i].name, change.added[i].dtype, change.added[i].shape, change.added_bytes[i]});
+  metadata = change.metadata;
+}
+
+std::map<std::string, const OwnedTensor*> named(const State& s) {
+  std::map<std::string, const OwnedTensor*> out;
+  for (const auto& t : s) out[t.name] = &t;
+  return out;
+}
+
+void expect_same_tensors(const State& a, const State& b) {
+  const auto x = named(a), y = named(b);
+  ASSERT_EQ(x.size(), y.size());
+  for (const auto& [name, t] : x) {
+    ASSERT_TRUE(y.count(name)) << name;
+    EXPECT_EQ(t->dtype, y.at(name)->dtype) << name;
+    EXPECT_EQ(t->shape, y.at(name)->shape) << name;
+    EXPECT_TRUE(t->bytes == y.at(name)->bytes) << name;
+  }
+}
+
+}  // namespace
+
+TEST(Patch, EveryDtypeRoundTripsSparseWhereItCanAndWholeOtherwise) {
+  std::mt19937 rng(10);
+  const State base = every_dtype_state(rng);
+  State target = base;
+  // ~10% of the bytes of every tensor change (one element of a float by one step of its key).
+  for (auto& t : target)
+    for (std::size_t i = 0; i < t.bytes.size(); i += 10) t.bytes[i] ^= std::byte{1};
+  for (auto values : {ValueCoding::raw, ValueCoding::keydiff})
+    for (auto indices : {IndexCoding::gap_fixed, IndexCoding::gap_varint}) {
+      EncodeOptions opt;
+      opt.values = values;
+      opt.indices = indices;
+      const auto bytes = encode_patch(refs(base), refs(target), opt);
+      const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
+      ASSERT_EQ(p.summary.size(), kEveryDtype.size());
+      for (const auto& s : p.summary) {
+        const unsigned bits = std::find_if(kEveryDtype.begin(), kEveryDtype.end(), [&](const auto& d) {
+                                return d.first == s.dtype;
+                              })->second;
+        EXPECT_EQ(s.elements, 96u) << s.dtype;
+        if (is_sparse_dtype(s.dtype)) {
+          // Element i changed if a changed byte (every 10th) falls inside it.
+          std::uint64_t changed = 0;
+          for (std::size_t e = 0; e < 96; ++e)
+            for (std::size_t b = e * bits / 8; b < (e + 1) * bits / 8; ++b) {
+              if (b % 10 == 0) {
+                ++changed;
+                break;
+              }
+            }
+          EXPECT_EQ(s.changed, changed) << s.dtype;
+          EXPECT_EQ(s.whole_bytes, 0u) << s.dtype;
+        } else {
+          EXPECT_EQ(s.whole_bytes, 96u * bits / 8) << s.dtype;
+        }
+      }
+      State receiver = base;
+      Metadata metadata;
+      apply_whole(bytes, receiver, metadata);
+      expect_equal_state(receiver, target);
+    }
+  for (const char* sparse : {"BF16", "F16", "F32", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"})
+    EXPECT_TRUE(is_sparse_dtype(sparse)) << sparse;
+  for (const char* whole : {"F64", "C64", "I64", "BOOL", "F4", "F6_E2M3"}) EXPECT_FALSE(is_sparse_dtype(whole)) << whole;
+}
+
+TEST(Patch, FloatKeysStepAcrossZeroAndSignsExactly) {
+  // F16 and F32 special values, FP8 edge bytes: every transition survives keydiff exactly.
+  const std::vector<std::uint32_t> f32_from{0x00000000, 0x80000000, 0x7F800000, 0x00000001, 0x3F800000, 0xFFFFFFFF};
+  const std::vector<std::uint32_t> f32_to{0x80000000, 0x00000001, 0xFF800000, 0x80000001, 0x3F800001, 0x00000000};
+  OwnedTensor a{"f32", "F32", {6}, std::vector<std::byte>(24)}, b = a;
+  std::memcpy(a.bytes.data(), f32_from.data(), 24);
+  std::memcpy(b.bytes.data(), f32_to.data(), 24);
+  OwnedTensor c{"f16", "F16", {4}, std::vector<std::byte>(8)}, d = c;
+  const std::uint16_t f16_from[4] = {0x0000, 0x7C00, 0x8001, 0x3C00}, f16_to[4] = {0x8000, 0xFC00, 0x0001, 0x3BFF};
+  std::memcpy(c.bytes.data(), f16_from, 8);
+  std::memcpy(d.bytes.data(), f16_to, 8);
+  OwnedTensor e{"e8m0", "F8_E8M0", {4}, {std::byte{0}, std::byte{0xFF}, std::byte{0x7F}, std::byte{1}}}, f = e;
+  f.bytes = {std::byte{0xFF}, std::byte{0}, std::byte{0x80}, std::byte{1}};
+  OwnedTensor g{"e4m3", "F8_E4M3", {3}, {std::byte{0x00}, std::byte{0x80}, std::byte{0x7F}}}, h = g;
+  h.bytes = {std::byte{0x80}, std::byte{0x01}, std::byte{0xFF}};
+  for (auto values : {ValueCoding::raw, ValueCoding::keydiff}) {
+    EncodeOptions opt;
+    opt.values = values;
+    EXPECT_EQ(round_trip({a, c, e, g}, {b, d, f, h}, opt), 6u + 4u + 3u + 3u);
+  }
+}
+
+TEST(Patch, LayoutChangesAndMetadataTravelAndVerify) {
+  std::mt19937 rng(11);
+  const State base = random_state(rng, 1000);
+  State target = step(base, rng, 0.01);
+  target.erase(target.begin() + 3);              // "step" removed
+  target[2].shape = {1, 3};                      // "scale" re-shaped
+  target.push_back({"new.bias", "F16", {2}, std::vector<std::byte>(4, std::byte{7})});  // added
+  target.push_back({"blocks.0.ln.bias", "F32", {7}, std::vector<std::byte>(28, std::byte{1})});  // dtype change
+  target.erase(target.begin() + 1);
+  const Metadata base_meta{{"format", "pt"}}, target_meta{{"format", "pt"}, {"step", "2"}};
+  StateDigests target_digests;
+  const auto bytes = encode_patch(refs(base), refs(target), {}, nullptr, &target_digests, base_meta, target_meta);
+  const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
+  EXPECT_TRUE(p.header.changes_layout && p.header.changes_metadata);
+  EXPECT_EQ(p.removed, (std::vector<std::string>{"blocks.0.ln.bias", "scale", "step"}));
+  ASSERT_EQ(p.added.size(), 3u);
+  EXPECT_EQ(p.metadata, target_meta);
+  EXPECT_EQ(p.header.target_state, state_digest(refs(target), target_meta));
+  EXPECT_EQ(target_digests.state, p.header.target_state);
+
+  State receiver = base;
+  Metadata metadata = base_meta;
+  apply_whole(bytes, receiver, metadata);
+  expect_same_tensors(receiver, target);
+  EXPECT_EQ(metadata, target_meta);
+
+  // A receiver that cannot take a layout change, or holds another metadata, is refused untouched.
+  EXPECT_TRUE(rejected_and_untouched(bytes, base));
+  State other = base;
+  auto m = mutables(other);
+  StateChange change;
+  EXPECT_THROW(apply_patch(p, m, {}, nullptr, nullptr, Metadata{{"format", "np"}}, &change), Error);
+  expect_equal_state(other, base);
+}
+
+TEST(Patch, MetadataIsPartOfTheStateDigest) {
+  std::mt19937 rng(12);
+  const State s = random_state(rng, 10);
+  EXPECT_EQ(state_digest(refs(s)), state_digest(refs(s), Metadata{}));  // empty: the digest of format 1
+  EXPECT_NE(state_digest(refs(s)), state_digest(refs(s), Metadata{{"format", "pt"}}));
+  EXPECT_NE(state_digest(refs(s), Metadata{{"a", "bc"}}), state_digest(refs(s), Metadata{{"ab", "c"}}));
+  // A metadata-only change is a patch too, and a receiver without it is refused.
+  const auto bytes = encode_patch(refs(s), refs(s), {}, nullptr, nullptr, {}, Metadata{{"step", "3"}});
+  State receiver = s;
+  Metadata metadata;
+  apply_whole(bytes, receiver, metadata);
+  EXPECT_EQ(metadata, (Metadata{{"step", "3"}}));
+  EXPECT_TRUE(rejected_and_untouched(bytes, s));
+}
+
+TEST(Patch, FormatOnePatchIsRefusedWithOneLine) {
+  std::vector<std::uint8_t> v1{'P', 'U', 'L', 'S', 'E', 'P', 'C', 'H', 1, 0};
+  v1.resize(200, 0);
+  try {
+    parse_patch(v1.data(), v1.size());
+    ADD_FAILURE() << "format 1 accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("format version 1 is no longer read"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos);
+  }
+}
+
+TEST(Patch, EverySingleByteCorruptionOfAFormatTwoPatchIsRejected) {
+  // A patch with sparse BF16, F16, F32 and FP8 entries, a whole I64, a layout change and new
+  // metadata: every byte replaced by each of its 255 other values is rejected, weights untouched.
+  std::mt19937 rng(13);
+  State base;
+  for (const char* dtype : {"BF16", "F16", "F32", "F8_E4M3", "I64"}) {
+    const unsigned bytes = std::string(dtype) == "F32" ? 4 : std::string(dtype) == "I64" ? 8 : std::string(dtype)[0] == 'F' && dtype[1] == '8' ? 1 : 2;
+    OwnedTensor t{std::string("w.") + dtype, dtype, {16}, std::vector<std::byte>(16 * bytes)};
+    for (auto& b : t.bytes) b = std::byte(rng() & 0x3F);
+    base.push_back(t);
+  }
+  State target = base;
+  for (auto& t : target) t.bytes[3] ^= std::byte{1};
+  target.push_back({"added", "U8", {2}, {std::byte{1}, std::byte{2}}});
+  const auto good = encode_patch(refs(base), refs(target), {}, nullptr, nullptr, {}, Metadata{{"k", "v"}});
+  State receiver = base;
+  Metadata metadata;
+  apply_whole(good, receiver, metadata);
+  expect_same_tensors(receiver, target);
+  std::size_t accepted = 0;
+  for (std::size_t at = 0; at < good.size(); ++at)
+    for (int delta = 1; delta < 256; ++delta) {
+      auto bad = good;
+      bad[at] = std::uint8_t(bad[at] + delta);
+      State r = base;
+      Metadata md;
+      try {
+        apply_whole(bad, r, md);
+        ++accepted;
+      } catch (const Error&) {
+        expect_equal_state(r, base);
+      }
+    }
+  EXPECT_EQ(accepted, 0u) << "of " << 255 * good.size() << " single-byte corruptions";
 }
