@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string>
 
 #include "kernels/bf16.hpp"
 #include "sync/patch.hpp"
@@ -113,6 +114,51 @@ void BM_PatchSize(benchmark::State& state) {
   state.counters["dense_over_default"] = 2.0 * n / ours;
 }
 
+// The same change pattern in every sparse-coded float dtype: weights ~ N(0, 0.02), 1% of the
+// elements (hashed positions) step by one ulp up or down. F16 and F32 should cost about the
+// bits per change of BF16 (positions dominate; a one-step key difference is one byte).
+template <class Bits>
+std::vector<Bits> one_ulp_pattern(std::size_t n, const char* dtype, bool target) {
+  std::vector<Bits> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float w = float(0.02 * hashed_normal(i, 1));
+    std::uint32_t f32;
+    std::memcpy(&f32, &w, 4);
+    std::uint32_t bits = std::string(dtype) == "F32" ? f32 : std::string(dtype) == "BF16" ? float_to_bf16(w) : 0;
+    if (std::string(dtype) == "F16") {  // round to nearest F16 via the compiler's half type
+      const _Float16 h = static_cast<_Float16>(w);
+      std::uint16_t hb;
+      std::memcpy(&hb, &h, 2);
+      bits = hb;
+    }
+    const double u = (hashed_normal(i, 3) + 8.0) * 1e6;
+    const bool changes = std::uint64_t(u) % 100 == 0;
+    if (target && changes) bits += (std::uint64_t(u) / 100) % 2 ? 1 : -1;  // one ulp in magnitude
+    out[i] = static_cast<Bits>(bits);
+  }
+  return out;
+}
+
+template <class Bits>
+void dtype_patch_size(benchmark::State& state, const char* dtype) {
+  const std::size_t n = std::size_t(1) << 22;
+  const auto base = one_ulp_pattern<Bits>(n, dtype, false), target = one_ulp_pattern<Bits>(n, dtype, true);
+  std::uint64_t changed = 0;
+  for (std::size_t i = 0; i < n; ++i) changed += base[i] != target[i];
+  auto as_refs = [&](const std::vector<Bits>& v) {
+    return std::vector<TensorRef>{
+        {"weight", dtype, {std::int64_t(n)}, reinterpret_cast<const std::byte*>(v.data()), sizeof(Bits) * n}};
+  };
+  std::size_t bytes = 0;
+  for (auto _ : state) bytes = encode_patch(as_refs(base), as_refs(target), {}).size();
+  state.counters["changed"] = double(changed);
+  state.counters["bits_per_change"] = 8.0 * bytes / double(changed);
+  state.counters["dense_over_patch"] = double(sizeof(Bits) * n) / bytes;
+}
+void BM_PatchSizeBF16(benchmark::State& state) { dtype_patch_size<std::uint16_t>(state, "BF16"); }
+void BM_PatchSizeF16(benchmark::State& state) { dtype_patch_size<std::uint16_t>(state, "F16"); }
+void BM_PatchSizeF32(benchmark::State& state) { dtype_patch_size<std::uint32_t>(state, "F32"); }
+
 // Steady state of a sender: the base's digests are the ones the previous encode returned.
 void BM_Encode(benchmark::State& state) {
   const std::size_t n = std::size_t(state.range(0));
@@ -149,6 +195,9 @@ void BM_Apply(benchmark::State& state) {
 }
 
 BENCHMARK(BM_PatchSize)->Arg(990)->Arg(999)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PatchSizeBF16)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PatchSizeF16)->Iterations(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PatchSizeF32)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Encode)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Apply)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
 
