@@ -71,7 +71,8 @@ def main():
         target = step(rng, base, 0.01)
         target[3] = ("scale", "F32", np.array([1.0, 3.0], np.float32))
         safetensors_ref.write(p("base.safetensors"), base, {"format": "pt"})
-        safetensors_ref.write(p("target.safetensors"), list(reversed(target)))  # another layout
+        # another tensor order, and a changed __metadata__, which must travel in the patch
+        safetensors_ref.write(p("target.safetensors"), list(reversed(target)), {"format": "pt", "step": "1"})
 
         r = run(app, "diff", p("base.safetensors"), p("target.safetensors"))
         changed = sum(int(np.count_nonzero(a != b)) for (_, dt, a), (_, _, b) in zip(base, target) if dt == "BF16")
@@ -87,13 +88,15 @@ def main():
                     expect(r.returncode == 0, f"encode {name}: {r.stderr}")
                     r = run(app, "apply", "--base", p("base.safetensors"), "--patch", p(name + ".pulse"), "-o", p("out.safetensors"))
                     expect(r.returncode == 0 and same_tensors(p("out.safetensors"), target), f"apply {name}: {r.stderr}")
-                    expect(safetensors_ref.read(p("out.safetensors"))[1] == {"format": "pt"}, "metadata must be kept")
+                    expect(safetensors_ref.read(p("out.safetensors"))[1] == {"format": "pt", "step": "1"},
+                           "the target's metadata must arrive")
                     r = run(app, "verify", p("out.safetensors"), "--digest", digest)
                     expect(r.returncode == 0, f"verify after {name}: {r.stderr}")
         r = run(app, "verify", p("base.safetensors"), "--digest", digest)
         expect(r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, "verify must fail on another state, in one line")
         r = run(app, "inspect", p("keydiff-gap-varint-zstd.pulse"))
-        expect(r.returncode == 0 and "versions 0 -> 1" in r.stdout and f"changed BF16 elements: {changed}" in r.stdout,
+        expect(r.returncode == 0 and "versions 0 -> 1" in r.stdout and f"{changed} changed" in r.stdout
+               and "step = 1" in r.stdout,
                f"inspect: {r.stdout}")
 
         # Corrupt patches: rejected in one line, the output absent, the in-place file unchanged.
