@@ -395,10 +395,12 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
                                 ? e.index_width == 0
                                 : (e.index_width == 1 || e.index_width == 2 || e.index_width == 4 || e.index_width == 8);
       PULSE_CHECK(width_ok, "patch entry '" + e.name + "' has an invalid index width");
+      PULSE_CHECK(e.count <= UINT64_MAX - changed, "patch entries' change counts overflow");
       changed += e.count;
     } else if (e.kind == EntryKind::whole) {
       // An unchanged tensor is `same`; a whole entry carries at least one new byte.
       PULSE_CHECK(e.count > 0, "patch entry '" + e.name + "' carries an empty tensor whole");
+      PULSE_CHECK(e.count <= UINT64_MAX - whole_bytes, "patch entries' whole-tensor sizes overflow");
       whole_bytes += e.count;
     } else {
       PULSE_CHECK(e.count == 0 && e.base_digest == e.target_digest, "patch entry '" + e.name + "' is inconsistent");
@@ -407,6 +409,9 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   }
   PULSE_CHECK(t.pos == t.size, "patch entry table has trailing bytes");
   PULSE_CHECK(changed == h.total_changed, "patch entries do not add up to the declared change count");
+  // Each change takes at least one raw index byte, so this holds for every valid patch; it also
+  // keeps the stream-size products below far from overflowing.
+  PULSE_CHECK(changed <= limits.max_stream_bytes, "patch declares more changes than a stream can hold");
   // Raw stream sizes follow from the entries; anything else is corrupt (or a decompression bomb).
   std::uint64_t fixed_index_bytes = 0;
   for (const auto& e : p.entries)
