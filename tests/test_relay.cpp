@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -169,6 +171,15 @@ TEST_F(TempDir, PublishLockHeldByALiveProcessRefusesASecondPublisher) {
   relay.publish(2, state, nullptr, {});
   EXPECT_EQ(relay.head()->version, 2u);
   EXPECT_FALSE(fs::exists(path("publish.lock")));
+  // Another host's lock: held while fresh, broken once it has not been refreshed for 15 min.
+  write("publish.lock", "host another-host.invalid\npid 1\ntoken 8\n");
+  EXPECT_THROW(relay.publish(3, state, nullptr, {}), pulse::Error);
+  fs::last_write_time(path("publish.lock"), fs::file_time_type::clock::now() - std::chrono::minutes(16));
+  relay.publish(3, state, nullptr, {});
+  EXPECT_EQ(relay.head()->version, 3u);
+  EXPECT_TRUE(std::none_of(fs::directory_iterator(dir_), fs::directory_iterator(), [](const fs::directory_entry& e) {
+    return e.path().filename().string().rfind("publish.lock", 0) == 0;
+  }));
 }
 
 }  // namespace

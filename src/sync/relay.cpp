@@ -30,26 +30,34 @@ namespace {
 // refreshes it before every file it writes, and no single file takes anywhere near this long.
 constexpr long kStaleLockSeconds = 900;
 
+std::string random_letters(std::size_t n) {
+  static const char* alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::random_device random;
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) out += alphabet[random() % 62];
+  return out;
+}
+
 std::string host_name() {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   return name;
 }
 
-// publish.lock: created with O_EXCL, naming its holder's host, pid and a random token. A lock
-// whose holder is gone (same host: the pid no longer exists; other host: not refreshed for
-// kStaleLockSeconds) is broken by renaming it away, which only one breaker can do.
+// publish.lock: created whole and exclusively (try_create), naming its holder's host, pid and a
+// random token. A lock whose holder is gone (same host: the pid no longer exists; other host:
+// not refreshed for kStaleLockSeconds) is broken by renaming it away, which only one breaker
+// can do; the renamed file has a temporary name, so a breaker killed meanwhile leaves nothing
+// the next publisher does not remove.
 class PublishLock {
  public:
   explicit PublishLock(std::string path) : path_(std::move(path)) {
-    std::random_device random;
-    content_ = "host " + host_name() + "\npid " + std::to_string(::getpid()) + "\ntoken " +
-               std::to_string(random()) + std::to_string(random()) + "\n";
+    content_ = "host " + host_name() + "\npid " + std::to_string(::getpid()) + "\ntoken " + random_letters(16) + "\n";
     for (int attempt = 0; attempt < 3; ++attempt) {
       if (try_create()) return;
       const std::string holder = read_holder();
       if (!is_stale(holder)) break;
-      const std::string moved = path_ + ".broken." + std::to_string(::getpid());
+      const std::string moved = path_ + ".tmp." + random_letters(6);
       if (::rename(path_.c_str(), moved.c_str()) != 0) continue;  // someone else broke it first
       const bool same = read_text(moved) == holder;
       if (!same) ::link(moved.c_str(), path_.c_str());  // a fresh lock after all: put it back
