@@ -182,6 +182,25 @@ def hardening(app, p, rng, versions):
         f in left for f in ("HEAD.tmp.a1B2c3", "anchor-5.safetensors.tmp.ZZZZZZ", "anchor-5.safetensors.uncompressed")),
         f"the next publisher removes exactly the relay's temporary files: {left}")
 
+    # Two publishers at once, ten times: at most one publishes each version, a loser fails in one
+    # line, and a reader always reaches exactly HEAD's weights.
+    race = p("race-relay")
+    publish_chain(app, race, chain[:1])
+    for v in range(2, 12):
+        procs = []
+        for k in range(2):
+            path = p(f"race-{v}-{k}.safetensors")
+            safetensors_ref.write(path, step(rng, versions[1], 0.3))
+            procs.append(subprocess.Popen([app, "publish", "--relay", race, "--version", str(v), path, "--anchor-every", "3"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        results = [(q.wait(), q.stderr.read()) for q in procs]
+        expect(sum(rc == 0 for rc, _ in results) == 1, f"exactly one of two racing publishers wins version {v}: {results}")
+        expect(all(rc == 0 or len(err.strip().splitlines()) == 1 for rc, err in results), f"the loser fails in one line: {results}")
+        r = run(app, "pull", "--relay", race, "-o", p("race.safetensors"))
+        state = dict(line.split(" ", 1) for line in open(os.path.join(race, "HEAD")).read().splitlines()[1:])["state"]
+        expect(r.returncode == 0 and run(app, "verify", p("race.safetensors"), "--digest", state).returncode == 0,
+               f"after racing publishers a reader reaches HEAD: {r.stderr}")
+
     # Version flags: canonical decimals in range only.
     for bad in ("-1", "18446744073709551616", "007", "+6", "6x"):
         r = run(app, "publish", "--relay", g, "--version", bad, chain[4])
