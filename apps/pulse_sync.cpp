@@ -4,25 +4,27 @@
 //   pulse-sync apply --base A --patch P -o OUT  (or --in-place FILE) apply it, transactionally
 //   pulse-sync verify FILE [--digest D]         print or check the state digest
 //   pulse-sync inspect P                        header and entries of a patch
-//   pulse-sync keygen --public K.pub --secret K.sec
-//   pulse-sync publish --relay DIR --version V FILE [--previous PREV]   anchors, patches, HEAD
-//   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V]  to the relay's head
+//   pulse-sync keygen --public K.pub --secret K.sec [--force]
+//   pulse-sync publish --relay DIR --version V FILE [--previous PREV] [--sign K.sec]
+//   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub]
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <optional>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 #include "kernels/sparsity.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/codec_choice.hpp"
 #include "sync/patch.hpp"
 #include "sync/relay.hpp"
+#include "sync/relay_names.hpp"
 #include "sync/signing.hpp"
 
 using namespace pulse;
@@ -34,10 +36,17 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::vector<std::uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PULSE_CHECK(in, "cannot read " + path);
-  return std::vector<std::uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// Versions on the command line: canonical unsigned decimals in range (no sign, wrap or saturation).
+const CLI::Validator kVersionNumber(
+    [](std::string& text) {
+      return parse_canonical_version(text) ? std::string() : "'" + text + "' is not a version (0 to 2^64-1, in decimal)";
+    },
+    "VERSION");
+
+// True when a and b name the same file (st_dev and st_ino), e.g. through a link or another path.
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 // The secret key from path into storage, or nullptr (no signing) when path is empty.
@@ -133,6 +142,8 @@ struct EncodeArgs {
 };
 
 int cmd_encode(const EncodeArgs& args) {
+  PULSE_CHECK(!same_file(args.out, args.base) && !same_file(args.out, args.target),
+              "encode: the output " + args.out + " is the base or target checkpoint; write the patch elsewhere");
   EncodeOptions opt;
   opt.values = parse_value_coding(args.values);
   opt.indices = parse_index_coding(args.indices);
@@ -193,11 +204,13 @@ int cmd_encode(const EncodeArgs& args) {
 
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
               const std::string& public_key_path) {
-  const auto bytes = read_file(patch_path);
   PublicKey key;
   if (!public_key_path.empty()) key = read_public_key(public_key_path);
-  const ParsedPatch patch = parse_patch(bytes.data(), bytes.size(), {}, public_key_path.empty() ? nullptr : &key);
   Checkpoint state = load_checkpoint(base);
+  PatchLimits limits;
+  limits.max_patch_bytes = patch_bytes_limit(state.layout);
+  const auto bytes = read_regular_file(patch_path, limits.max_patch_bytes, "patch");
+  const ParsedPatch patch = parse_patch(bytes.data(), bytes.size(), limits, public_key_path.empty() ? nullptr : &key);
   const auto t0 = std::chrono::steady_clock::now();
   apply_to_checkpoint(patch, state);
   const double seconds = seconds_since(t0);
@@ -231,7 +244,7 @@ int cmd_verify(const std::string& path, const std::string& expected) {
 }
 
 int cmd_inspect(const std::string& path) {
-  const auto bytes = read_file(path);
+  const auto bytes = read_regular_file(path, physical_memory_bytes(), "patch");
   const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
   const PatchHeader& h = p.header;
   std::printf("PULSESync patch v%u, %zu bytes%s\n", h.format_version, bytes.size(), h.is_signed ? ", signed" : "");
@@ -260,17 +273,25 @@ int cmd_inspect(const std::string& path) {
   return 0;
 }
 
-int cmd_keygen(const std::string& public_path, const std::string& secret_path) {
+int cmd_keygen(const std::string& public_path, const std::string& secret_path, bool force) {
+  PULSE_CHECK(!same_file(public_path, secret_path) && public_path != secret_path, "keygen: --public and --secret are one file");
+  check_key_file_writable(secret_path, force);  // both checked before either is written
+  check_key_file_writable(public_path, force);
   const KeyPair k = generate_keypair();
-  write_key_file(secret_path, k.secret_key.data(), k.secret_key.size());
-  write_key_file(public_path, k.public_key.data(), k.public_key.size());
+  write_key_file(secret_path, k.secret_key.data(), k.secret_key.size(), true, force);
+  try {
+    write_key_file(public_path, k.public_key.data(), k.public_key.size(), false, force);
+  } catch (const Error&) {
+    std::remove(secret_path.c_str());  // a secret key without its public key is of no use
+    throw;
+  }
   std::printf("wrote %s and %s\n", public_path.c_str(), secret_path.c_str());
   return 0;
 }
 
 struct RelayArgs {
   std::string relay, file, previous, out, have, sign, public_key;
-  std::uint64_t version = 0, have_version = 0, anchor_every = 10, keep_anchors = 2;
+  std::uint64_t version = 0, have_version = 0, min_version = 0, anchor_every = 10, keep_anchors = 2;
   bool compress_anchors = false;
 };
 
@@ -300,7 +321,11 @@ int cmd_pull(const RelayArgs& args) {
   if (!args.public_key.empty()) key = read_public_key(args.public_key);
   std::optional<Checkpoint> have;
   if (!args.have.empty()) have = load_checkpoint(args.have);
-  const PullResult r = relay.pull(have ? &*have : nullptr, args.have_version, args.public_key.empty() ? nullptr : &key);
+  PullOptions options;
+  options.public_key = args.public_key.empty() ? nullptr : &key;
+  options.min_version = args.min_version;
+  const PullResult r = relay.pull(have ? &*have : nullptr, args.have_version, options);
+  if (!r.fallback.empty()) std::fprintf(stderr, "pulse-sync: note: fell back (%s)\n", r.fallback.c_str());
   save_checkpoint(args.out, r.state);
   std::printf("pulled version %llu (%s path, %llu patches), digest verified; wrote %s\n",
               static_cast<unsigned long long>(r.version), r.fast_path ? "fast" : "slow",
@@ -332,8 +357,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"zstd", "lz4", "none"}))
       ->capture_default_str();
   encode->add_option("--level", enc.level, "zstd level")->check(CLI::Range(-7, 22))->capture_default_str();
-  encode->add_option("--base-version", enc.base_version, "version number of the base")->capture_default_str();
-  encode->add_option("--target-version", enc.target_version, "version number of the target")->capture_default_str();
+  encode->add_option("--base-version", enc.base_version, "version number of the base")
+      ->check(kVersionNumber)
+      ->capture_default_str();
+  encode->add_option("--target-version", enc.target_version, "version number of the target")
+      ->check(kVersionNumber)
+      ->capture_default_str();
   encode->add_option("--sign", enc.sign, "sign with this Ed25519 secret key file")->check(CLI::ExistingFile);
   encode->add_option("--codec", enc.codec, "auto: measure every codec on this patch and pick the fastest end to end")
       ->check(CLI::IsMember({"auto"}));
@@ -361,14 +390,16 @@ int main(int argc, char** argv) {
   inspect->add_option("PATCH", inspect_path, "patch file")->required()->check(CLI::ExistingFile);
 
   std::string public_out, secret_out;
-  auto* keygen = app.add_subcommand("keygen", "create an Ed25519 key pair for signing patches");
+  bool force_keys = false;
+  auto* keygen = app.add_subcommand("keygen", "create an Ed25519 key pair for signing patches and relay state");
   keygen->add_option("--public", public_out, "public key file to write")->required();
   keygen->add_option("--secret", secret_out, "secret key file to write (mode 0600)")->required();
+  keygen->add_flag("--force", force_keys, "replace existing key files (otherwise they are kept)");
 
   RelayArgs rel;
   auto* publish = app.add_subcommand("publish", "publish a checkpoint as the relay's next version");
   publish->add_option("--relay", rel.relay, "relay folder")->required();
-  publish->add_option("--version", rel.version, "version number of FILE")->required();
+  publish->add_option("--version", rel.version, "version number of FILE")->required()->check(kVersionNumber);
   publish->add_option("FILE", rel.file, "checkpoint to publish")->required()->check(CLI::ExistingFile);
   publish->add_option("--previous", rel.previous, "the relay's head version, to write a patch from")
       ->check(CLI::ExistingFile);
@@ -378,15 +409,21 @@ int main(int argc, char** argv) {
   publish->add_option("--keep-anchors", rel.keep_anchors, "anchors to keep (and the patches they need)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  publish->add_option("--sign", rel.sign, "sign patches with this Ed25519 secret key file")->check(CLI::ExistingFile);
+  publish->add_option("--sign", rel.sign, "sign HEAD, anchor records and patches with this Ed25519 secret key file")
+      ->check(CLI::ExistingFile);
   publish->add_flag("--compress-anchors", rel.compress_anchors, "write anchors zstd-compressed (.safetensors.zst)");
 
   auto* pull = app.add_subcommand("pull", "bring a checkpoint to the relay's head version");
   pull->add_option("--relay", rel.relay, "relay folder")->required()->check(CLI::ExistingDirectory);
   pull->add_option("-o,--out", rel.out, "checkpoint to write")->required();
   auto* have_opt = pull->add_option("--have", rel.have, "checkpoint the receiver holds")->check(CLI::ExistingFile);
-  pull->add_option("--have-version", rel.have_version, "its version")->needs(have_opt);
-  pull->add_option("--public-key", rel.public_key, "require patches signed by this key")->check(CLI::ExistingFile);
+  pull->add_option("--have-version", rel.have_version, "its version (pull never moves below it)")
+      ->needs(have_opt)
+      ->check(kVersionNumber);
+  pull->add_option("--min-version", rel.min_version, "refuse a relay whose HEAD is older than this version")
+      ->check(kVersionNumber);
+  pull->add_option("--public-key", rel.public_key, "accept only HEAD, anchors and patches signed by this key")
+      ->check(CLI::ExistingFile);
 
   try {
     app.parse(argc, argv);
@@ -409,7 +446,7 @@ int main(int argc, char** argv) {
     }
     if (*verify) return cmd_verify(verify_path, digest);
     if (*inspect) return cmd_inspect(inspect_path);
-    if (*keygen) return cmd_keygen(public_out, secret_out);
+    if (*keygen) return cmd_keygen(public_out, secret_out, force_keys);
     if (*publish) return cmd_publish(rel);
     if (*pull) return cmd_pull(rel);
   } catch (const std::exception& e) {

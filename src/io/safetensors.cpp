@@ -1,7 +1,6 @@
 #include "io/safetensors.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 
 namespace pulse::io {
 
@@ -84,16 +84,6 @@ bool mul_fits(std::size_t a, std::size_t b, std::size_t& out) {
   out = a * b;
   return true;
 }
-
-std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-// Closes on every exit path; a mapping outlives the descriptor it was made from.
-struct FileDescriptor {
-  int fd;
-  ~FileDescriptor() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 }  // namespace
 
@@ -278,22 +268,14 @@ ParsedHeader parse_header(const std::byte* file, std::size_t file_size, const Sa
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path, const SafetensorsLimits& limits) {
-  const std::string& source = path;
-  const FileDescriptor fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  HEADER_CHECK(fd.fd >= 0, system_error("cannot open"));
-  struct stat st {};
-  HEADER_CHECK(::fstat(fd.fd, &st) == 0, system_error("cannot stat"));
-  HEADER_CHECK(S_ISREG(st.st_mode), "not a regular file");
+  // Read, not mapped: a map faults (SIGBUS) when another process truncates the file, where a
+  // read can only come up short, which read_regular_file reports as an error. Callers copy or
+  // stream the tensors anyway, so the heap copy costs what faulting the map in would.
   SafetensorsFile file;
   file.path_ = path;
-  if (st.st_size > 0) {  // an empty file cannot be mapped; parse_header rejects it unread
-    void* map = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd.fd, 0);
-    HEADER_CHECK(map != MAP_FAILED, system_error("cannot mmap"));
-    file.map_ = map;
-    file.map_bytes_ = static_cast<std::size_t>(st.st_size);
-  }
-  const auto* bytes = static_cast<const std::byte*>(file.map_);
-  ParsedHeader header = parse_header(bytes, file.map_bytes_, limits, path);
+  file.bytes_ = read_regular_file(path, physical_memory_bytes(), "safetensors file");
+  const auto* bytes = reinterpret_cast<const std::byte*>(file.bytes_.data());
+  ParsedHeader header = parse_header(bytes, file.bytes_.size(), limits, path);
   file.metadata_ = std::move(header.metadata);
   file.tensors_.reserve(header.tensors.size());
   for (auto& t : header.tensors)
@@ -316,10 +298,8 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& other) noexcept { *this = std
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
   if (this != &other) {
-    unmap();
     path_ = std::move(other.path_);
-    map_ = std::exchange(other.map_, nullptr);
-    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    bytes_ = std::move(other.bytes_);  // the buffer moves with its data: views stay valid
     tensors_ = std::move(other.tensors_);
     by_name_ = std::move(other.by_name_);
     metadata_ = std::move(other.metadata_);
@@ -327,13 +307,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& other) noexcept {
   return *this;
 }
 
-SafetensorsFile::~SafetensorsFile() { unmap(); }
-
-void SafetensorsFile::unmap() noexcept {
-  if (map_) ::munmap(map_, map_bytes_);
-  map_ = nullptr;
-  map_bytes_ = 0;
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 #undef HEADER_CHECK
 

@@ -1,8 +1,8 @@
 #pragma once
 // Hugging Face safetensors files (https://huggingface.co/docs/safetensors): an 8-byte
 // little-endian header length N, N bytes of UTF-8 JSON naming every tensor's dtype, shape and
-// byte range in the data section, then the data section. Readers get zero-copy views into a
-// read-only memory map; writers publish atomically. Headers are untrusted: every size is
+// byte range in the data section, then the data section. Readers get views into the file read
+// into memory; writers publish atomically. Headers are untrusted: every size is
 // checked against SafetensorsLimits and the file before it is used.
 #include <cstddef>
 #include <cstdint>
@@ -63,9 +63,9 @@ struct ParsedHeader {
 ParsedHeader parse_header(const std::byte* file, std::size_t file_size, const SafetensorsLimits& limits,
                           const std::string& source = "<memory>");
 
-// A read-only, memory-mapped safetensors file. Movable, not copyable; views stay valid across
-// moves. The map is private and read-only, but a file truncated by someone else while mapped
-// still faults (SIGBUS) on access, as with any mmap reader.
+// A safetensors file read whole into memory (regular files only, never mapped: a file truncated
+// by someone else while being read is an error, not a SIGBUS). Movable, not copyable; views stay
+// valid across moves.
 class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::string& path, const SafetensorsLimits& limits = {});
@@ -83,11 +83,9 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
-  void unmap() noexcept;
 
   std::string path_;
-  void* map_ = nullptr;
-  std::size_t map_bytes_ = 0;
+  std::vector<std::uint8_t> bytes_;
   std::vector<TensorView> tensors_;
   std::vector<std::size_t> by_name_;  // indices into tensors_ sorted by name, for find()
   std::map<std::string, std::string> metadata_;

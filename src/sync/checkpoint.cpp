@@ -1,14 +1,11 @@
 #include "sync/checkpoint.hpp"
 
-#include <zstd.h>
-
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 #include "sync/compress.hpp"
 
 namespace pulse::sync {
@@ -51,20 +48,12 @@ namespace {
 
 bool is_zstd_path(const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0; }
 
-std::vector<std::uint8_t> read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PULSE_CHECK(in, "cannot read " + path);
-  return std::vector<std::uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-// A zstd-compressed safetensors file, decompressed and validated in memory.
+// A zstd-compressed safetensors file, decompressed and validated in memory; neither the file
+// nor what it declares may exceed the machine's memory.
 Checkpoint load_compressed(const std::string& path) {
-  const auto coded = read_whole(path);
-  const unsigned long long size = ZSTD_getFrameContentSize(coded.data(), coded.size());
-  PULSE_CHECK(size != ZSTD_CONTENTSIZE_ERROR && size != ZSTD_CONTENTSIZE_UNKNOWN,
-              path + " is not a zstd frame with a declared size");
-  PULSE_CHECK(size <= (1ull << 40), path + " declares " + std::to_string(size) + " bytes, beyond the limit");
-  const auto raw = decompress(Compressor::zstd, coded.data(), coded.size(), size);
+  const std::uint64_t limit = physical_memory_bytes();
+  const auto coded = read_regular_file(path, limit, "compressed checkpoint");
+  const auto raw = decompress_zstd_frame(coded.data(), coded.size(), limit, path);
   const auto* bytes = reinterpret_cast<const std::byte*>(raw.data());
   const io::ParsedHeader header = io::parse_header(bytes, raw.size(), {}, path);
   Checkpoint c;
@@ -104,7 +93,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
   // Through a plain file next to it: the safetensors writer is the one place that lays out files.
   const std::string plain = path.substr(0, path.size() - 4) + ".uncompressed";
   io::write_safetensors(plain, tensors, checkpoint.metadata);
-  const auto raw = read_whole(plain);
+  const auto raw = read_regular_file(plain, physical_memory_bytes(), "checkpoint");
   std::remove(plain.c_str());
   const auto coded = compress(Compressor::zstd, zstd_level, raw);
   write_file_atomically(path, coded.data(), coded.size());

@@ -3,7 +3,9 @@
 #include <lz4.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <climits>
+#include <memory>
 
 #include "core/error.hpp"
 
@@ -65,6 +67,39 @@ std::vector<std::uint8_t> decompress(Compressor c, const std::uint8_t* data, std
   } else {
     throw_error(__FILE__, __LINE__, "unknown compressor id " + std::to_string(int(c)));
   }
+  return out;
+}
+
+std::vector<std::uint8_t> decompress_zstd_frame(const std::uint8_t* data, std::size_t size, std::uint64_t max_bytes,
+                                                const std::string& source) {
+  const unsigned long long declared = ZSTD_getFrameContentSize(data, size);
+  PULSE_CHECK(declared != ZSTD_CONTENTSIZE_ERROR && declared != ZSTD_CONTENTSIZE_UNKNOWN,
+              source + " is not a zstd frame with a declared size");
+  PULSE_CHECK(declared <= max_bytes, source + " declares " + std::to_string(declared) + " bytes, more than the limit of " +
+                                         std::to_string(max_bytes));
+  const std::size_t frame = ZSTD_findFrameCompressedSize(data, size);
+  PULSE_CHECK(!ZSTD_isError(frame) && frame == size, source + " is not exactly one zstd frame");
+  std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  PULSE_CHECK(ctx, "zstd: out of memory");
+  std::vector<std::uint8_t> out;
+  ZSTD_inBuffer in{data, size, 0};
+  std::size_t produced = 0;
+  for (;;) {
+    if (produced == out.size() && out.size() < declared)
+      out.resize(std::min<std::uint64_t>(declared, std::max<std::uint64_t>(2 * out.size(), 1 << 20)));
+    ZSTD_outBuffer o{out.data(), out.size(), produced};
+    const std::size_t in_before = in.pos;
+    const std::size_t rc = ZSTD_decompressStream(ctx.get(), &o, &in);
+    PULSE_CHECK(!ZSTD_isError(rc), source + ": corrupt zstd frame (" + ZSTD_getErrorName(rc) + ")");
+    const bool progressed = in.pos != in_before || o.pos != produced;
+    produced = o.pos;
+    if (rc == 0) break;
+    PULSE_CHECK(progressed, source + ": the zstd frame stops after " + std::to_string(produced) + " of the " +
+                                std::to_string(declared) + " bytes it declares, or runs past them");
+  }
+  PULSE_CHECK(produced == declared, source + " decodes to " + std::to_string(produced) + " bytes, it declares " +
+                                        std::to_string(declared));
+  out.resize(produced);
   return out;
 }
 

@@ -1,14 +1,24 @@
 #include "sync/relay.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <chrono>
+#include <ctime>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <sstream>
+#include <random>
 #include <vector>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
+#include "sync/relay_names.hpp"
 
 namespace fs = std::filesystem;
 
@@ -16,28 +26,127 @@ namespace pulse::sync {
 
 namespace {
 
-std::vector<std::uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PULSE_CHECK(in, "relay: cannot read " + path);
-  return std::vector<std::uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+// A lock of another host whose holder has not touched it for this long is stale: the holder
+// refreshes it before every file it writes, and no single file takes anywhere near this long.
+constexpr long kStaleLockSeconds = 900;
 
-// Versions of the anchors present, ascending.
-std::vector<std::uint64_t> anchor_versions(const std::string& dir) {
-  std::vector<std::uint64_t> out;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    std::uint64_t v;
-    char tail[32];
-    if (std::sscanf(name.c_str(), "anchor-%lu.%31s", &v, tail) == 2 &&
-        (std::string(tail) == "safetensors" || std::string(tail) == "safetensors.zst"))
-      out.push_back(v);
-  }
-  std::sort(out.begin(), out.end());
+std::string random_letters(std::size_t n) {
+  static const char* alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::random_device random;
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) out += alphabet[random() % 62];
   return out;
 }
 
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// publish.lock: created whole and exclusively (try_create), naming its holder's host, pid and a
+// random token. A lock whose holder is gone (same host: the pid no longer exists; other host:
+// not refreshed for kStaleLockSeconds) is broken by renaming it away, which only one breaker
+// can do; the renamed file has a temporary name, so a breaker killed meanwhile leaves nothing
+// the next publisher does not remove.
+class PublishLock {
+ public:
+  explicit PublishLock(std::string path) : path_(std::move(path)) {
+    content_ = "host " + host_name() + "\npid " + std::to_string(::getpid()) + "\ntoken " + random_letters(16) + "\n";
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      if (try_create()) return;
+      const std::string holder = read_holder();
+      if (!is_stale(holder)) break;
+      const std::string moved = path_ + ".tmp." + random_letters(6);
+      if (::rename(path_.c_str(), moved.c_str()) != 0) continue;  // someone else broke it first
+      const bool same = read_text(moved) == holder;
+      if (!same) ::link(moved.c_str(), path_.c_str());  // a fresh lock after all: put it back
+      ::unlink(moved.c_str());
+    }
+    const std::string holder = read_holder();
+    throw_error(__FILE__, __LINE__,
+                "relay: another publisher holds " + path_ + " (" + describe(holder) +
+                    "); one publisher per relay (remove the file if that publisher is gone)");
+  }
+  ~PublishLock() {
+    if (read_text(path_) == content_) ::unlink(path_.c_str());
+  }
+  PublishLock(const PublishLock&) = delete;
+  PublishLock& operator=(const PublishLock&) = delete;
+
+  // Before each file: the lock must still be ours (fencing), and its time is refreshed.
+  void confirm() const {
+    PULSE_CHECK(read_text(path_) == content_,
+                "relay: lost " + path_ + " to another publisher; stopped before changing HEAD");
+    ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);
+  }
+
+ private:
+  // The lock appears with its content (written to a temporary file, then hard-linked, which
+  // fails if the lock exists), so a publisher killed at any point never leaves an empty lock.
+  // Where hard links are not supported, O_EXCL creates it directly.
+  bool try_create() const {
+    std::string temp = path_ + ".tmp.XXXXXX";
+    const int fd = ::mkstemp(temp.data());
+    PULSE_CHECK(fd >= 0, "relay: cannot create a file next to " + path_ + ": " + std::strerror(errno));
+    const bool written = ::write(fd, content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
+    const bool closed = ::close(fd) == 0;
+    if (!written || !closed) ::unlink(temp.c_str());
+    PULSE_CHECK(written && closed, "relay: cannot write " + temp);
+    const int rc = ::link(temp.c_str(), path_.c_str());
+    const int link_errno = errno;
+    ::unlink(temp.c_str());
+    if (rc == 0) return true;
+    if (link_errno == EEXIST || link_errno == ENOENT) return false;  // held, or the holder removed our temporary
+    const int lock = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (lock < 0) {
+      PULSE_CHECK(errno == EEXIST, "relay: cannot create " + path_ + ": " + std::strerror(errno));
+      return false;
+    }
+    const bool ok = ::write(lock, content_.data(), content_.size()) == static_cast<ssize_t>(content_.size()) &&
+                    ::close(lock) == 0;
+    if (!ok) ::unlink(path_.c_str());
+    PULSE_CHECK(ok, "relay: cannot write " + path_);
+    return true;
+  }
+  static std::string read_text(const std::string& path) {
+    try {
+      const auto bytes = read_regular_file(path, kMaxRelayRecordBytes, "relay lock");
+      return std::string(bytes.begin(), bytes.end());
+    } catch (const Error&) {
+      return "";
+    }
+  }
+  std::string read_holder() const { return read_text(path_); }
+  static std::string field(const std::string& text, const std::string& key) {
+    const std::size_t at = text.find(key + " ");
+    if (at == std::string::npos || (at > 0 && text[at - 1] != '\n')) return "";
+    const std::size_t end = text.find('\n', at);
+    return text.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
+  }
+  static std::string describe(const std::string& holder) {
+    const std::string host = field(holder, "host"), pid = field(holder, "pid");
+    return host.empty() || pid.empty() ? "holder unknown" : "pid " + pid + " on " + host;
+  }
+  bool is_stale(const std::string& holder) const {
+    const auto pid = parse_canonical_version(field(holder, "pid"));
+    if (field(holder, "host") == host_name() && pid && *pid > 0 && *pid <= std::uint64_t(INT32_MAX))
+      return ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH;
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0) return false;  // gone: the next attempt creates it
+    return std::time(nullptr) - st.st_mtime > kStaleLockSeconds;
+  }
+
+  std::string path_, content_;
+};
+
 }  // namespace
+
+std::uint64_t patch_bytes_limit(const std::vector<TensorRef>& state) {
+  std::uint64_t bytes = 0;
+  for (const auto& t : state) bytes += t.bytes;
+  return 8 * bytes + PatchLimits{}.max_entry_table_bytes + (1 << 20);
+}
 
 Relay::Relay(std::string dir) : dir_(std::move(dir)) {
   std::error_code ec;
@@ -46,30 +155,39 @@ Relay::Relay(std::string dir) : dir_(std::move(dir)) {
 }
 
 std::string Relay::anchor_path(std::uint64_t v) const {
-  const std::string plain = dir_ + "/anchor-" + std::to_string(v) + ".safetensors";
-  return fs::exists(plain + ".zst") ? plain + ".zst" : plain;
+  const std::string compressed = path(anchor_file_name(v, true));
+  return fs::exists(compressed) ? compressed : path(anchor_file_name(v, false));
 }
-std::string Relay::patch_path(std::uint64_t from, std::uint64_t to) const {
-  return dir_ + "/patch-" + std::to_string(from) + "-" + std::to_string(to) + ".pulse";
+std::string Relay::patch_path(std::uint64_t from, std::uint64_t to) const { return path(patch_file_name(from, to)); }
+
+std::vector<std::uint64_t> Relay::anchor_versions() const {
+  std::vector<std::uint64_t> out;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const auto name = parse_relay_name(entry.path().filename().string());
+    if (name && (name->kind == RelayFile::anchor || name->kind == RelayFile::anchor_zst)) out.push_back(name->version);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
-std::optional<RelayHead> Relay::head() const {
-  std::ifstream in(dir_ + "/HEAD");
-  if (!in) return std::nullopt;
-  std::string key, hex;
-  RelayHead h;
-  in >> key >> h.version >> hex;
-  PULSE_CHECK(in && key == "version", "relay: " + dir_ + "/HEAD is malformed");
-  h.state = digest_from_hex(hex);
-  return h;
+std::optional<RelayHead> Relay::head(const PublicKey* public_key) const {
+  const std::string head_path = path(kRelayHeadName);
+  struct stat st {};
+  if (::lstat(head_path.c_str(), &st) != 0 && errno == ENOENT) return std::nullopt;
+  const auto bytes = read_regular_file(head_path, kMaxRelayRecordBytes, "relay HEAD");
+  return parse_head(bytes.data(), bytes.size(), public_key, head_path);
 }
 
 void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, const std::vector<TensorRef>* previous,
                     const PublishOptions& options) {
   PULSE_CHECK(options.anchor_every >= 1 && options.keep_anchors >= 1, "relay: anchor_every and keep_anchors must be >= 1");
+  PublishLock lock(path(kRelayLockName));
+  remove_temporary_files();  // with the lock held, every writer of these is gone
   const auto current = head();
   PULSE_CHECK(!current || version > current->version,
               "relay: version " + std::to_string(version) + " is not newer than the head " + std::to_string(current->version));
+  const SecretKey* key = options.encode.signing_key;
   bool wrote_patch = false;
   if (current && previous && current->version + 1 == version) {
     PULSE_CHECK(state_digest(*previous) == current->state,
@@ -78,74 +196,121 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
     enc.base_version = current->version;
     enc.target_version = version;
     const auto patch = encode_patch(*previous, state, enc);
+    lock.confirm();
     write_file_atomically(patch_path(current->version, version), patch.data(), patch.size());
     wrote_patch = true;
   }
-  if (!wrote_patch || version % options.anchor_every == 0 || anchor_versions(dir_).empty()) {
+  const Digest digest = state_digest(state);
+  if (!wrote_patch || version % options.anchor_every == 0 || anchor_versions().empty()) {
     Checkpoint anchor;
     anchor.layout = state;
     for (const auto& t : state) anchor.data.emplace_back(t.data, t.data + t.bytes);
-    const std::string plain = dir_ + "/anchor-" + std::to_string(version) + ".safetensors";
-    save_checkpoint(options.compress_anchors ? plain + ".zst" : plain, anchor, options.anchor_level);
+    lock.confirm();
+    save_checkpoint(path(anchor_file_name(version, options.compress_anchors)), anchor, options.anchor_level);
+    const std::string record = format_anchor_record({version, digest, key != nullptr}, key);
+    write_file_atomically(path(anchor_record_name(version)), record.data(), record.size());
   }
-  std::ostringstream head_text;
-  head_text << "version " << version << " " << to_hex(state_digest(state)) << "\n";
-  const std::string text = head_text.str();
-  write_file_atomically(dir_ + "/HEAD", text.data(), text.size());  // last: the version is now visible
-  retain(version, options.keep_anchors);
+  RelayHead next{version, digest, std::nullopt, key != nullptr};
+  if (current) next.follows = current->version;
+  const std::string text = format_head(next, key);
+  lock.confirm();
+  write_file_atomically(path(kRelayHeadName), text.data(), text.size());  // last: the version is now visible
+  retain(options.keep_anchors);
 }
 
-void Relay::retain(std::uint64_t newest, std::uint64_t keep_anchors) const {
-  const auto anchors = anchor_versions(dir_);
+void Relay::remove_temporary_files() const {
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const auto name = parse_relay_name(entry.path().filename().string());
+    if (name && name->kind == RelayFile::temporary) fs::remove(entry.path());
+  }
+}
+
+void Relay::retain(std::uint64_t keep_anchors) const {
+  const auto anchors = anchor_versions();
   if (anchors.size() <= keep_anchors) return;
   const std::uint64_t oldest_kept = anchors[anchors.size() - keep_anchors];
-  for (std::uint64_t v : anchors)
-    if (v < oldest_kept) fs::remove(anchor_path(v));
   for (const auto& entry : fs::directory_iterator(dir_)) {
-    std::uint64_t from, to;
-    if (std::sscanf(entry.path().filename().string().c_str(), "patch-%lu-%lu.pulse", &from, &to) == 2 &&
-        to <= oldest_kept && to <= newest)
-      fs::remove(entry.path());
+    const auto name = parse_relay_name(entry.path().filename().string());
+    if (!name) continue;
+    const bool old_anchor = (name->kind == RelayFile::anchor || name->kind == RelayFile::anchor_zst ||
+                             name->kind == RelayFile::anchor_record) &&
+                            name->version < oldest_kept;
+    const bool old_patch = name->kind == RelayFile::patch && name->to <= oldest_kept;
+    if (old_anchor || old_patch) fs::remove(entry.path());
   }
 }
 
-PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const PublicKey* public_key) const {
-  const auto h = head();
-  PULSE_CHECK(h.has_value(), "relay: " + dir_ + " has no HEAD (nothing published yet)");
-  PullResult result;
-  result.version = h->version;
-  auto chain_from = [&](std::uint64_t v) {
-    for (std::uint64_t u = v; u < h->version; ++u)
-      if (!fs::exists(patch_path(u, u + 1))) return false;
-    return true;
-  };
-  std::uint64_t start;
-  if (have && have_version <= h->version && chain_from(have_version)) {
-    result.state = *have;
-    for (std::size_t i = 0; i < result.state.layout.size(); ++i) result.state.layout[i].data = result.state.data[i].data();
-    start = have_version;
-    result.fast_path = true;
-  } else {
-    const auto anchors = anchor_versions(dir_);
-    auto it = std::upper_bound(anchors.begin(), anchors.end(), h->version);
-    PULSE_CHECK(it != anchors.begin(), "relay: no anchor at or before version " + std::to_string(h->version));
-    start = *std::prev(it);
-    PULSE_CHECK(chain_from(start), "relay: the patch chain from anchor " + std::to_string(start) + " is incomplete");
-    result.state = load_checkpoint(anchor_path(start));
-  }
-  for (std::uint64_t u = start; u < h->version; ++u) {
-    const auto bytes = read_bytes(patch_path(u, u + 1));
-    const ParsedPatch p = parse_patch(bytes.data(), bytes.size(), {}, public_key);
+namespace {
+
+// Applies the patches from `from` to the head onto state, then checks HEAD's digest.
+void follow_patches(const Relay& relay, Checkpoint& state, std::uint64_t from, const RelayHead& head,
+                    const PullOptions& options, PullResult& result) {
+  PatchLimits limits;
+  limits.max_patch_bytes = patch_bytes_limit(state.layout);
+  for (std::uint64_t u = from; u < head.version; ++u) {
+    const std::string file = relay.patch_path(u, u + 1);
+    const auto bytes = read_regular_file(file, limits.max_patch_bytes, "patch");
+    const ParsedPatch p = parse_patch(bytes.data(), bytes.size(), limits, options.public_key);
     PULSE_CHECK(p.header.base_version == u && p.header.target_version == u + 1,
-                "relay: " + patch_path(u, u + 1) + " holds versions " + std::to_string(p.header.base_version) + " -> " +
+                "relay: " + file + " holds versions " + std::to_string(p.header.base_version) + " -> " +
                     std::to_string(p.header.target_version));
-    auto tensors = result.state.mutables();
-    apply_patch(p, tensors);
+    auto tensors = state.mutables();
+    apply_patch(p, tensors, limits);
     ++result.patches_applied;
   }
-  PULSE_CHECK(state_digest(result.state.layout) == h->state,
-              "relay: the weights reached do not match HEAD's digest for version " + std::to_string(h->version));
-  return result;
+  PULSE_CHECK(state_digest(state.layout) == head.state,
+              "relay: the weights reached do not match HEAD's digest for version " + std::to_string(head.version));
+}
+
+}  // namespace
+
+PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const PullOptions& options) const {
+  const auto h = head(options.public_key);
+  PULSE_CHECK(h.has_value(), "relay: " + dir_ + " has no HEAD (nothing published yet)");
+  const std::uint64_t floor = std::max(options.min_version, have ? have_version : 0);
+  PULSE_CHECK(h->version >= floor, "relay: HEAD names version " + std::to_string(h->version) +
+                                       ", older than version " + std::to_string(floor) +
+                                       " the reader holds or requires; refusing to move back");
+  PullResult result;
+  result.version = h->version;
+  if (have) {
+    try {
+      result.state = *have;
+      for (std::size_t i = 0; i < result.state.layout.size(); ++i) result.state.layout[i].data = result.state.data[i].data();
+      follow_patches(*this, result.state, have_version, *h, options, result);
+      result.fast_path = true;
+      return result;
+    } catch (const Error& e) {
+      result.fallback = std::string("fast path: ") + e.what();
+    }
+  }
+  auto anchors = anchor_versions();
+  anchors.erase(std::upper_bound(anchors.begin(), anchors.end(), h->version), anchors.end());
+  PULSE_CHECK(!anchors.empty() || !result.fallback.empty(),
+              "relay: no anchor at or before version " + std::to_string(h->version));
+  for (auto it = anchors.rbegin(); it != anchors.rend(); ++it) {
+    result.patches_applied = 0;
+    try {
+      const std::string record_path = path(anchor_record_name(*it));
+      std::optional<AnchorRecord> record;
+      if (options.public_key || fs::exists(record_path)) {
+        const auto bytes = read_regular_file(record_path, kMaxRelayRecordBytes, "anchor record");
+        record = parse_anchor_record(bytes.data(), bytes.size(), options.public_key, record_path);
+        PULSE_CHECK(record->version == *it, "relay: " + record_path + " names version " + std::to_string(record->version));
+      }
+      result.state = load_checkpoint(anchor_path(*it));
+      PULSE_CHECK(!record || state_digest(result.state.layout) == record->state,
+                  "relay: " + anchor_path(*it) + " does not match the digest its record names");
+      follow_patches(*this, result.state, *it, *h, options, result);
+      result.anchor = *it;
+      return result;
+    } catch (const Error& e) {
+      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + std::to_string(*it) + ": " +
+                         e.what();
+    }
+  }
+  throw_error(__FILE__, __LINE__, "relay: cannot reach HEAD version " + std::to_string(h->version) + " (" +
+                                      result.fallback + ")");
 }
 
 }  // namespace pulse::sync

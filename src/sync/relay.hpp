@@ -1,30 +1,34 @@
 #pragma once
 // The relay: a directory (shared filesystem or object-store mount) through which trainers
-// publish weight versions to inference workers. It holds full anchors every K versions, a
-// patch from each version to the next, and a HEAD record naming the newest version and its
-// state digest. Every file appears atomically and HEAD is written last, so a reader that
-// follows HEAD never sees a partial version.
-//   anchor-<v>.safetensors[.zst]   patch-<v-1>-<v>.pulse   HEAD
+// publish weight versions to inference workers. It holds full anchors every K versions (each
+// with a record of its digest), a patch from each version to the next, and a HEAD record naming
+// the newest version, its state digest and the version it follows. Every file appears
+// atomically and HEAD is written last, so a reader that follows HEAD never sees a partial
+// version. File names follow an exact grammar (sync/relay_names.hpp); anything else in the
+// folder is ignored and never deleted. Publishing a signed relay (a signing key in the encode
+// options) signs HEAD, anchor records and patches; a reader given the public key accepts nothing
+// unsigned. One publisher at a time: publish takes publish.lock (O_EXCL, naming its owner).
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "sync/checkpoint.hpp"
 #include "sync/patch.hpp"
+#include "sync/relay_record.hpp"
 
 namespace pulse::sync {
-
-struct RelayHead {
-  std::uint64_t version = 0;
-  Digest state{};
-};
 
 struct PublishOptions {
   std::uint64_t anchor_every = 10;  // K: an anchor at every multiple of K (and the first version)
   std::uint64_t keep_anchors = 2;   // N: retention; patches older than the oldest kept anchor go
   bool compress_anchors = false;    // anchor-<v>.safetensors.zst (zstd) instead of plain safetensors
   int anchor_level = 3;
-  EncodeOptions encode;             // versions are filled in by publish
+  EncodeOptions encode;             // versions are filled in by publish; signing_key signs everything
+};
+
+struct PullOptions {
+  const PublicKey* public_key = nullptr;  // accept only HEAD, anchor records and patches it signed
+  std::uint64_t min_version = 0;          // never move to an older version (rollback protection)
 };
 
 struct PullResult {
@@ -32,31 +36,43 @@ struct PullResult {
   std::uint64_t version = 0;
   bool fast_path = false;      // patches only, from the version the receiver had
   std::uint64_t patches_applied = 0;
+  std::uint64_t anchor = 0;    // slow path: the anchor version it started from
+  std::string fallback;        // why a faster way failed, when one did ("" otherwise)
 };
+
+// The largest patch file a receiver holding `state` reads: per BF16 element at most a 10-byte
+// index gap and 2 value bytes (12 bytes per 2), whole tensors once, plus the entry table's limit.
+std::uint64_t patch_bytes_limit(const std::vector<TensorRef>& state);
 
 class Relay {
  public:
   explicit Relay(std::string dir);
 
-  std::optional<RelayHead> head() const;
+  // HEAD, nullopt when nothing is published; with a key, only a HEAD it signed.
+  std::optional<RelayHead> head(const PublicKey* public_key = nullptr) const;
 
   // Publishes `state` as `version`. A patch is written when the relay's head is version - 1 and
-  // `previous` holds that version's weights; an anchor when version % K == 0, when there is no
-  // patch, or when the relay is empty. Then HEAD, then retention.
+  // `previous` holds that version's weights; an anchor (and its record) when version % K == 0,
+  // when there is no patch, or when the relay has no anchor. Then HEAD, then retention. Holds
+  // publish.lock throughout; a second publisher gets a one-line error naming the holder.
   void publish(std::uint64_t version, const std::vector<TensorRef>& state, const std::vector<TensorRef>* previous,
                const PublishOptions& options);
 
-  // Brings a receiver to the head version: from `have` (at have_version) by patches when the
-  // chain is complete (fast path), otherwise from the newest anchor at or before the head
-  // (slow path). The result's state digest is checked against HEAD.
-  PullResult pull(const Checkpoint* have, std::uint64_t have_version, const PublicKey* public_key = nullptr) const;
+  // Brings a receiver to the head version: from `have` (at have_version) by patches (fast path),
+  // and if that fails from the newest anchor at or before the head, then each older one (slow
+  // path). The result's state digest is checked against HEAD. A receiver with `have` never moves
+  // below have_version, nor below options.min_version.
+  PullResult pull(const Checkpoint* have, std::uint64_t have_version, const PullOptions& options = {}) const;
 
   // The anchor file of version v that exists (plain or .zst), or the plain name if none does.
   std::string anchor_path(std::uint64_t v) const;
   std::string patch_path(std::uint64_t from, std::uint64_t to) const;
 
  private:
-  void retain(std::uint64_t newest, std::uint64_t keep_anchors) const;
+  void retain(std::uint64_t keep_anchors) const;
+  void remove_temporary_files() const;
+  std::vector<std::uint64_t> anchor_versions() const;
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
   std::string dir_;
 };
 

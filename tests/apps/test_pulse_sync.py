@@ -60,6 +60,202 @@ def same_tensors(path, tensors):
     return all(name in got and got[name][0] == dtype and np.array_equal(got[name][1], a) for name, dtype, a in tensors)
 
 
+def run_limited(app, *args, timeout=30, address_space=None, file_size=None):
+    """run() under a timeout and optional limits: a hang or a runaway allocation is a failure."""
+    def limits():
+        import resource
+        if address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        if file_size is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, like a full disk
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+    try:
+        return subprocess.run([app, *map(str, args)], capture_output=True, text=True, timeout=timeout, preexec_fn=limits)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, -1, "", f"timed out after {timeout} s")
+
+
+def one_line_error(r):
+    return r.returncode not in (0, -1) and len(r.stderr.strip().splitlines()) == 1
+
+
+def publish_chain(app, relay, paths, *extra, first=1):
+    for v in range(first, first + len(paths)):
+        args = ["publish", "--relay", relay, "--version", v, paths[v - first], *extra]
+        if v > first:
+            args += ["--previous", paths[v - first - 1]]
+        r = run(app, *args)
+        expect(r.returncode == 0, f"publish {v} to {relay}: {r.stderr}")
+
+
+def hardening(app, p, rng, versions):
+    """Issue 12: signed relay state, exact relay names, fallbacks, the publish lock, temporary
+    files, bounded reads, keys, and command-line checks."""
+    chain = [p(f"v{v}.safetensors") for v in range(1, 6)]
+
+    # Signed relay: HEAD, anchor records and patches signed; a reader with the key accepts
+    # nothing else, never moves back, and falls back to an older anchor when one is bad.
+    for name in ("t", "evil"):
+        r = run(app, "keygen", "--public", p(f"{name}.pub"), "--secret", p(f"{name}.sec"))
+        expect(r.returncode == 0, f"keygen {name}: {r.stderr}")
+    signed = p("signed-relay")
+    publish_chain(app, signed, chain, "--anchor-every", 2, "--keep-anchors", 2, "--sign", p("t.sec"))
+    head5 = open(os.path.join(signed, "HEAD"), "rb").read()
+    r = run(app, "pull", "--relay", signed, "-o", p("sp.safetensors"), "--public-key", p("t.pub"))
+    expect(r.returncode == 0 and same_tensors(p("sp.safetensors"), versions[5]), f"signed pull: {r.stdout}{r.stderr}")
+    fake = step(rng, versions[5], 0.5)
+    safetensors_ref.write(p("fake.safetensors"), fake)
+    for attacker_key in (None, "evil.sec"):
+        evil = p(f"evil-relay-{attacker_key}")
+        extra = ["--sign", p(attacker_key)] if attacker_key else []
+        r = run(app, "publish", "--relay", evil, "--version", 6, p("fake.safetensors"), *extra)
+        expect(r.returncode == 0, f"attacker publish: {r.stderr}")
+        for f in os.listdir(evil):
+            if f != "publish.lock":
+                open(os.path.join(signed, f), "wb").write(open(os.path.join(evil, f), "rb").read())
+        r = run(app, "pull", "--relay", signed, "-o", p("attacked.safetensors"), "--public-key", p("t.pub"))
+        expect(one_line_error(r) and not os.path.exists(p("attacked.safetensors")),
+               f"a HEAD and anchor not signed by the key must be refused ({attacker_key}): rc={r.returncode} {r.stdout}{r.stderr}")
+        os.remove(os.path.join(signed, "anchor-6.safetensors"))
+        os.remove(os.path.join(signed, "anchor-6.record")) if os.path.exists(os.path.join(signed, "anchor-6.record")) else None
+        open(os.path.join(signed, "HEAD"), "wb").write(head5)
+    # A replaced anchor (its signed record kept): the reader falls back to the older anchor.
+    open(os.path.join(signed, "anchor-4.safetensors"), "wb").write(open(p("fake.safetensors"), "rb").read())
+    r = run(app, "pull", "--relay", signed, "-o", p("fb.safetensors"), "--public-key", p("t.pub"))
+    expect(r.returncode == 0 and same_tensors(p("fb.safetensors"), versions[5]) and "anchor 4" in r.stderr,
+           f"a bad newest anchor must fall back to the older one: {r.stdout}{r.stderr}")
+    # Rollback: an older HEAD, validly signed, is refused by a reader that holds a newer version.
+    old = p("old-signed-relay")
+    publish_chain(app, old, chain[:3], "--sign", p("t.sec"))
+    open(os.path.join(signed, "HEAD"), "wb").write(open(os.path.join(old, "HEAD"), "rb").read())
+    r = run(app, "pull", "--relay", signed, "-o", p("rb.safetensors"), "--public-key", p("t.pub"),
+            "--have", chain[4], "--have-version", 5)
+    expect(one_line_error(r) and "older" in r.stderr and not os.path.exists(p("rb.safetensors")),
+           f"--have-version must refuse a rollback: {r.stderr}")
+    r = run(app, "pull", "--relay", signed, "-o", p("rb.safetensors"), "--public-key", p("t.pub"), "--min-version", 4)
+    expect(one_line_error(r) and "older" in r.stderr, f"--min-version must refuse a rollback: {r.stderr}")
+    open(os.path.join(signed, "HEAD"), "wb").write(head5)
+    # Unsigned relays keep working without a key; with a key they are refused.
+    r = run(app, "pull", "--relay", old, "-o", p("u.safetensors"))
+    expect(r.returncode == 0, f"a signed relay read without a key: {r.stderr}")
+
+    # Exact names: stray files are neither read nor deleted.
+    g = p("grammar-relay")
+    os.makedirs(g)
+    strays = ["anchor--3.safetensors", "patch-1-2.pulse.bak", "anchor-0002.safetensors", "notes.txt", "HEAD.tmp.keep"]
+    for f in strays:
+        open(os.path.join(g, f), "wb").write(open(chain[0], "rb").read())
+    publish_chain(app, g, chain[:4], "--anchor-every", 2, "--keep-anchors", 2)
+    expect(all(os.path.exists(os.path.join(g, f)) for f in strays), f"stray files must be kept: {sorted(os.listdir(g))}")
+    expect({"anchor-2.safetensors", "anchor-4.safetensors", "patch-2-3.pulse", "patch-3-4.pulse"} <= set(os.listdir(g))
+           and "anchor-1.safetensors" not in os.listdir(g) and "patch-1-2.pulse" not in os.listdir(g),
+           f"retention by exact names: {sorted(os.listdir(g))}")
+    r = run(app, "pull", "--relay", g, "-o", p("g.safetensors"))
+    expect(r.returncode == 0 and same_tensors(p("g.safetensors"), versions[4]), f"pull past stray files: {r.stderr}")
+    # Fast path failing (a corrupt patch) -> slow path.
+    patch = os.path.join(g, "patch-3-4.pulse")
+    expect(os.path.exists(patch), "retention must keep the patch after the kept anchor")
+    data = bytearray(open(patch, "rb").read() if os.path.exists(patch) else b"")
+    if data:
+        data[len(data) // 2] ^= 0x40
+    open(patch, "wb").write(bytes(data))
+    r = run(app, "pull", "--relay", g, "-o", p("g2.safetensors"), "--have", chain[2], "--have-version", 3)
+    expect(r.returncode == 0 and "slow path" in r.stdout and same_tensors(p("g2.safetensors"), versions[4]),
+           f"a failing fast path must fall back to the slow path: {r.stdout}{r.stderr}")
+
+    # The publish lock: a live holder makes a second publisher fail in one line, HEAD unchanged;
+    # a dead holder's lock is broken.
+    holder = subprocess.Popen(["sleep", "60"])
+    open(os.path.join(g, "publish.lock"), "w").write(f"host {os.uname().nodename}\npid {holder.pid}\ntoken 1\n")
+    head_before = open(os.path.join(g, "HEAD"), "rb").read()
+    r = run(app, "publish", "--relay", g, "--version", 5, chain[4], "--previous", chain[3])
+    expect(one_line_error(r) and "publish" in r.stderr and open(os.path.join(g, "HEAD"), "rb").read() == head_before,
+           f"a second publisher must be refused: rc={r.returncode} {r.stderr}")
+    holder.kill()
+    holder.wait()
+    for f in ("HEAD.tmp.a1B2c3", "anchor-5.safetensors.tmp.ZZZZZZ", "anchor-5.safetensors.uncompressed", "mine.tmp.abcdef"):
+        open(os.path.join(g, f), "wb").write(b"x")
+    r = run(app, "publish", "--relay", g, "--version", 5, chain[4], "--previous", chain[3])
+    left = sorted(os.listdir(g))
+    expect(r.returncode == 0 and "publish.lock" not in left, f"a dead holder's lock must be broken: {r.stderr} {left}")
+    expect("mine.tmp.abcdef" in left and "HEAD.tmp.keep" in left and not any(
+        f in left for f in ("HEAD.tmp.a1B2c3", "anchor-5.safetensors.tmp.ZZZZZZ", "anchor-5.safetensors.uncompressed")),
+        f"the next publisher removes exactly the relay's temporary files: {left}")
+
+    # Two publishers at once, ten times: at most one publishes each version, a loser fails in one
+    # line, and a reader always reaches exactly HEAD's weights.
+    race = p("race-relay")
+    publish_chain(app, race, chain[:1])
+    for v in range(2, 12):
+        procs = []
+        for k in range(2):
+            path = p(f"race-{v}-{k}.safetensors")
+            safetensors_ref.write(path, step(rng, versions[1], 0.3))
+            procs.append(subprocess.Popen([app, "publish", "--relay", race, "--version", str(v), path, "--anchor-every", "3"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        results = [(q.wait(), q.stderr.read()) for q in procs]
+        expect(sum(rc == 0 for rc, _ in results) == 1, f"exactly one of two racing publishers wins version {v}: {results}")
+        expect(all(rc == 0 or len(err.strip().splitlines()) == 1 for rc, err in results), f"the loser fails in one line: {results}")
+        r = run(app, "pull", "--relay", race, "-o", p("race.safetensors"))
+        state = dict(line.split(" ", 1) for line in open(os.path.join(race, "HEAD")).read().splitlines()[1:])["state"]
+        expect(r.returncode == 0 and run(app, "verify", p("race.safetensors"), "--digest", state).returncode == 0,
+               f"after racing publishers a reader reaches HEAD: {r.stderr}")
+
+    # Version flags: canonical decimals in range only.
+    for bad in ("-1", "18446744073709551616", "007", "+6", "6x"):
+        r = run(app, "publish", "--relay", g, "--version", bad, chain[4])
+        expect(r.returncode != 0 and "HEAD" in os.listdir(g) and "anchor-6.safetensors" not in os.listdir(g),
+               f"--version {bad} must be refused: {r.stdout}{r.stderr}")
+        r = run(app, "encode", "--base", chain[0], "--target", chain[1], "-o", p("vv.pulse"), "--target-version", bad)
+        expect(r.returncode != 0 and not os.path.exists(p("vv.pulse")), f"--target-version {bad} must be refused")
+
+    # Bounded, safe reads: FIFOs, devices, lying .zst anchors.
+    os.mkfifo(p("fifo.pulse"))
+    r = run_limited(app, "inspect", p("fifo.pulse"))
+    expect(one_line_error(r) and "FIFO" in r.stderr, f"a FIFO as a patch: {r.stderr}")
+    r = run_limited(app, "apply", "--base", chain[0], "--patch", "/dev/zero", "-o", p("z.safetensors"),
+                    address_space=4 << 30)
+    expect(one_line_error(r) and "regular file" in r.stderr, f"/dev/zero as a patch: {r.stderr}")
+    f = p("fifo-relay")
+    publish_chain(app, f, chain[:1])
+    os.remove(os.path.join(f, "HEAD"))
+    os.mkfifo(os.path.join(f, "HEAD"))
+    r = run_limited(app, "pull", "--relay", f, "-o", p("f.safetensors"))
+    expect(one_line_error(r) and "FIFO" in r.stderr, f"a FIFO as HEAD: {r.stderr}")
+    zr = p("zbomb-relay")
+    publish_chain(app, zr, chain[:1], "--compress-anchors")
+    # 20 bytes: a zstd frame declaring 2 GiB with one 4-byte raw block.
+    bomb = bytes.fromhex("28b52ffd") + bytes([0xE0]) + (2 << 30).to_bytes(8, "little") + bytes([0x21, 0, 0]) + b"abcd"
+    open(os.path.join(zr, "anchor-1.safetensors.zst"), "wb").write(bomb)
+    os.remove(os.path.join(zr, "anchor-1.record")) if os.path.exists(os.path.join(zr, "anchor-1.record")) else None
+    r = run_limited(app, "pull", "--relay", zr, "-o", p("zb.safetensors"), address_space=1536 << 20)
+    expect(one_line_error(r) and "zstd" in r.stderr and "bad_alloc" not in r.stderr,
+           f"a .zst anchor declaring 2 GiB must be refused before allocating it: {r.stderr}")
+
+    # Keys: an existing key kept unless --force, symbolic links refused, a full disk an error.
+    sec = open(p("t.sec"), "rb").read()
+    r = run(app, "keygen", "--public", p("t.pub"), "--secret", p("t.sec"))
+    expect(one_line_error(r) and open(p("t.sec"), "rb").read() == sec, f"an existing key must be kept: {r.stderr}")
+    r = run(app, "keygen", "--public", p("t.pub"), "--secret", p("t.sec"), "--force")
+    expect(r.returncode == 0 and open(p("t.sec"), "rb").read() != sec and oct(os.stat(p("t.sec")).st_mode & 0o777) == "0o600",
+           f"--force replaces the key: {r.stderr}")
+    open(p("victim"), "wb").write(b"precious")
+    os.symlink(p("victim"), p("link.sec"))
+    r = run(app, "keygen", "--public", p("l.pub"), "--secret", p("link.sec"), "--force")
+    expect(one_line_error(r) and open(p("victim"), "rb").read() == b"precious" and not os.path.exists(p("l.pub")),
+           f"a symbolic link as the secret key must be refused: {r.stderr}")
+    r = run_limited(app, "keygen", "--public", p("full.pub"), "--secret", p("full.sec"), file_size=16)
+    expect(one_line_error(r) and "wrote" not in r.stdout and not os.path.exists(p("full.sec")),
+           f"a full disk must fail keygen: rc={r.returncode} {r.stdout}{r.stderr}")
+
+    # encode -o BASE (or a link to it) is refused and leaves the base as it was.
+    base_bytes = open(chain[0], "rb").read()
+    os.link(chain[0], p("base-link.safetensors"))
+    for out in (chain[0], p("base-link.safetensors"), chain[1]):
+        r = run(app, "encode", "--base", chain[0], "--target", chain[1], "-o", out)
+        expect(one_line_error(r) and open(chain[0], "rb").read() == base_bytes, f"encode -o {out} must be refused: {r.stderr}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--app", required=True)
@@ -141,7 +337,7 @@ def main():
                 args += ["--previous", p(f"v{v - 1}.safetensors")]
             r = run(app, *args)
             expect(r.returncode == 0, f"publish {v}: {r.stderr}")
-        anchors = sorted(f for f in os.listdir(relay) if f.startswith("anchor-"))
+        anchors = sorted(f for f in os.listdir(relay) if f.startswith("anchor-") and not f.endswith(".record"))
         expect(anchors == ["anchor-12.safetensors", "anchor-8.safetensors"], f"retention keeps the last 2 anchors: {anchors}")
         r = run(app, "pull", "--relay", relay, "-o", p("late.safetensors"))
         expect(r.returncode == 0 and "slow path" in r.stdout and same_tensors(p("late.safetensors"), versions[12]),
@@ -163,7 +359,7 @@ def main():
                 args += ["--previous", p(f"v{v - 1}.safetensors")]
             r = run(app, *args)
             expect(r.returncode == 0, f"publish {v} with compressed anchors: {r.stderr}")
-        zanchors = sorted(f for f in os.listdir(zrelay) if f.startswith("anchor-"))
+        zanchors = sorted(f for f in os.listdir(zrelay) if f.startswith("anchor-") and not f.endswith(".record"))
         expect(zanchors == ["anchor-3.safetensors.zst", "anchor-6.safetensors.zst"], f"compressed anchors: {zanchors}")
         r = run(app, "pull", "--relay", zrelay, "-o", p("zlate.safetensors"))
         expect(r.returncode == 0 and same_tensors(p("zlate.safetensors"), versions[6]), f"pull from compressed anchors: {r.stderr}")
@@ -181,19 +377,24 @@ def main():
             time.sleep(random.uniform(0, 0.03))
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            head = open(os.path.join(relay, "HEAD")).read().split()
-            head_version = int(head[1])
+            head = dict(line.split(" ", 1) for line in open(os.path.join(relay, "HEAD")).read().splitlines()[1:])
+            head_version = int(head["version"])
             expect(head_version in (current, nxt), f"HEAD names version {head_version}")
             if head_version == nxt:
                 latest[nxt] = path
                 current = nxt
             r = run(app, "pull", "--relay", relay, "-o", p("reader.safetensors"))
             expect(r.returncode == 0, f"a reader after a killed publisher must reach HEAD: {r.stderr}")
-            expect(run(app, "verify", p("reader.safetensors"), "--digest", head[2]).returncode == 0, "reader's weights must match HEAD")
-            leftovers = [f for f in os.listdir(relay) if ".tmp." in f]
-            for f in leftovers:  # a killed writer leaves its temporary file; readers never look at it
-                os.remove(os.path.join(relay, f))
+            expect(run(app, "verify", p("reader.safetensors"), "--digest", head["state"]).returncode == 0, "reader's weights must match HEAD")
         print(f"relay: {current - 13} of 25 killed publishes completed")
+        # The next publisher breaks the killed publisher's lock and removes its temporary files.
+        nxt = current + 1
+        safetensors_ref.write(p(f"k{nxt}.safetensors"), step(rng, [(n, dt, a) for n, (dt, a) in safetensors_ref.read(latest[current])[0].items()], 0.02))
+        r = run(app, "publish", "--relay", relay, "--version", nxt, p(f"k{nxt}.safetensors"), "--previous", latest[current])
+        leftovers = [f for f in os.listdir(relay) if ".tmp." in f or f.endswith(".uncompressed") or f == "publish.lock"]
+        expect(r.returncode == 0 and not leftovers, f"publish after killed publishers: {r.stderr} leftovers {leftovers}")
+
+        hardening(app, p, rng, versions)
     sys.exit(1 if failures else 0)
 
 

@@ -1,0 +1,46 @@
+// Writes seed inputs for the relay fuzz targets into the folder given as argument: HEADs and
+// anchor records, unsigned and signed with relay_fuzz_key.hpp's key, and relay file names
+// (valid ones and the stray names that once broke retention).
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "relay_fuzz_key.hpp"
+#include "sync/relay_record.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s FOLDER\n", argv[0]);
+    return 2;
+  }
+  using namespace pulse::sync;
+  const std::string dir = argv[1];
+  const KeyPair k = pulse_fuzz::relay_fuzz_keypair();
+  Digest d{};
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<std::uint8_t>(i * 29 + 3);
+  std::vector<std::pair<std::string, std::string>> seeds = {
+      {"head-first", format_head({1, d, std::nullopt, false}, nullptr)},
+      {"head-next", format_head({12, d, 11, false}, nullptr)},
+      {"head-signed", format_head({12, d, 11, true}, &k.secret_key)},
+      {"head-max", format_head({UINT64_MAX, d, UINT64_MAX - 1, true}, &k.secret_key)},
+      {"anchor", format_anchor_record({8, d, false}, nullptr)},
+      {"anchor-signed", format_anchor_record({8, d, true}, &k.secret_key)},
+  };
+  const char* names[] = {"HEAD", "publish.lock", "anchor-0.safetensors", "anchor-12.safetensors.zst", "anchor-7.record",
+                         "patch-11-12.pulse", "HEAD.tmp.a1B2c3", "anchor-4.safetensors.uncompressed",
+                         "anchor-4.safetensors.uncompressed.tmp.abcdef", "publish.lock.tmp.Zz09aa",
+                         "anchor--3.safetensors", "anchor-0002.safetensors", "patch-1-2.pulse.bak",
+                         "anchor-18446744073709551615.safetensors"};
+  int i = 0;
+  for (const char* n : names) seeds.push_back({"name-" + std::to_string(i++), n});
+  for (const auto& [file, text] : seeds) {
+    std::ofstream out(dir + "/" + file, std::ios::binary);
+    out << text;
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), file.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,185 @@
+// The relay's pieces below the CLI (issue 12): exact file names and canonical versions, signed
+// HEAD and anchor records, bounded regular-file reads, zstd frames that lie about their size,
+// and a safetensors input truncated while in use (a SIGBUS with a memory map).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/file_read.hpp"
+#include "io/safetensors.hpp"
+#include "sync/compress.hpp"
+#include "sync/relay.hpp"
+#include "sync/relay_names.hpp"
+#include "sync/relay_record.hpp"
+
+namespace fs = std::filesystem;
+using namespace pulse::sync;
+
+namespace {
+
+class TempDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "pulse_relay_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void write(const std::string& name, const std::string& bytes) const { std::ofstream(path(name), std::ios::binary) << bytes; }
+  fs::path dir_;
+};
+
+std::vector<std::uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+
+TEST(RelayNames, CanonicalVersions) {
+  EXPECT_EQ(parse_canonical_version("0"), 0u);
+  EXPECT_EQ(parse_canonical_version("12"), 12u);
+  EXPECT_EQ(parse_canonical_version("18446744073709551615"), UINT64_MAX);
+  for (const char* bad : {"", "-3", "+3", "007", "00", "18446744073709551616", "99999999999999999999", "1e3", " 1", "1 ",
+                          "0x10", "184467440737095516150"})
+    EXPECT_FALSE(parse_canonical_version(bad).has_value()) << bad;
+}
+
+TEST(RelayNames, ExactGrammar) {
+  auto kind = [](const char* name) { return parse_relay_name(name)->kind; };
+  EXPECT_EQ(kind("HEAD"), RelayFile::head);
+  EXPECT_EQ(kind("anchor-4.safetensors"), RelayFile::anchor);
+  EXPECT_EQ(kind("anchor-4.safetensors.zst"), RelayFile::anchor_zst);
+  EXPECT_EQ(kind("anchor-4.record"), RelayFile::anchor_record);
+  EXPECT_EQ(parse_relay_name("patch-4-5.pulse")->to, 5u);
+  EXPECT_EQ(kind("publish.lock"), RelayFile::lock);
+  for (const char* temp : {"HEAD.tmp.a1B2c3", "anchor-4.safetensors.tmp.ZZZZZZ", "anchor-4.safetensors.zst.tmp.000000",
+                           "anchor-4.safetensors.uncompressed", "anchor-4.safetensors.uncompressed.tmp.abcdef",
+                           "patch-1-2.pulse.tmp.xyzXYZ", "publish.lock.tmp.q1w2e3", "anchor-4.record.tmp.abcdef"})
+    EXPECT_EQ(kind(temp), RelayFile::temporary) << temp;
+  for (const char* other : {"anchor--3.safetensors", "anchor-0002.safetensors", "patch-1-2.pulse.bak", "patch-2-1.pulse",
+                            "patch-1-1.pulse", "patch-01-2.pulse", "patch-1-2-3.pulse", "anchor-4.safetensors.gz",
+                            "HEAD.tmp.keep", "HEAD.tmp.abcdefg", "HEAD.tmp.abc-ef", "mine.tmp.abcdef", "head", "HEAD ",
+                            "anchor-.safetensors", "anchor-4", "anchor-18446744073709551616.safetensors",
+                            "anchor-4.record.uncompressed", "patch-1-2.pulse.uncompressed", ""})
+    EXPECT_FALSE(parse_relay_name(other).has_value()) << other;
+  EXPECT_EQ(anchor_file_name(7, true), "anchor-7.safetensors.zst");
+  EXPECT_EQ(patch_file_name(6, 7), "patch-6-7.pulse");
+}
+
+TEST(RelayRecords, RoundTripSignedAndUnsigned) {
+  const KeyPair k = generate_keypair(), other = generate_keypair();
+  RelayHead h{12, {}, 11, false};
+  h.state[0] = 0xAB;
+  const std::string unsigned_text = format_head(h, nullptr), signed_text = format_head(h, &k.secret_key);
+  const auto back = parse_head(reinterpret_cast<const std::uint8_t*>(signed_text.data()), signed_text.size(),
+                               &k.public_key, "HEAD");
+  EXPECT_EQ(back.version, 12u);
+  EXPECT_EQ(back.follows, 11u);
+  EXPECT_EQ(back.state, h.state);
+  EXPECT_TRUE(back.is_signed);
+  auto parse = [](const std::string& text, const PublicKey* key) {
+    return parse_head(reinterpret_cast<const std::uint8_t*>(text.data()), text.size(), key, "HEAD");
+  };
+  EXPECT_FALSE(parse(unsigned_text, nullptr).is_signed);
+  EXPECT_TRUE(parse(signed_text, nullptr).is_signed);  // without a key: read, not verified
+  EXPECT_THROW(parse(unsigned_text, &k.public_key), pulse::Error);
+  EXPECT_THROW(parse(signed_text, &other.public_key), pulse::Error);
+  // Any change of a signed byte breaks the signature; any change of form breaks parsing.
+  for (std::size_t i = 0; i < signed_text.size(); ++i) {
+    std::string bad = signed_text;
+    bad[i] = bad[i] == '1' ? '2' : '1';
+    EXPECT_THROW(parse(bad, &k.public_key), pulse::Error) << i;
+  }
+  const RelayHead first{1, {}, std::nullopt, false};
+  EXPECT_FALSE(parse(format_head(first, nullptr), nullptr).follows.has_value());
+  for (const std::string& bad :
+       {std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, '0') + "\nfollows 3\n",
+        std::string("PULSESync relay HEAD 1\nversion 03\nstate ") + std::string(32, '0') + "\nfollows none\n",
+        std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, 'A') + "\nfollows none\n",
+        std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, '0') + "\nfollows none",
+        std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, '0') + "\nfollows none\nextra 1\n",
+        std::string("version 3 ") + std::string(32, '0') + "\n", std::string()})
+    EXPECT_THROW(parse(bad, nullptr), pulse::Error) << bad;
+  // A signed anchor record is not a HEAD, even with a valid signature.
+  const std::string record = format_anchor_record({12, h.state, true}, &k.secret_key);
+  EXPECT_THROW(parse(record, &k.public_key), pulse::Error);
+  const auto a = parse_anchor_record(reinterpret_cast<const std::uint8_t*>(record.data()), record.size(), &k.public_key,
+                                     "anchor-12.record");
+  EXPECT_EQ(a.version, 12u);
+  EXPECT_EQ(a.state, h.state);
+}
+
+TEST_F(TempDir, BoundedReadsRefuseWhatIsNotARegularFile) {
+  write("small", "abc");
+  EXPECT_EQ(pulse::read_regular_file(path("small"), 3, "test file"), bytes_of("abc"));
+  EXPECT_THROW(pulse::read_regular_file(path("small"), 2, "test file"), pulse::Error);  // over the limit, unread
+  EXPECT_THROW(pulse::read_regular_file(path("absent"), 100, "test file"), pulse::Error);
+  EXPECT_THROW(pulse::read_regular_file(dir_.string(), 100, "test file"), pulse::Error);
+  EXPECT_THROW(pulse::read_regular_file("/dev/zero", 100, "test file"), pulse::Error);
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  try {  // opening a FIFO with no writer would block without O_NONBLOCK
+    pulse::read_regular_file(path("fifo"), 100, "test file");
+    FAIL() << "a FIFO was read";
+  } catch (const pulse::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FIFO"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ZstdFrames, DeclaredSizeCheckedAndNotTrusted) {
+  std::vector<std::uint8_t> raw(100000);
+  for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<std::uint8_t>(i * 7 % 251);
+  const auto coded = compress(Compressor::zstd, 3, raw);
+  EXPECT_EQ(decompress_zstd_frame(coded.data(), coded.size(), raw.size(), "frame"), raw);
+  EXPECT_THROW(decompress_zstd_frame(coded.data(), coded.size(), raw.size() - 1, "frame"), pulse::Error);
+  EXPECT_THROW(decompress_zstd_frame(coded.data(), coded.size() - 3, raw.size(), "frame"), pulse::Error);
+  // 20 bytes declaring 2^40 bytes: refused quickly, without allocating the declared size.
+  std::vector<std::uint8_t> liar{0x28, 0xB5, 0x2F, 0xFD, 0xE0};
+  for (int i = 0; i < 8; ++i) liar.push_back(static_cast<std::uint8_t>((std::uint64_t(1) << 40) >> (8 * i)));
+  for (int b : std::initializer_list<int>{0x21, 0x00, 0x00, 'a', 'b', 'c', 'd'}) liar.push_back(static_cast<std::uint8_t>(b));
+  EXPECT_THROW(decompress_zstd_frame(liar.data(), liar.size(), std::uint64_t(1) << 41, "frame"), pulse::Error);
+  EXPECT_THROW(decompress_zstd_frame(liar.data(), liar.size(), 1000, "frame"), pulse::Error);
+}
+
+TEST_F(TempDir, SafetensorsInputTruncatedWhileInUse) {
+  std::vector<std::uint16_t> w(1 << 20, 0x3F80);
+  pulse::io::write_safetensors(path("w.safetensors"), {{"w", pulse::io::DType::BF16, {1 << 20}, w.data(), 2 << 20}});
+  const auto file = pulse::io::SafetensorsFile::open(path("w.safetensors"));
+  ASSERT_EQ(::truncate(path("w.safetensors").c_str(), 0), 0);  // another process truncates it
+  const auto* t = file.find("w");
+  unsigned sum = 0;
+  for (std::size_t i = 0; i < t->bytes; ++i) sum += std::to_integer<unsigned>(t->data[i]);  // SIGBUS with a map
+  EXPECT_EQ(sum, (0x3Fu + 0x80u) << 20);
+  EXPECT_THROW(pulse::io::SafetensorsFile::open(path("w.safetensors")), pulse::Error);
+}
+
+TEST_F(TempDir, PublishLockHeldByALiveProcessRefusesASecondPublisher) {
+  Relay relay(dir_.string());
+  std::vector<std::uint16_t> w(16, 0x3F80);
+  const std::vector<TensorRef> state{{"w", "BF16", {16}, reinterpret_cast<const std::byte*>(w.data()), 32}};
+  relay.publish(1, state, nullptr, {});
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  write("publish.lock", std::string("host ") + host + "\npid " + std::to_string(::getppid()) + "\ntoken 7\n");
+  EXPECT_THROW(relay.publish(2, state, nullptr, {}), pulse::Error);
+  EXPECT_EQ(relay.head()->version, 1u);
+  fs::remove(path("publish.lock"));
+  relay.publish(2, state, nullptr, {});
+  EXPECT_EQ(relay.head()->version, 2u);
+  EXPECT_FALSE(fs::exists(path("publish.lock")));
+  // Another host's lock: held while fresh, broken once it has not been refreshed for 15 min.
+  write("publish.lock", "host another-host.invalid\npid 1\ntoken 8\n");
+  EXPECT_THROW(relay.publish(3, state, nullptr, {}), pulse::Error);
+  fs::last_write_time(path("publish.lock"), fs::file_time_type::clock::now() - std::chrono::minutes(16));
+  relay.publish(3, state, nullptr, {});
+  EXPECT_EQ(relay.head()->version, 3u);
+  EXPECT_TRUE(std::none_of(fs::directory_iterator(dir_), fs::directory_iterator(), [](const fs::directory_entry& e) {
+    return e.path().filename().string().rfind("publish.lock", 0) == 0;
+  }));
+}
+
+}  // namespace
