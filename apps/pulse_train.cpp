@@ -51,6 +51,20 @@ namespace {
 volatile std::sig_atomic_t stop_signal = 0;
 extern "C" void on_stop_signal(int signal) { stop_signal = signal; }
 
+// First thing in main, before MPI_Init: Slurm may deliver a time-limit or preemption signal
+// within the job's first seconds, and the default action would kill the rank unsaved.
+void install_stop_handlers() {
+  struct sigaction action = {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGUSR1, &action, nullptr);
+}
+
+// Any rank signalled: collective, so every rank takes the same branch.
+int stop_requested(const Communicator& world) { return allreduce_value(world, int(stop_signal), ReduceOp::max); }
+
 constexpr std::uint64_t eval_seed_offset = 0x9E3779B97F4A7C15ull;
 constexpr int exit_stopped_resumable = 75;  // EX_TEMPFAIL: checkpointed on a signal, resume with --resume
 
@@ -122,7 +136,8 @@ class Run {
  public:
   Run(const TrainConfig& c, const Communicator& world, std::string command_line);
   // Checks the inputs and opens the statistics file. Errors here are the same on every rank.
-  void open();
+  // Returns false, having written nothing, when a stop signal came during start-up.
+  bool open();
   // Returns the process exit code.
   int train();
   void make_warm_start();
@@ -423,7 +438,8 @@ void Run::save_checkpoint(std::int64_t t) {
       if (outer_->error_buffer().extent(0)) state.add("outer.error", io::DType::F32, to_host(outer_->error_buffer()));
       state.metadata["outer_steps"] = std::to_string(outer_->outer_steps());
     }
-    state.add("rollouts", io::DType::U8, batch_.serialize());
+    // No batch before the first step (a checkpoint of the initial state): stored empty.
+    state.add("rollouts", io::DType::U8, batch_.rows ? batch_.serialize() : std::vector<std::uint8_t>{});
   }
   for (std::size_t i = 0; i < history_.size(); ++i) state.add("history." + std::to_string(i), io::DType::BF16, history_[i]);
   if (meter_) {
@@ -487,9 +503,11 @@ void Run::make_warm_start() {
       options.digits = c_.digits, options.steps = c_.sft_steps, options.seed = c_.seed;
       SftTrainer sft(config_, options);
       double loss = 0;
-      for (int s = 0; s < c_.sft_steps; ++s) loss = sft.step();
-      write_sft_checkpoint(c_.init, sft, c_.model);
-      std::printf("pulse-train: SFT warm start done (last loss %.4f)\n", loss);
+      for (int s = 0; s < c_.sft_steps && !stop_signal; ++s) loss = sft.step();
+      if (!stop_signal) {  // a stopped warm start is not cached; open() reports the stop
+        write_sft_checkpoint(c_.init, sft, c_.model);
+        std::printf("pulse-train: SFT warm start done (last loss %.4f)\n", loss);
+      }
     } catch (const std::exception& e) {
       ok = 0, error = e.what();
     }
@@ -497,9 +515,18 @@ void Run::make_warm_start() {
   PULSE_CHECK(allreduce_value(world_, ok, ReduceOp::min) == 1, "SFT warm start failed: " + error);
 }
 
-void Run::open() {
+bool Run::open() {
   // Input checks before anything is written; every rank reaches the same outcome.
-  if (c_.sft_steps > 0 && !std::filesystem::exists(c_.init)) make_warm_start();
+  if (c_.sft_steps > 0 && !std::filesystem::exists(c_.init)) {
+    make_warm_start();
+    // A stop during the warm start comes before any output exists: nothing to resume from.
+    if (const int signal = stop_requested(world_)) {
+      if (rank_ == 0)
+        std::printf("pulse-train: signal %d during the SFT warm start, before any output was written; run again%s\n",
+                    signal, c_.resume ? " with --resume" : " without --resume");
+      return false;
+    }
+  }
   initial_ = initial_weights(c_, config_, table_);
   resume_step_ = 0;
   if (c_.resume) {
@@ -517,6 +544,7 @@ void Run::open() {
     write_root_attributes();
   }
   declare_statistics();
+  return true;
 }
 
 int Run::train() {
@@ -575,10 +603,18 @@ int Run::train() {
                 "lr %g, %s, steps %lld..%d -> %s\n",
                 c_.model.c_str(), (long long)n_, num_trainers_, c_.inference_ranks, c_.prompts_per_step,
                 c_.group_size, c_.lr, c_.precision.c_str(), (long long)first_step_, c_.steps, c_.out.c_str());
+  // A stop during start-up: the initial state becomes checkpoint 0, so --resume starts from it.
+  if (const int signal = stop_requested(world_)) {
+    if (!c_.resume) save_checkpoint(0);
+    if (rank_ == 0)
+      std::printf("pulse-train: signal %d during start-up: checkpointed the state of step %lld; continue with --resume\n",
+                  signal, (long long)(first_step_ - 1));
+    return exit_stopped_resumable;
+  }
   start_time_ = std::chrono::steady_clock::now();
   for (std::int64_t t = first_step_; t <= c_.steps; ++t) {
     step(t);
-    const int signalled = allreduce_value(world_, int(stop_signal), ReduceOp::max);
+    const int signalled = stop_requested(world_);
     const bool due = c_.checkpoint_every > 0 && t % c_.checkpoint_every == 0;
     if (due || signalled || t == c_.steps) save_checkpoint(t);
     if (signalled && t < c_.steps) {
@@ -813,6 +849,7 @@ void Run::step(std::int64_t t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_stop_handlers();
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -843,8 +880,6 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return code;
   }
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     try {
@@ -852,7 +887,7 @@ int main(int argc, char** argv) {
       std::unique_ptr<Run> run;
       try {
         run = std::make_unique<Run>(config, world, command_line);
-        run->open();
+        if (!run->open()) code = exit_stopped_resumable;
       } catch (const std::exception& e) {
         if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
         code = 1;

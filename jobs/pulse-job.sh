@@ -5,10 +5,13 @@
 #  - time limits: the scripts ask for `--signal=B:USR1@120`, which Slurm delivers to this batch
 #    shell only (B:), not to the ranks. The trap below forwards it as SIGUSR1 to srun or mpirun,
 #    both of which pass SIGUSR1 on to every rank; pulse-train then checkpoints at the end of the
-#    current step and exits 75. SIGTERM (scancel, or the time limit itself) is forwarded the same
-#    way, as SIGUSR1, because mpirun answers SIGTERM by killing the ranks;
+#    current step and exits 75 (during its start-up: after checkpointing the initial state as
+#    step 0). SIGTERM (scancel, or the time limit itself) is forwarded the same way, as SIGUSR1,
+#    because mpirun answers SIGTERM by killing the ranks. A signal before pulse-train starts, or
+#    one that kills it in the instant before its handlers are set, also requeues;
 #  - requeue: exit code 75 -> `scontrol requeue $SLURM_JOB_ID`; the requeued job finds
-#    RUN.ckpt/LATEST and adds --resume, so the same HDF5 file continues.
+#    RUN.ckpt/LATEST and adds --resume, so the same HDF5 file continues (without a checkpoint it
+#    starts the run afresh).
 #
 # Environment (all optional):
 #   PULSE_ROOT    repository root (default: the submit folder, so submit from the repository root)
@@ -46,18 +49,42 @@ pulse_launcher() {
     fi
   fi
   if [[ $kind == srun ]]; then
-    LAUNCH=(srun --mpi=pmix --ntasks="$PULSE_NP")
+    # --kill-on-bad-exit: a rank that dies takes the others down instead of leaving them in MPI.
+    LAUNCH=(srun --mpi=pmix --ntasks="$PULSE_NP" --kill-on-bad-exit=1)
   else
     LAUNCH=(mpirun -n "$PULSE_NP" --oversubscribe)
     [[ $(id -u) == 0 ]] && LAUNCH+=(--allow-run-as-root)
   fi
 }
 
+# A stop signal may come at any moment, from the job's first second on (Slurm delivers --signal
+# up to a minute early), so the traps are set as soon as this file is sourced. A stop that comes
+# before pulse-train runs is remembered: pulse_run then requeues without starting it.
 _pulse_child=""
+_pulse_launched=0
+_pulse_stop=""
 _pulse_forward() {
+  _pulse_stop=$1
+  echo "pulse-job: $1 received ${SECONDS} s into the job script, asking pulse-train to checkpoint and stop ($(date -u +%FT%TZ))" >&2
   [[ -n $_pulse_child ]] && kill -0 "$_pulse_child" 2>/dev/null || return 0
-  echo "pulse-job: $1 received, asking pulse-train to checkpoint and stop ($(date -u +%FT%TZ))" >&2
+  # A rank signalled in the instant between its exec and main, before pulse-train sets its
+  # handlers, dies of it: give the launch 3 s first (the time limit is minutes away).
+  local age=$((SECONDS - _pulse_launched))
+  ((age < 3)) && sleep $((3 - age))
   kill -USR1 "$_pulse_child"
+}
+trap '_pulse_forward USR1' USR1
+trap '_pulse_forward TERM' TERM
+
+# Requeues this Slurm job (or tells the user to run again); returns 75.
+_pulse_requeue() {
+  if [[ -n ${SLURM_JOB_ID:-} ]]; then
+    echo "pulse-job: $1, requeueing job $SLURM_JOB_ID" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+  else
+    echo "pulse-job: $1; run the same command again to continue" >&2
+  fi
+  return 75
 }
 
 # pulse_run OUT.h5 [pulse-train flags...]: one run of the app; resumes when OUT.ckpt/LATEST exists,
@@ -75,9 +102,14 @@ pulse_run() {
     args+=(--overwrite)  # an earlier attempt of this job died before its first checkpoint
   fi
   pulse_launcher
-  echo "pulse-job: ${LAUNCH[*]} $PULSE_TRAIN ${args[*]} (restart ${SLURM_RESTART_COUNT:-0})" >&2
-  trap '_pulse_forward USR1' USR1
+  trap '_pulse_forward USR1' USR1  # again: an earlier pulse_run of a sweep ended by ignoring USR1
   trap '_pulse_forward TERM' TERM
+  if [[ -n $_pulse_stop ]]; then
+    _pulse_requeue "stopped by $_pulse_stop before pulse-train started"
+    return
+  fi
+  echo "pulse-job: ${LAUNCH[*]} $PULSE_TRAIN ${args[*]} (restart ${SLURM_RESTART_COUNT:-0})" >&2
+  _pulse_launched=$SECONDS
   "${LAUNCH[@]}" "$PULSE_TRAIN" "${args[@]}" &
   _pulse_child=$!
   local rc
@@ -93,12 +125,19 @@ pulse_run() {
   trap '' USR1
   trap - TERM
   if ((rc == 75)); then
-    if [[ -n ${SLURM_JOB_ID:-} ]]; then
-      echo "pulse-job: checkpointed, requeueing job $SLURM_JOB_ID" >&2
-      scontrol requeue "$SLURM_JOB_ID"
-    else
-      echo "pulse-job: checkpointed; run the same command again to resume" >&2
-    fi
+    # pulse-train checkpointed (or, stopped during its SFT warm start, wrote nothing): the next
+    # attempt resumes when OUT.ckpt/LATEST exists and starts afresh otherwise.
+    _pulse_requeue "pulse-train stopped"
+    return
+  elif ((rc > 128)) && [[ -n $_pulse_stop ]]; then
+    # Killed by the forwarded signal in the instant before its handlers were set (process start):
+    # nothing of this attempt is lost that its last checkpoint does not hold.
+    _pulse_requeue "pulse-train was killed by the forwarded stop signal (exit $rc) before it could checkpoint"
+    return
+  elif ((rc == 0)) && [[ ! -f $out ]]; then
+    # srun can exit 0 when a job step is aborted before its tasks launch
+    echo "pulse-job: the launcher exited 0 but $out does not exist" >&2
+    return 1
   fi
   return $rc
 }

@@ -7,6 +7,9 @@
   master weights, Adam state and BF16 weights, bit for bit, as an uninterrupted run, and the
   same statistics rows;
 - SIGUSR1 checkpoints and exits 75, --resume finishes the run;
+- SIGUSR1 sent to every rank within its first 100 ms (as soon as its handler is in place, before
+  MPI_Init returns) exits 75 with a checkpoint of the initial state, and --resume ends with the
+  same weights, bit for bit, as an uninterrupted run;
 - bad configs (unknown key, negative lr, more inference ranks than ranks, unwritable output)
   and an existing output exit non-zero with a one-line error and create or change no file.
     test_pulse_train.py --app build/apps/pulse-train --mpiexec mpiexec --mpi-flags "--oversubscribe"
@@ -225,6 +228,101 @@ def check_signal(app, mpi, tmp):
         expect(list(f["/steps/step"][:]) == list(range(1, 41)), "resume after SIGUSR1 ends with steps 1..40")
 
 
+def rank_pids(out):
+    """pids of the pulse-train processes (not mpirun) whose command line names `out`."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/comm") as fh:
+                comm = fh.read().strip()
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                cmdline = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if comm == "pulse-train" and out.encode() in cmdline:
+            pids.append(int(d))
+    return pids
+
+
+def catches_usr1(pid):
+    """Whether the process has a handler for SIGUSR1 (bit 10 of SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGUSR1 - 1)))
+    except OSError:
+        pass
+    return False
+
+
+def age_ms(pid):
+    """Milliseconds since the process started (field 22 of /proc/PID/stat, in clock ticks)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as fh:
+        uptime = float(fh.read().split()[0])
+    return 1000.0 * (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def check_early_signal(app, mpi, tmp):
+    """A time-limit or preemption signal that reaches the ranks during start-up."""
+    np_ = 2
+    common = BASE + ["--steps", "4", "--prompts-per-step", "4", "--inference-ranks", "1", "--checkpoint-every", "0"]
+    ref = os.path.join(tmp, "early-ref.h5")
+    code, _, e = run(common + ["--out", ref], np_, app, mpi)
+    expect(code == 0, f"early signal: reference run exit {code}: {e.strip()[-300:]}")
+    out = os.path.join(tmp, "early.h5")
+    p = launch(common + ["--out", out], np_, app, mpi)
+    signalled = {}
+    deadline = time.time() + 60
+    while len(signalled) < np_ and time.time() < deadline and p.poll() is None:
+        for pid in rank_pids(out):
+            if pid not in signalled and catches_usr1(pid):
+                try:
+                    signalled[pid] = age_ms(pid)
+                    os.kill(pid, signal.SIGUSR1)
+                except (OSError, ValueError, IndexError):
+                    pass
+        time.sleep(0.002)
+    _, err = p.communicate(timeout=120)
+    ages = sorted(signalled.values())
+    print(f"early signal: SIGUSR1 reached the ranks {[round(a) for a in ages]} ms after they started", flush=True)
+    expect(len(ages) == np_, f"early signal: signalled {len(ages)} of {np_} ranks")
+    expect(all(a <= 100 for a in ages), f"early signal: sent {ages} ms after start, not within 100 ms")
+    expect(p.returncode == 75, f"early signal: exit {p.returncode}, expected 75: {err.strip()[-300:]}")
+    step, _ = checkpoint_buffers(os.path.join(tmp, "early.ckpt"))
+    expect(step == 0, f"early signal: the stop wrote checkpoint {step}, expected the initial state (0)")
+    code, _, e = run(common + ["--out", out, "--resume"], np_, app, mpi)
+    expect(code == 0, f"early signal: resume exit {code}: {e.strip()[-300:]}")
+    s_ref, b_ref = checkpoint_buffers(os.path.join(tmp, "early-ref.ckpt"))
+    s_res, b_res = checkpoint_buffers(os.path.join(tmp, "early.ckpt"))
+    expect(s_ref == s_res == 4, f"early signal: final checkpoints at {s_ref} and {s_res}")
+    differ = sorted(k for k in b_ref.keys() | b_res.keys() if b_ref.get(k) != b_res.get(k))
+    expect(not differ, f"early signal: resumed run differs from uninterrupted in {differ[:5]}")
+    with h5py.File(ref, "r") as a, h5py.File(out, "r") as b:
+        for name in ("step", "changed", "loss", "reward", "patch_bytes"):
+            expect(np.array_equal(a[f"/steps/{name}"][:], b[f"/steps/{name}"][:]),
+                   f"early signal: /steps/{name} differs after resume")
+    # During an SFT warm start nothing can be checkpointed yet: exit 75, no output, no cached
+    # warm start, and the message says to run again without --resume.
+    folder = os.path.join(tmp, "early-sft")
+    os.makedirs(folder)
+    init = os.path.join(folder, "sft.safetensors")
+    i = BASE.index("--init")
+    args = BASE[:i] + BASE[i + 2:] + ["--steps", "4", "--prompts-per-step", "4", "--init", init, "--sft-steps", "100000",
+                        "--out", os.path.join(folder, "run.h5")]
+    p = launch(args, 1, app, mpi)
+    time.sleep(1.0)
+    os.killpg(p.pid, signal.SIGUSR1)
+    out_text, err = p.communicate(timeout=120)
+    expect(p.returncode == 75, f"signal during warm start: exit {p.returncode}, expected 75: {err.strip()[-300:]}")
+    expect("without --resume" in out_text, f"signal during warm start: no advice in {out_text.strip()[-300:]!r}")
+    expect(os.listdir(folder) == [], f"signal during warm start: files written: {os.listdir(folder)}")
+
+
 def check_bad_input(app, mpi, tmp):
     bad = os.path.join(tmp, "bad")
     os.makedirs(bad)
@@ -279,6 +377,7 @@ def main():
             check_kill_and_resume(args.app, mpi, np_, d)
         check_ddp_matches_single_rank(args.app, mpi, tmp)
         check_signal(args.app, mpi, tmp)
+        check_early_signal(args.app, mpi, tmp)
         check_bad_input(args.app, mpi, tmp)
     if failures:
         print(f"{len(failures)} failure(s)")
