@@ -7,8 +7,8 @@
   master weights, Adam state and BF16 weights, bit for bit, as an uninterrupted run, and the
   same statistics rows;
 - SIGUSR1 checkpoints and exits 75, --resume finishes the run;
-- SIGUSR1 sent to every rank within its first 100 ms (as soon as its handler is in place, before
-  MPI_Init returns) exits 75 with a checkpoint of the initial state, and --resume ends with the
+- SIGUSR1 sent to every rank as soon as its handler is in place (10-40 ms into its life when
+  the machine is idle, before MPI_Init returns) exits 75 with a checkpoint of the initial state, and --resume ends with the
   same weights, bit for bit, as an uninterrupted run;
 - bad configs (unknown key, negative lr, more inference ranks than ranks, unwritable output)
   and an existing output exit non-zero with a one-line error and create or change no file.
@@ -291,7 +291,9 @@ def check_early_signal(app, mpi, tmp):
     ages = sorted(signalled.values())
     print(f"early signal: SIGUSR1 reached the ranks {[round(a) for a in ages]} ms after they started", flush=True)
     expect(len(ages) == np_, f"early signal: signalled {len(ages)} of {np_} ranks")
-    expect(all(a <= 100 for a in ages), f"early signal: sent {ages} ms after start, not within 100 ms")
+    # 10-40 ms on an idle machine; a loaded one can take longer to load the binary and reach
+    # main. What makes the signal early is checked below: it came before step 1 (checkpoint 0).
+    expect(all(a <= 1000 for a in ages), f"early signal: sent {ages} ms after start, not within 1 s")
     expect(p.returncode == 75, f"early signal: exit {p.returncode}, expected 75: {err.strip()[-300:]}")
     step, _ = checkpoint_buffers(os.path.join(tmp, "early.ckpt"))
     expect(step == 0, f"early signal: the stop wrote checkpoint {step}, expected the initial state (0)")
