@@ -66,6 +66,11 @@ _pulse_stop=""
 _pulse_forward() {
   _pulse_stop=$1
   echo "pulse-job: $1 received ${SECONDS} s into the job script, asking pulse-train to checkpoint and stop ($(date -u +%FT%TZ))" >&2
+  _pulse_deliver
+}
+# SIGUSR1 to the launcher, which passes it to every rank (called again right after the launch,
+# for a stop that came between the launch and `_pulse_child=$!`).
+_pulse_deliver() {
   [[ -n $_pulse_child ]] && kill -0 "$_pulse_child" 2>/dev/null || return 0
   # A rank signalled in the instant between its exec and main, before pulse-train sets its
   # handlers, dies of it: give the launch 3 s first (the time limit is minutes away).
@@ -112,6 +117,7 @@ pulse_run() {
   _pulse_launched=$SECONDS
   "${LAUNCH[@]}" "$PULSE_TRAIN" "${args[@]}" &
   _pulse_child=$!
+  [[ -n $_pulse_stop ]] && _pulse_deliver
   local rc
   while :; do
     wait "$_pulse_child"
