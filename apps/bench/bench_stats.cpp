@@ -7,6 +7,7 @@
 // periodic flushes included. The file goes to $TMPDIR (default /tmp).
 #include <benchmark/benchmark.h>
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -87,6 +88,59 @@ void BM_StatsAppendTiny(benchmark::State& state) {
 }
 BENCHMARK(BM_StatsAppendTiny)->Arg(0)->UseManualTime()->Iterations(1000)->Repetitions(3)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_StatsAppendTiny)->Arg(25)->UseManualTime()->Iterations(200)->Repetitions(3)->Unit(benchmark::kMillisecond);
+
+// One explicit flush (what pulse-train does before each checkpoint) after each appended row, of a
+// file holding state.range(0) rows: the whole image is written, fsynced and renamed.
+void BM_StatsFlushTiny(benchmark::State& state) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string path = bench_path();
+  {
+    StatsFile f(MPI_COMM_WORLD, path, StatsOpen::overwrite);
+    declare_tiny_schema(f);
+    std::int64_t step = 0;
+    for (; step < state.range(0); ++step) f.append(tiny_row(step, rank));
+    double bytes = 0;
+    for (auto _ : state) {
+      f.append(tiny_row(step++, rank));
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double start = MPI_Wtime();
+      f.flush();
+      double seconds = MPI_Wtime() - start;
+      MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      state.SetIterationTime(seconds);
+      struct stat info {};
+      if (rank == 0 && ::stat(path.c_str(), &info) == 0) bytes = double(info.st_size);
+    }
+    state.counters["file_bytes"] = bytes;
+  }
+  if (rank == 0) std::remove(path.c_str());
+}
+BENCHMARK(BM_StatsFlushTiny)->Arg(100)->Arg(10000)->UseManualTime()->Iterations(20)->Repetitions(3)->Unit(benchmark::kMillisecond);
+
+// The floor under any gathered row on this machine: the two collectives an append makes (a gather
+// of the per-rank columns and an agreement on errors), with nothing written.
+void BM_CollectivesOnly(benchmark::State& state) {
+  const int gap_ms = static_cast<int>(state.range(0));
+  std::vector<std::int64_t> mine(kFloatPerRank + kIntPerRank + 1, 7), all;
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  all.resize(mine.size() * std::size_t(ranks));
+  for (auto _ : state) {
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    MPI_Gather(mine.data(), int(mine.size()), MPI_INT64_T, all.data(), int(mine.size()), MPI_INT64_T, 0, MPI_COMM_WORLD);
+    std::int64_t both[2] = {0, 0};
+    MPI_Allreduce(MPI_IN_PLACE, both, 2, MPI_INT64_T, MPI_MIN, MPI_COMM_WORLD);
+    double seconds = MPI_Wtime() - start;
+    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    state.SetIterationTime(seconds);
+  }
+  state.counters["ranks"] = ranks;
+}
+BENCHMARK(BM_CollectivesOnly)->Arg(0)->UseManualTime()->Iterations(1000)->Repetitions(3)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CollectivesOnly)->Arg(25)->UseManualTime()->Iterations(200)->Repetitions(3)->Unit(benchmark::kMillisecond);
 
 // Rank 0 reports; the others run the same benchmarks silently.
 class NullReporter : public benchmark::BenchmarkReporter {
