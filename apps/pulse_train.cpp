@@ -303,7 +303,7 @@ void Run::declare_statistics() {
       {"step_s", "s|wall time of the step"},
       {"measure_s", "s|sparsity, gradient and Adam statistics time on trainer 0"},
       {"sync_s", "s|PULSESync time on trainer 0 (encode + send)"},
-      {"write_s", "s|time the previous step's statistics row took to write and flush (collective, slowest rank)"},
+      {"write_s", "s|time the previous step's statistics append took (gather to rank 0, flush when due; slowest rank)"},
       {"eval_pass1", "1|greedy pass@1 on held-out problems (NaN when not evaluated)"},
       {"gate_density", "1|diloco/pulseloco outer steps: fraction of entries trainer 0 sent (NaN on inner steps)"},
       {"outer_s", "s|diloco/pulseloco: outer step time on trainer 0 (NaN on inner steps)"}};
@@ -616,7 +616,10 @@ int Run::train() {
     step(t);
     const int signalled = stop_requested(world_);
     const bool due = c_.checkpoint_every > 0 && t % c_.checkpoint_every == 0;
-    if (due || signalled || t == c_.steps) save_checkpoint(t);
+    if (due || signalled || t == c_.steps) {
+      stats_->flush();  // first: the file then holds every row a resume from this checkpoint keeps
+      save_checkpoint(t);
+    }
     if (signalled && t < c_.steps) {
       if (rank_ == 0)
         std::printf("pulse-train: signal %d: checkpointed after step %lld; continue with --resume\n", signalled,

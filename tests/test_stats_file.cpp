@@ -366,6 +366,58 @@ TEST(StatsFile, AppendRejectsBadRowsOnEveryRankAndWritesNothing) {
   EXPECT_EQ(f.rows(), 2);
 }
 
+// The rows at the path as a reader sees them (rank 0; the file is complete after every flush).
+hsize_t rows_on_disk(const std::string& path) { return read_dataset(path, "/steps/loss").dims.at(0); }
+
+TEST(StatsFile, RowsReachThePathAtEachFlushAndOnlyThen) {
+  Folder folder;
+  const std::string path = folder.path + "/flushes.h5";
+  const std::string before_resume = folder.path + "/before_resume.h5";
+  {
+    StatsFile f(MPI_COMM_WORLD, path, StatsOpen::create);
+    expect_error([&] { f.set_flush_interval(0, 1.0); }, path, "need >= 1 row");
+    expect_error([&] { f.set_flush_interval(4, 0.0); }, path, "need >= 1 row and > 0 s");
+    f.set_flush_interval(4, 1e9);
+    declare_standard(f);
+    f.flush();
+    for (int step = 0; step < 10; ++step) {
+      f.append(standard_row(step));
+      EXPECT_EQ(f.flushed_rows(), step + 1 >= 8 ? 8 : step + 1 >= 4 ? 4 : 0) << step;
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank() == 0) EXPECT_EQ(rows_on_disk(path), hsize_t(f.flushed_rows())) << step;
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+    f.flush();
+    EXPECT_EQ(f.flushed_rows(), 10);
+    if (rank() == 0) EXPECT_EQ(rows_on_disk(path), 10u);
+    // a time limit flushes on the next append although the row limit is far
+    f.set_flush_interval(1000, 1e-9);
+    f.append(standard_row(10));
+    EXPECT_EQ(f.flushed_rows(), 11);
+    f.set_flush_interval(1000, 1e9);
+    f.append(standard_row(11));
+    EXPECT_EQ(f.flushed_rows(), 11);
+  }  // destruction flushes the rest
+  if (rank() == 0) {
+    EXPECT_EQ(rows_on_disk(path), 12u);
+    std::filesystem::copy_file(path, before_resume);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    // resume changes the path only at its first flush: a run killed before it finds the old file
+    StatsFile f(MPI_COMM_WORLD, path, StatsOpen::resume, 5);
+    declare_standard(f);
+    f.append(standard_row(5, 100.0));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) EXPECT_EQ(file_bytes(path), file_bytes(before_resume));
+    f.flush();
+    if (rank() == 0) {
+      EXPECT_EQ(rows_on_disk(path), 6u);
+      EXPECT_EQ(read_dataset(path, "/steps/loss").f64[5], loss_at(5) + 100.0);
+    }
+  }
+}
+
 TEST(StatsFile, WriteArrayRoundTripsAndReplaces) {
   Folder folder;
   const std::string path = folder.path + "/arrays.h5";

@@ -1,5 +1,5 @@
 #pragma once
-// The per-run HDF5 statistics file, written with parallel HDF5 (DESIGN.md "HDF5 statistics file").
+// The per-run HDF5 statistics file (DESIGN.md "HDF5 statistics file").
 //
 // Layout, for readers:
 // - root attribute "pulse_stats_format" (int64, currently 1) marks a pulse stats file;
@@ -10,6 +10,15 @@
 //   entries read as NaN (float64) or -1 (int64).
 // The app chooses the dataset paths ("/steps/loss", "/ranks/bytes_sent", ...); groups are created
 // as needed.
+//
+// Survives a kill of any rank at any moment: rank 0 alone holds the file, in memory (HDF5's core
+// driver), and gathers the other ranks' per-rank columns with each row. A flush writes the whole
+// file image to a temporary file next to the path, fsyncs it and renames it over the path, so the
+// path always holds a complete file as of some flush, which plain h5py opens. Rows are buffered
+// and flushed every `flush_rows` rows or `flush_seconds` seconds (whichever comes first, checked
+// at each append), at flush() and at destruction; a kill loses the rows since the last flush.
+// (HDF5's SWMR mode was not used: after a crash it leaves a superblock mark that stops non-SWMR
+// readers until `h5clear -s`, and it cannot create datasets or attributes, which write_array needs.)
 #include <mpi.h>
 
 #include <cstdint>
@@ -52,9 +61,10 @@ class StatsFile {
  public:
   // Collective over comm: every rank calls every method in the same order with the same arguments
   // (data excepted). create: one-line pulse::Error if path exists, nothing touched; overwrite:
-  // replaces it; resume: opens the existing file, checks it is a pulse stats file and drops rows
-  // >= keep_rows on every series it lists, so the run continues from there. Errors name the path
-  // and are thrown on all ranks alike.
+  // replaces it; resume: reads the existing file, checks it is a pulse stats file and drops rows
+  // >= keep_rows on every series it lists, so the run continues from there (the path changes at
+  // the next flush). Errors name the path and are thrown on all ranks alike. Temporary files of
+  // an earlier writer killed inside a flush (PATH.tmp.*) are removed.
   StatsFile(MPI_Comm comm, const std::string& path, StatsOpen mode, std::int64_t keep_rows = 0);
   ~StatsFile();
   StatsFile(const StatsFile&) = delete;
@@ -81,11 +91,23 @@ class StatsFile {
                              const std::vector<std::string>& values);
   void set_dataset_attribute(const std::string& path, const std::string& name, const std::string& value);
 
-  // Appends one row to every declared series, then flushes, so a run killed afterwards leaves a
-  // readable file holding every appended row. Throws on every rank if any rank's row names an
-  // undeclared series or has the wrong kind, type or width (nothing is written then).
+  // Appends one row to every declared series (buffered; flushed when due, see above). Throws on
+  // every rank if any rank's row names an undeclared series or has the wrong kind, type or width
+  // (nothing is written then), or if a due flush fails.
   void append(const StatsRow& row);
   std::int64_t rows() const { return rows_; }
+
+  // Writes every row, array and attribute so far to the path (atomically, see above); a kill
+  // afterwards loses nothing before this point. pulse-train calls it before each checkpoint, so
+  // the file always holds the rows a resume keeps.
+  void flush();
+  // Rows the file at the path holds (as of the last flush).
+  std::int64_t flushed_rows() const { return flushed_rows_; }
+  // The flush policy: every `rows` appended rows (>= 1) or once `seconds` (> 0) have passed
+  // since the last flush. Defaults: default_flush_rows, default_flush_seconds.
+  void set_flush_interval(std::int64_t rows, double seconds);
+  static constexpr std::int64_t default_flush_rows = 100;
+  static constexpr double default_flush_seconds = 10.0;
 
   // A fixed array written once with rank 0's data (other ranks may pass empty data), e.g.
   // "/absorption/step_000010/ratio_counts"; writing an existing path replaces it (a resumed run
@@ -103,6 +125,7 @@ class StatsFile {
   std::unique_ptr<Impl> impl_;
   std::string path_;
   std::int64_t rows_ = 0;
+  std::int64_t flushed_rows_ = 0;
 };
 
 }  // namespace pulse::io

@@ -1,9 +1,16 @@
 // Drives pulse::io::StatsFile for the h5py checks and the append benchmark.
-//   stats_driver write PATH ROWS [--hang|--progress]
-//                                           a known layout with values derived from (step, rank);
-//                                           --hang: after ROWS appends print "ready <pid>" per rank
-//                                           and wait to be killed; --progress: rank 0 prints
-//                                           "appended <n> <pid>" after every append
+//   stats_driver write PATH ROWS [--flush-every N] [--hang|--hang-unflushed|--progress]
+//                                           a known layout with values derived from (step, rank),
+//                                           flushed every N rows (default: the library's policy);
+//                                           --hang: after ROWS appends and a flush, print
+//                                           "ready <pid>" per rank and wait to be killed;
+//                                           --hang-unflushed: the same without the flush;
+//                                           --progress: every rank prints "pid <pid>" first, then
+//                                           rank 0 prints "appended <n> flushed <m>" after every
+//                                           append (m: rows the file at PATH holds)
+//   stats_driver resume PATH KEEP ROWS [--flush-every N]
+//                                           reopens PATH keeping KEEP rows and appends rows
+//                                           KEEP..ROWS-1 with the same values
 //   stats_driver bench PATH ROWS SCALARS WIDTH
 //                                           SCALARS float64 series, one (steps x WIDTH) series and a
 //                                           (steps x 4) per-rank series; prints per-append seconds
@@ -27,12 +34,7 @@ using pulse::io::StatsRow;
 
 namespace {
 
-// The values tests/stats/test_stats_h5py.py expects.
-void write(const std::string& path, int rows, const std::string& flag, int rank, int nranks) {
-  StatsFile f(MPI_COMM_WORLD, path, StatsOpen::create);
-  f.set_attribute("program", std::string("stats_driver"));
-  f.set_attribute("ranks", std::int64_t(nranks));
-  f.set_attribute("tensor_names", std::vector<std::string>{"wte", "h.0.mlp", "lm_head"});
+void declare_layout(StatsFile& f) {
   f.declare("/steps/step", SeriesType::int64, 0, "steps", "optimizer step");
   f.declare("/steps/loss", SeriesType::float64, 0, "nats", "1 / (step + 1)");
   f.declare("/steps/reward", SeriesType::float64, 0, "1", "step / 4 on even steps, unset on odd ones");
@@ -42,9 +44,11 @@ void write(const std::string& path, int rows, const std::string& flag, int rank,
   f.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>{1, 4});
   f.declare_per_rank("/ranks/bytes_sent", SeriesType::int64, "B", "1000 * rank + step");
   f.declare_per_rank("/ranks/compute_seconds", SeriesType::float64, "s", "rank + step / 2");
-  f.write_array("/absorption/step_000000/counts", std::vector<std::int64_t>{5, 6, 7, 8, 9, 10}, {2, 3}, "weights",
-                "a fixed histogram");
-  for (int step = 0; step < rows; ++step) {
+}
+
+// The values tests/stats/test_stats_h5py.py expects.
+void append_steps(StatsFile& f, int first, int rows, bool progress, int rank) {
+  for (int step = first; step < rows; ++step) {
     StatsRow row;
     row.set_int("/steps/step", step);
     row.set("/steps/loss", 1.0 / (step + 1));
@@ -54,16 +58,40 @@ void write(const std::string& path, int rows, const std::string& flag, int rank,
     row.set_rank_int("/ranks/bytes_sent", 1000 * rank + step);
     row.set_rank("/ranks/compute_seconds", rank + step / 2.0);
     f.append(row);
-    if (flag == "--progress" && rank == 0) {
-      std::printf("appended %d %d\n", step + 1, static_cast<int>(getpid()));
+    if (progress && rank == 0) {
+      std::printf("appended %d flushed %lld\n", step + 1, static_cast<long long>(f.flushed_rows()));
       std::fflush(stdout);
     }
   }
-  if (flag == "--hang") {
+}
+
+void write(const std::string& path, int rows, int flush_every, const std::string& flag, int rank, int nranks) {
+  if (flag == "--progress") {
+    std::printf("pid %d\n", static_cast<int>(getpid()));
+    std::fflush(stdout);
+  }
+  StatsFile f(MPI_COMM_WORLD, path, StatsOpen::create);
+  if (flush_every > 0) f.set_flush_interval(flush_every, 1e9);
+  f.set_attribute("program", std::string("stats_driver"));
+  f.set_attribute("ranks", std::int64_t(nranks));
+  f.set_attribute("tensor_names", std::vector<std::string>{"wte", "h.0.mlp", "lm_head"});
+  declare_layout(f);
+  f.write_array("/absorption/step_000000/counts", std::vector<std::int64_t>{5, 6, 7, 8, 9, 10}, {2, 3}, "weights",
+                "a fixed histogram");
+  append_steps(f, 0, rows, flag == "--progress", rank);
+  if (flag == "--hang") f.flush();
+  if (flag == "--hang" || flag == "--hang-unflushed") {
     std::printf("ready %d\n", static_cast<int>(getpid()));
     std::fflush(stdout);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+}
+
+void resume(const std::string& path, int keep, int rows, int flush_every, int rank) {
+  StatsFile f(MPI_COMM_WORLD, path, StatsOpen::resume, keep);
+  if (flush_every > 0) f.set_flush_interval(flush_every, 1e9);
+  declare_layout(f);
+  append_steps(f, keep, rows, false, rank);
 }
 
 void bench(const std::string& path, int rows, int scalars, int width, int rank, int nranks) {
@@ -107,13 +135,25 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &nranks);
   int rc = 0;
   try {
-    const std::string mode = argc > 1 ? argv[1] : "";
-    if (mode == "write" && (argc == 4 || argc == 5)) {
-      write(argv[2], std::stoi(argv[3]), argc == 5 ? argv[4] : "", rank, nranks);
-    } else if (mode == "bench" && argc == 6) {
-      bench(argv[2], std::stoi(argv[3]), std::stoi(argv[4]), std::stoi(argv[5]), rank, nranks);
+    std::vector<std::string> args(argv + 1, argv + argc);
+    int flush_every = 0;
+    for (std::size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == "--flush-every") {
+        flush_every = std::stoi(args[i + 1]);
+        args.erase(args.begin() + std::ptrdiff_t(i), args.begin() + std::ptrdiff_t(i) + 2);
+        break;
+      }
+    const std::string mode = args.empty() ? "" : args[0];
+    if (mode == "write" && (args.size() == 3 || args.size() == 4)) {
+      write(args[1], std::stoi(args[2]), flush_every, args.size() == 4 ? args[3] : "", rank, nranks);
+    } else if (mode == "resume" && args.size() == 4) {
+      resume(args[1], std::stoi(args[2]), std::stoi(args[3]), flush_every, rank);
+    } else if (mode == "bench" && args.size() == 5) {
+      bench(args[1], std::stoi(args[2]), std::stoi(args[3]), std::stoi(args[4]), rank, nranks);
     } else {
-      if (rank == 0) std::fprintf(stderr, "usage: stats_driver write PATH ROWS [--hang|--progress] | bench PATH ROWS SCALARS WIDTH\n");
+      if (rank == 0)
+        std::fprintf(stderr, "usage: stats_driver write PATH ROWS [--flush-every N] [--hang|--hang-unflushed|--progress]"
+                             " | resume PATH KEEP ROWS [--flush-every N] | bench PATH ROWS SCALARS WIDTH\n");
       rc = 2;
     }
   } catch (const std::exception& e) {

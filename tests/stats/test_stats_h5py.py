@@ -1,12 +1,17 @@
-"""Reads stats files written by stats_driver (parallel HDF5 at np 1/2/4) with h5py and h5dump.
+"""Reads stats files written by stats_driver (np 1/2/4) with h5py and h5dump.
 
 Checks every value against the formulas the driver documents, the per-rank columns, the
-attributes and the "datasets" index; then SIGKILLs the ranks of a run after k appends (idle, and
-while appending) and checks that h5py and `h5dump -H` still read the file with all k rows.
+attributes and the "datasets" index. Then SIGKILLs runs: idle after a flush (every row kept),
+idle with unflushed rows (exactly the flushed rows kept), and a random rank at a random moment
+while appending, flushing every row or every few rows (so many kills land inside a flush): h5py
+and `h5dump -H` must read every row up to the last flush reported before the kill, the file must
+hold no partial row, and stats_driver must resume it, append again and leave no temporary file.
 """
 import argparse
+import glob
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -19,11 +24,11 @@ import numpy as np
 
 
 def check_file(path, rows, nranks):
-    """Checks the first `rows` rows of every series (a run killed inside an append may have one more)."""
+    """Checks that every series has exactly `rows` rows, with the driver's values."""
     with h5py.File(path, "r") as f:
         for name, entry in json.loads(f.attrs["datasets"]).items():
             if entry["kind"] != "array":
-                assert rows <= f[name].shape[0] <= rows + 1, (name, f[name].shape, rows)
+                assert f[name].shape[0] == rows, (name, f[name].shape, rows)
         assert f.attrs["pulse_stats_format"] == 1
         assert f.attrs["program"] == "stats_driver"
         assert f.attrs["ranks"] == nranks
@@ -66,6 +71,15 @@ def check_h5dump(path, rows):
     assert f"DATASPACE  SIMPLE {{ ( {rows} ) / ( H5S_UNLIMITED ) }}" in header.stdout, header.stdout
 
 
+def stop(run):
+    """Waits for mpiexec after a kill (it ends the other ranks), killing it if it lingers."""
+    try:
+        run.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        run.wait()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--driver", required=True)
@@ -83,10 +97,14 @@ def main():
             check_h5dump(path, 9)
             print(f"np {nranks}: 9 rows read back by h5py and h5dump")
 
-        for nranks, rows in ((1, 3), (2, 5)):
-            path = os.path.join(folder, f"killed_np{nranks}.h5")
-            run = subprocess.Popen(launch(nranks) + ["write", path, str(rows), "--hang"], stdout=subprocess.PIPE,
-                                   text=True)
+        # killed idle: after a flush every row is there; without one, exactly the flushed rows
+        for nranks, rows, flush_every, mode, kept in ((1, 3, 0, "--hang", 3), (2, 5, 0, "--hang", 5),
+                                                       (2, 10, 4, "--hang-unflushed", 8)):
+            path = os.path.join(folder, f"killed_np{nranks}_{mode[2:]}.h5")
+            command = launch(nranks) + ["write", path, str(rows), mode]
+            if flush_every:
+                command += ["--flush-every", str(flush_every)]
+            run = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
             pids = []
             deadline = time.time() + 300
             while len(pids) < nranks and time.time() < deadline:
@@ -96,35 +114,47 @@ def main():
                     pids.append(int(line.split()[1]))
             assert len(pids) == nranks, "driver not ready in time"
             for pid in pids:
-                os.kill(pid, signal.SIGKILL)  # no destructor, no H5Fclose
-            try:
-                run.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                run.kill()
-                run.wait()
-            check_file(path, rows, nranks)
-            check_h5dump(path, rows)
-            print(f"np {nranks}: SIGKILL after {rows} appends leaves {rows} readable rows")
+                os.kill(pid, signal.SIGKILL)  # no destructor, no last flush
+            stop(run)
+            check_file(path, kept, nranks)
+            check_h5dump(path, kept)
+            print(f"np {nranks}: SIGKILL after {rows} appends ({mode}) leaves {kept} readable rows")
 
-        # killed while appending: whatever append was in flight, the rows reported before it stay
-        for attempt, wanted in enumerate((5, 40, 300)):
-            path = os.path.join(folder, f"killed_busy_{attempt}.h5")
-            run = subprocess.Popen([args.driver, "write", path, "1000000", "--progress"], stdout=subprocess.PIPE,
-                                   text=True)
-            done = 0
+        # killed at a random moment while appending (often inside a flush), a random rank
+        rng = random.Random(int(os.environ.get("PULSE_TEST_SEED", "12")))
+        for trial in range(8):
+            nranks = (1, 2)[trial % 2]
+            flush_every = (1, 3)[(trial // 2) % 2]
+            path = os.path.join(folder, f"killed_busy_{trial}.h5")
+            command = launch(nranks) + ["write", path, "1000000", "--progress", "--flush-every", str(flush_every)]
+            run = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+            pids, done, flushed = [], 0, 0
+            wanted = rng.randint(1, 60)
             while done < wanted:
                 line = run.stdout.readline()
                 assert line, "driver exited early"
-                done, pid = map(int, line.split()[1:3])
-            os.kill(pid, signal.SIGKILL)
-            run.wait(timeout=60)
+                if line.startswith("pid "):
+                    pids.append(int(line.split()[1]))
+                else:
+                    done, flushed = int(line.split()[1]), int(line.split()[3])
+            assert len(pids) == nranks, pids
+            time.sleep(rng.uniform(0, 0.02))
+            victim = rng.choice(pids)
+            os.kill(victim, signal.SIGKILL)
+            stop(run)
             with h5py.File(path, "r") as f:
                 rows = f["/steps/step"].shape[0]
-            assert rows >= done, (rows, done)
-            check_file(path, rows - 1 if rows > done else rows, 1)
-            header = subprocess.run(["h5dump", "-H", path], capture_output=True, text=True, timeout=60)
-            assert header.returncode == 0, header.stderr
-            print(f"SIGKILL while appending, {done} appends reported: {rows} rows readable")
+            assert rows >= flushed, (rows, flushed)
+            assert rows % flush_every == 0, (rows, flush_every)  # only whole flushes reach the file
+            check_file(path, rows, nranks)
+            check_h5dump(path, rows)
+            left = len(glob.glob(path + ".tmp.*"))  # > 0 when the kill landed inside a flush
+            keep = rng.randint(0, rows)
+            subprocess.run(launch(nranks) + ["resume", path, str(keep), str(rows + 7)], check=True, timeout=120)
+            check_file(path, rows + 7, nranks)
+            assert not glob.glob(path + ".tmp.*"), glob.glob(path + ".tmp.*")
+            print(f"np {nranks}, flush every {flush_every}: SIGKILL of rank pid {victim} after >= {done} appends "
+                  f"({flushed} flushed): {rows} rows readable, {left} temporary file(s) left; resumed at {keep} to {rows + 7}")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return 0
