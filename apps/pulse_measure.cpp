@@ -134,14 +134,17 @@ std::vector<std::pair<std::int64_t, std::string>> resolve_series(const Options& 
   return series;
 }
 
+// The BF16/F16/F32 tensors in storage order (shard by shard, by offset), so that each rank reads
+// its share of a checkpoint front to back, and a single file's patch is the one pulse-sync writes.
 std::vector<MeasuredTensor> measured_tensors(const io::ModelState& state) {
   std::vector<MeasuredTensor> out;
-  for (const io::StateTensor& t : state.tensors()) {
-    if (!is_measured(t.view.dtype)) continue;
-    MeasuredTensor m{t.view.name, io::dtype_name(t.view.dtype), t.view.shape, 1, io::dtype_size(t.view.dtype)};
-    for (const std::int64_t d : t.view.shape) m.numel *= d;
-    out.push_back(m);
-  }
+  for (const io::SafetensorsFile& shard : state.shards())
+    for (const io::TensorView& t : shard.tensors()) {
+      if (!is_measured(t.dtype)) continue;
+      MeasuredTensor m{t.name, io::dtype_name(t.dtype), t.shape, 1, io::dtype_size(t.dtype)};
+      for (const std::int64_t d : t.shape) m.numel *= d;
+      out.push_back(m);
+    }
   return out;
 }
 
@@ -329,7 +332,7 @@ class Measurement {
       }
 
     const std::size_t nt = tensors_.size(), nk = kstep_values.size();
-    // sums over ranks: tensor_changed (nt), k-step equal elements (nk), patch bytes (1)
+    // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
     if (!ring_.empty()) {
@@ -346,7 +349,7 @@ class Measurement {
           sums[p.tensor] += std::int64_t(count_differing(now, prev.bytes.data() + offset, n, t.element_bytes));
           for (std::size_t k = 0; k < nk; ++k)
             if (back[k])
-              sums[nt + k] += std::int64_t(n - count_differing(now, back[k]->bytes.data() + offset, n, t.element_bytes));
+              sums[nt + k] += std::int64_t(count_differing(now, back[k]->bytes.data() + offset, n, t.element_bytes));
           const bool whole = p.begin == 0 && p.end == t.numel;
           const std::string name = whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]";
           const std::vector<std::int64_t> shape = whole ? t.shape : std::vector<std::int64_t>{std::int64_t(n)};
@@ -386,7 +389,7 @@ class Measurement {
         kind_sparsity.push_back(kind_numel[k] ? 1.0 - double(per_kind[k]) / double(kind_numel[k])
                                               : std::numeric_limits<double>::quiet_NaN());
       for (std::size_t k = 0; k < nk; ++k)
-        kstep.push_back(held_globally(step - kstep_values[k], i) ? double(total[nt + k]) / double(numel_)
+        kstep.push_back(held_globally(step - kstep_values[k], i) ? 1.0 - double(total[nt + k]) / double(numel_)
                                                                 : std::numeric_limits<double>::quiet_NaN());
       const std::int64_t patch = total[nt + nk];
       row.set_int("/steps/step", step);

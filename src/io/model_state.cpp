@@ -60,36 +60,40 @@ FolderListing list_folder(const fs::path& folder) {
   return out;
 }
 
-struct Index {
-  std::map<std::string, std::string> weight_map;  // tensor -> shard file name
-  std::map<std::string, std::string> metadata;
-};
+constexpr std::uintmax_t kMaxIndexBytes = 100 << 20;  // as SafetensorsLimits' header limit
 
-Index read_index(const fs::path& path) {
+SafetensorsIndex read_index(const fs::path& path) {
+  std::error_code ec;
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (ec) fail(path.string(), "cannot read the index: " + ec.message());
+  if (size > kMaxIndexBytes) fail(path.string(), "index is " + std::to_string(size) + " bytes, over the limit of 100 MiB");
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path.string(), "cannot read the index");
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception&) {
-    fail(path.string(), "index is not valid JSON");
-  }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-    fail(path.string(), "index has no \"weight_map\" object (tensor name -> shard file)");
-  Index index;
-  for (const auto& [tensor, shard] : j["weight_map"].items()) {
-    if (!shard.is_string()) fail(path.string(), "weight_map entry \"" + tensor + "\" is not a file name");
-    const std::string file = shard.get<std::string>();
-    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
-      fail(path.string(), "weight_map entry \"" + tensor + "\" names \"" + file + "\", not a file of the folder");
-    index.weight_map[tensor] = file;
-  }
-  if (j.contains("metadata") && j["metadata"].is_object())
-    for (const auto& [key, value] : j["metadata"].items()) index.metadata[key] = value.dump();
-  return index;
+  std::string text(std::size_t(size), '\0');
+  if (!in.read(text.data(), std::streamsize(size))) fail(path.string(), "cannot read the index");
+  return parse_safetensors_index(text, path.string());
 }
 
 }  // namespace
+
+SafetensorsIndex parse_safetensors_index(const std::string& text, const std::string& source) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) fail(source, "index is not valid JSON");
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail(source, "index has no \"weight_map\" object (tensor name -> shard file)");
+  SafetensorsIndex index;
+  for (const auto& [tensor, shard] : j["weight_map"].items()) {
+    if (!shard.is_string()) fail(source, "weight_map entry \"" + tensor + "\" is not a file name");
+    const std::string file = shard.get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file.find('\\') != std::string::npos || file == "." ||
+        file == "..")
+      fail(source, "weight_map entry \"" + tensor + "\" names \"" + file + "\", not a file of the folder");
+    index.weight_map[tensor] = file;
+  }
+  if (j.contains("metadata") && j["metadata"].is_object())
+    for (const auto& [key, value] : j["metadata"].items())
+      index.metadata[key] = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return index;
+}
 
 std::string describe_non_safetensors(const std::string& path) {
   const std::string name = lower(fs::path(path).filename().string());
@@ -128,7 +132,7 @@ ModelState ModelState::open(const std::string& path, const SafetensorsLimits& li
   if (ec || !fs::exists(status)) fail(path, "no such file or folder");
 
   std::vector<std::string> shard_paths;
-  Index index;
+  SafetensorsIndex index;
   std::string index_path;
   if (fs::is_directory(status)) {
     state.is_folder_ = true;

@@ -53,6 +53,15 @@ class ModelState {
   std::map<std::string, std::string> index_metadata_;
 };
 
+// model.safetensors.index.json: "weight_map" (tensor name -> shard file name, a plain file name
+// in the folder) and the optional "metadata" object (values as JSON text). Throws pulse::Error
+// with one line naming source for anything else.
+struct SafetensorsIndex {
+  std::map<std::string, std::string> weight_map;
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsIndex parse_safetensors_index(const std::string& text, const std::string& source);
+
 // What a file that is not safetensors is, from its name and first bytes ("a PyTorch pickle
 // checkpoint", "a safetensors index", ...), or "" when it may be safetensors. For messages.
 std::string describe_non_safetensors(const std::string& path);

@@ -1,5 +1,5 @@
 #pragma once
-// How pulse-measure splits a model among ranks: tensors (in name order) are cut into pieces of
+// How pulse-measure splits a model among ranks: tensors (in the order given) are cut into pieces of
 // at most unit_bytes, pieces are grouped into units of about unit_bytes, and each rank takes a
 // contiguous run of units holding about 1/nranks of the bytes. Units do not depend on the rank
 // count, so the per-unit patch sizes (and every dataset) are the same at any np.

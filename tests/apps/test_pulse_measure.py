@@ -7,8 +7,8 @@ weight_map; config and tokenizer files; BF16, F16 and F32 tensors and an I64 buf
 - np 1, 2 and 4 write identical datasets (patch bytes included: units do not depend on np);
 - with one unit, patch_bytes equals the size of `pulse-sync encode` between the same files;
 - `python3 -m pulse_analysis report` reads the file;
-- with --pulse-train: on the anchors of a pulse-train run (--anchor-every 1) the rows equal
-  pulse-train's own /steps and /kstep rows;
+- with --train-app: on the anchors of a pulse-train run (--anchor-every 1) the rows equal
+  pulse-train's own /steps and /kstep rows, and with one unit the patch bytes equal its patches';
 - bad input (missing shard, tensor in two shards, tensor in a shard but not in the index and
   the other way round, sharded + single files, index.json or a .bin as a checkpoint, a missing
   path, another model in the series, an existing output) exits non-zero with one line naming
@@ -119,8 +119,7 @@ def write_folder(path, state, shards=2, metadata=None):
 
 
 def write_file(path, state):
-    """Tensors in name order, the order pulse-measure encodes them in (pulse-sync: file order)."""
-    safetensors_ref.write(path, [(n, MODEL[n][0], to_numpy(state[n], MODEL[n][0])) for n in sorted(state)],
+    safetensors_ref.write(path, [(n, MODEL[n][0], to_numpy(state[n], MODEL[n][0])) for n in state],
                           {"format": "pt"})
 
 
@@ -174,20 +173,23 @@ def read_h5(path):
     return out, attrs, names
 
 
-def same_nan(a, b):
+def same_nan(a, b, atol=0.0):
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+    return a.shape == b.shape and bool(np.all((np.abs(a - b) <= atol) | (np.isnan(a) & np.isnan(b))))
 
 
 def check_against_numpy(label, out, paths, steps):
     data, attrs, names = read_h5(out)
     exp_names, rows = expected_rows(paths, steps)
-    expect(names == exp_names, f"{label}: tensor_names {names}")
+    expect(sorted(names) == exp_names, f"{label}: tensor_names {names}")
+    if sorted(names) != exp_names:
+        return data
+    data["steps/tensor_changed"] = data["steps/tensor_changed"][:, np.argsort(names)]
     expect(list(data["steps/step"]) == rows["step"], f"{label}: steps {list(data['steps/step'])} vs {rows['step']}")
     expect(np.array_equal(data["steps/tensor_changed"], np.array(rows["tensor_changed"])), f"{label}: tensor_changed")
     expect(list(data["steps/changed"]) == rows["changed"], f"{label}: changed")
     expect(np.allclose(data["steps/sparsity"], rows["sparsity"], rtol=0, atol=1e-12), f"{label}: sparsity")
-    expect(same_nan(data["kstep/sparsity"], rows["kstep"]), f"{label}: kstep\n{data['kstep/sparsity']}\n{rows['kstep']}")
+    expect(same_nan(data["kstep/sparsity"], rows["kstep"], 1e-12), f"{label}: kstep\n{data['kstep/sparsity']}\n{rows['kstep']}")
     expect(np.array_equal(data["kinds/changed"], np.array(rows["kinds_changed"])), f"{label}: kinds/changed")
     expect(list(data["steps/dense_bytes"]) == rows["dense_bytes"], f"{label}: dense_bytes")
     expect(all(data["steps/patch_bytes"] > 0), f"{label}: patch_bytes {data['steps/patch_bytes']}")
@@ -384,6 +386,14 @@ def check_pulse_train(args, mpi, tmp):
     expect(same_nan(m["kstep/sparsity"], t["kstep/sparsity"]), "anchors: k-step sparsity differs")
     cols = [m_names.index(n) for n in t_names]
     expect(np.array_equal(m["steps/tensor_changed"][:, cols], t["steps/tensor_changed"]), "anchors: tensor_changed")
+    # One unit holding the whole model: the patches are the relay's patch files, byte for byte in size.
+    code, o, e = run([args.app, "--quiet", "--out", out, "--overwrite", "--unit-mb", "1024", "--glob",
+                      os.path.join(relay, "anchor-*.safetensors")])
+    expect(code == 0, f"pulse-measure one unit on anchors: exit {code}: {e.strip()[-500:]}")
+    if code == 0:
+        m, _, _ = read_h5(out)
+        sizes = [os.path.getsize(os.path.join(relay, f"patch-{v - 1}-{v}.pulse")) for v in range(1, steps + 1)]
+        expect(list(m["steps/patch_bytes"]) == sizes, f"anchors: patch_bytes {list(m['steps/patch_bytes'])} vs {sizes}")
 
 
 def main():
