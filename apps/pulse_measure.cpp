@@ -23,6 +23,8 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <set>
 
 #include "core/error.hpp"
@@ -40,7 +42,7 @@ using measure::Unit;
 
 namespace {
 
-const std::vector<int> kstep_values = {1, 2, 4, 8, 16, 32};  // as pulse-train
+const std::vector<int> kstep_values = {1, 2, 4, 8, 16, 32};  // as pulse-train, up to --max-k
 
 const char* kAbsent =
     "pulse-measure reads weight checkpoints only: gradients (/steps/grad_sparsity, grad_norm), Adam moments "
@@ -54,8 +56,9 @@ struct Options {
   std::string out;
   bool overwrite = false;
   bool quiet = false;
-  double unit_mb = 64;
+  double unit_mb = 16;
   int level = 3;
+  int max_k = 32;
 };
 
 bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
@@ -169,20 +172,30 @@ void check_series(const std::vector<std::pair<std::int64_t, std::string>>& serie
   }
 }
 
+// Elements whose bits differ; a plain loop over lanes, which the compiler vectorises.
 template <class Word>
 std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n) {
-  std::uint64_t c = 0;
+  std::uint32_t count = 0;  // n <= kBlockElements
   for (std::size_t i = 0; i < n; ++i) {
     Word x, y;
     std::memcpy(&x, a + i * sizeof(Word), sizeof(Word));
     std::memcpy(&y, b + i * sizeof(Word), sizeof(Word));
-    c += x != y;
+    count += x != y;
   }
-  return c;
+  return count;
 }
 
 std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes) {
   return element_bytes == 4 ? count_differing<std::uint32_t>(a, b, n) : count_differing<std::uint16_t>(a, b, n);
+}
+
+// Elements compared per block: small enough for the block of every version to stay in L2.
+constexpr std::size_t kBlockElements = 8192;
+
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + 1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -203,10 +216,22 @@ std::string clock_text(double s) {
   return out;
 }
 
+// Memory for one version of a share, not zero-filled: it is overwritten whole. (Huge pages
+// were tried: the kernel's compaction made filling slower, not faster.)
+class ShareBuffer {
+ public:
+  explicit ShareBuffer(std::size_t bytes) : data_(new std::byte[std::max<std::size_t>(bytes, 1)]) {}
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+};
+
 // One version of this rank's share: its pieces' bytes, concatenated in unit order.
 struct Version {
   std::int64_t step;
-  std::vector<std::byte> bytes;
+  ShareBuffer bytes;
 };
 
 class Measurement {
@@ -216,8 +241,11 @@ class Measurement {
       : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), command_line_(std::move(command_line)) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
+    for (const int k : kstep_values)
+      if (k <= o.max_k) ks_.push_back(k);
     units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
+    unit_digests_.resize(last_unit_ - first_unit_);
     for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
     for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
   }
@@ -261,9 +289,9 @@ class Measurement {
     s.declare("/steps/bits_per_changed", SeriesType::float64, 0, "bits", "8 patch_bytes / changed (NaN if none changed)");
     s.declare("/steps/encode_s", SeriesType::float64, 0, "s", "patch encode time, slowest rank");
     s.declare("/steps/measure_s", SeriesType::float64, 0, "s", "time to read and measure the checkpoint, slowest rank");
-    s.declare("/kstep/sparsity", SeriesType::float64, int(kstep_values.size()), "1",
+    s.declare("/kstep/sparsity", SeriesType::float64, int(ks_.size()), "1",
               "fraction of weights equal to the checkpoint k steps back (NaN when no checkpoint has that step)");
-    s.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>(kstep_values.begin(), kstep_values.end()));
+    s.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>(ks_.begin(), ks_.end()));
     std::vector<std::string> kinds;
     for (const measure::TensorKind k : measure::all_tensor_kinds()) kinds.push_back(measure::tensor_kind_name(k));
     const int nk = int(kinds.size());
@@ -274,6 +302,7 @@ class Measurement {
     s.set_dataset_attribute("/kinds/sparsity", "kind_names", kinds);
     s.declare_per_rank("/ranks/read_bytes", SeriesType::int64, "bytes", "checkpoint bytes this rank read for the row");
     s.declare_per_rank("/ranks/measure_s", SeriesType::float64, "s", "seconds this rank spent on the row");
+    s.declare_per_rank("/ranks/cpu_s", SeriesType::float64, "s", "CPU seconds (user + system) this rank spent on the row");
     s.declare_per_rank("/ranks/max_rss_bytes", SeriesType::int64, "bytes", "peak resident memory of the rank so far");
 
     s.set_attribute("format", std::string("pulse-train statistics"));
@@ -320,52 +349,62 @@ class Measurement {
 
   void measure_checkpoint(std::size_t i) {
     const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = cpu_seconds();
     const std::int64_t step = series_[i].first;
     const io::ModelState state = io::ModelState::open(series_[i].second);
-    // This rank's pieces of the checkpoint, in share order.
-    std::vector<const std::byte*> src;
-    for (std::size_t u = first_unit_; u < last_unit_; ++u)
-      for (const Piece& p : units_[u].pieces) {
-        const io::StateTensor* t = state.find(tensors_[p.tensor].name);
-        PULSE_CHECK(t != nullptr, series_[i].second + ": lacks tensor " + tensors_[p.tensor].name);
-        src.push_back(t->view.data + std::size_t(p.begin) * tensors_[p.tensor].element_bytes);
-      }
+    const std::size_t nt = tensors_.size(), nk = ks_.size();
+    const Version* prev = ring_.empty() ? nullptr : &ring_.front();
+    std::vector<const Version*> back(nk);
+    for (std::size_t k = 0; k < nk; ++k) back[k] = held(step - ks_[k]);
+    ShareBuffer next = spare_ ? std::move(*spare_) : ShareBuffer(share_bytes_);
+    spare_.reset();
 
-    const std::size_t nt = tensors_.size(), nk = kstep_values.size();
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
-    if (!ring_.empty()) {
-      const Version& prev = ring_.front();
-      std::vector<const Version*> back(nk);
-      for (std::size_t k = 0; k < nk; ++k) back[k] = held(step - kstep_values[k]);
-      std::size_t piece = 0, offset = 0;
-      for (std::size_t u = first_unit_; u < last_unit_; ++u) {
-        std::vector<sync::TensorRef> base, target;
-        for (const Piece& p : units_[u].pieces) {
-          const MeasuredTensor& t = tensors_[p.tensor];
-          const std::size_t n = std::size_t(p.end - p.begin), bytes = n * t.element_bytes;
-          const std::byte* now = src[piece++];
-          sums[p.tensor] += std::int64_t(count_differing(now, prev.bytes.data() + offset, n, t.element_bytes));
+    std::size_t offset = 0;
+    for (std::size_t u = first_unit_; u < last_unit_; ++u) {
+      std::vector<sync::TensorRef> base, target;
+      for (const Piece& p : units_[u].pieces) {
+        const MeasuredTensor& t = tensors_[p.tensor];
+        const io::StateTensor* mapped = state.find(t.name);
+        PULSE_CHECK(mapped != nullptr, series_[i].second + ": lacks tensor " + t.name);
+        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin), bytes = n * esz;
+        const std::byte* now = mapped->view.data + std::size_t(p.begin) * esz;
+        // One pass over the checkpoint's bytes, block by block while they are in cache: compare
+        // with every version a row needs, and keep a copy for the rows to come.
+        for (std::size_t b = 0; b < n; b += kBlockElements) {
+          const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
+          if (prev) sums[p.tensor] += std::int64_t(count_differing(now + b * esz, prev->bytes.data() + at, m, esz));
           for (std::size_t k = 0; k < nk; ++k)
-            if (back[k])
-              sums[nt + k] += std::int64_t(count_differing(now, back[k]->bytes.data() + offset, n, t.element_bytes));
+            if (back[k]) sums[nt + k] += std::int64_t(count_differing(now + b * esz, back[k]->bytes.data() + at, m, esz));
+          std::memcpy(next.data() + at, now + b * esz, m * esz);
+        }
+        if (prev) {
           const bool whole = p.begin == 0 && p.end == t.numel;
           const std::string name = whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]";
           const std::vector<std::int64_t> shape = whole ? t.shape : std::vector<std::int64_t>{std::int64_t(n)};
-          base.push_back({name, t.dtype, shape, prev.bytes.data() + offset, bytes});
-          target.push_back({name, t.dtype, shape, now, bytes});
-          offset += bytes;
+          base.push_back({name, t.dtype, shape, prev->bytes.data() + offset, bytes});
+          target.push_back({name, t.dtype, shape, next.data() + offset, bytes});
         }
+        offset += bytes;
+      }
+      if (prev) {
         const auto e0 = std::chrono::steady_clock::now();
         sync::EncodeOptions options;
         options.level = o_.level;
-        sums[nt + nk] += std::int64_t(sync::encode_patch(base, target, options).size());
+        // The previous row's target digests are this row's base digests: the base is not hashed again.
+        sync::StateDigests& digests = unit_digests_[u - first_unit_];
+        const bool known = !digests.tensors.empty();
+        sync::StateDigests target_digests;
+        sums[nt + nk] +=
+            std::int64_t(sync::encode_patch(base, target, options, known ? &digests : nullptr, &target_digests).size());
+        digests = std::move(target_digests);
         encode_s += seconds_since(e0);
       }
     }
-    remember(step, src);
-    const double measure_s = seconds_since(t0);
+    remember(step, std::move(next));
+    const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
 
     std::vector<std::int64_t> total(sums.size(), 0);
     MPI_Reduce(sums.data(), total.data(), int(sums.size()), MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
@@ -389,7 +428,7 @@ class Measurement {
         kind_sparsity.push_back(kind_numel[k] ? 1.0 - double(per_kind[k]) / double(kind_numel[k])
                                               : std::numeric_limits<double>::quiet_NaN());
       for (std::size_t k = 0; k < nk; ++k)
-        kstep.push_back(held_globally(step - kstep_values[k], i) ? 1.0 - double(total[nt + k]) / double(numel_)
+        kstep.push_back(held_globally(step - ks_[k], i) ? 1.0 - double(total[nt + k]) / double(numel_)
                                                                 : std::numeric_limits<double>::quiet_NaN());
       const std::int64_t patch = total[nt + nk];
       row.set_int("/steps/step", step);
@@ -410,6 +449,7 @@ class Measurement {
     getrusage(RUSAGE_SELF, &usage);
     row.set_rank_int("/ranks/read_bytes", std::int64_t(share_bytes_));
     row.set_rank("/ranks/measure_s", measure_s);
+    row.set_rank("/ranks/cpu_s", cpu_s);
     row.set_rank_int("/ranks/max_rss_bytes", std::int64_t(usage.ru_maxrss) * 1024);
     stats_->append(row);
   }
@@ -422,23 +462,15 @@ class Measurement {
     return false;
   }
 
-  // Copies this checkpoint's share into the ring (newest first), dropping versions no k reaches.
-  void remember(std::int64_t step, const std::vector<const std::byte*>& src) {
-    const std::int64_t oldest_needed = step + 1 - kstep_values.back();
-    std::vector<std::byte> buffer;
-    while (!ring_.empty() && ring_.back().step < oldest_needed) {
-      buffer = std::move(ring_.back().bytes);
+  // Puts this checkpoint's share first in the ring and drops the versions no k reaches any more;
+  // one dropped buffer is kept for the next checkpoint.
+  void remember(std::int64_t step, ShareBuffer share) {
+    ring_.push_front({step, std::move(share)});
+    const std::int64_t oldest_needed = step + 1 - ks_.back();
+    while (ring_.back().step < oldest_needed) {
+      spare_.emplace(std::move(ring_.back().bytes));
       ring_.pop_back();
     }
-    buffer.resize(share_bytes_);
-    std::size_t piece = 0, offset = 0;
-    for (std::size_t u = first_unit_; u < last_unit_; ++u)
-      for (const Piece& p : units_[u].pieces) {
-        const std::size_t bytes = std::size_t(p.end - p.begin) * tensors_[p.tensor].element_bytes;
-        std::memcpy(buffer.data() + offset, src[piece++], bytes);
-        offset += bytes;
-      }
-    ring_.push_front({step, std::move(buffer)});
   }
 
   Options o_;
@@ -450,7 +482,10 @@ class Measurement {
   std::size_t first_unit_ = 0, last_unit_ = 0;
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
   std::int64_t numel_ = 0;
-  std::deque<Version> ring_;
+  std::vector<int> ks_;          // k-step distances measured
+  std::vector<sync::StateDigests> unit_digests_;  // of this rank's units as the ring's newest version holds them
+  std::deque<Version> ring_;     // newest first
+  std::optional<ShareBuffer> spare_;
   std::unique_ptr<io::StatsFile> stats_;
 };
 
@@ -474,6 +509,10 @@ int main(int argc, char** argv) {
     app.add_flag("--overwrite", o.overwrite, "replace --out if it exists");
     app.add_option("--unit-mb", o.unit_mb, "MiB of weights per work unit (one patch each; large tensors are cut)")
         ->check(CLI::Range(0.001, 1e6))
+        ->capture_default_str();
+    app.add_option("--max-k", o.max_k, "largest k of the k-step sparsity (k = 1, 2, 4, ..., 32); the history holds "
+                                       "max-k versions of each rank's share")
+        ->check(CLI::Range(1, 32))
         ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
     app.add_flag("-q,--quiet", o.quiet, "no progress lines");
