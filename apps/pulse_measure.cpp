@@ -4,9 +4,11 @@
 // Each checkpoint is a .safetensors file or a Hugging Face folder (src/io/model_state.hpp). The
 // output is pulse-train's statistics schema (apps/pulse_train.cpp, src/io/stats_file.hpp) with
 // the datasets the weights alone determine; row i compares checkpoint i + 1 with the ones before.
-// Ranks split the model by bytes (src/measure/work_split.hpp); each keeps the history of its own
-// share only, for the k-step comparisons.
+// Ranks split the model by bytes (src/measure/work_split.hpp); each reads (pread) only its share of
+// each checkpoint, straight into its history of that share, which the k-step comparisons use.
+#include <fcntl.h>
 #include <glob.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -19,10 +21,12 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <cerrno>
 #include <deque>
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -228,6 +232,35 @@ class ShareBuffer {
   std::unique_ptr<std::byte[]> data_;
 };
 
+// pread() of byte ranges of a checkpoint's shard files, each opened once.
+class ShardReader {
+ public:
+  ShardReader() = default;
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+  ~ShardReader() {
+    for (const auto& [path, fd] : fds_) ::close(fd);
+  }
+  void read(const std::string& path, std::uint64_t offset, std::byte* out, std::size_t bytes) {
+    auto it = fds_.find(path);
+    if (it == fds_.end()) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+      it = fds_.emplace(path, fd).first;
+    }
+    while (bytes > 0) {
+      const ssize_t got = ::pread(it->second, out, bytes, off_t(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) throw Error(path + ": cannot read " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
+                                (got < 0 ? std::string(": ") + std::strerror(errno) : std::string(": file shrank")));
+      out += got, offset += std::uint64_t(got), bytes -= std::size_t(got);
+    }
+  }
+
+ private:
+  std::map<std::string, int> fds_;
+};
+
 // One version of this rank's share: its pieces' bytes, concatenated in unit order.
 struct Version {
   std::int64_t step;
@@ -357,6 +390,7 @@ class Measurement {
     std::vector<const Version*> back(nk);
     for (std::size_t k = 0; k < nk; ++k) back[k] = held(step - ks_[k]);
     ShareBuffer next = spare_ ? std::move(*spare_) : ShareBuffer(share_bytes_);
+    ShardReader files;
     spare_.reset();
 
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
@@ -367,18 +401,19 @@ class Measurement {
       std::vector<sync::TensorRef> base, target;
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
-        const io::StateTensor* mapped = state.find(t.name);
-        PULSE_CHECK(mapped != nullptr, series_[i].second + ": lacks tensor " + t.name);
+        const io::StateTensor* found = state.find(t.name);
+        PULSE_CHECK(found != nullptr, series_[i].second + ": lacks tensor " + t.name);
         const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin), bytes = n * esz;
-        const std::byte* now = mapped->view.data + std::size_t(p.begin) * esz;
-        // One pass over the checkpoint's bytes, block by block while they are in cache: compare
-        // with every version a row needs, and keep a copy for the rows to come.
+        // Read straight into the history (one copy, as read() costs; no page faults on a map),
+        // then compare it, block by block while in cache, with every version the row needs.
+        files.read(state.shards()[found->shard].path(), found->file_offset + std::uint64_t(p.begin) * esz,
+                   next.data() + offset, bytes);
+        const std::byte* now = next.data() + offset;
         for (std::size_t b = 0; b < n; b += kBlockElements) {
           const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
           if (prev) sums[p.tensor] += std::int64_t(count_differing(now + b * esz, prev->bytes.data() + at, m, esz));
           for (std::size_t k = 0; k < nk; ++k)
             if (back[k]) sums[nt + k] += std::int64_t(count_differing(now + b * esz, back[k]->bytes.data() + at, m, esz));
-          std::memcpy(next.data() + at, now + b * esz, m * esz);
         }
         if (prev) {
           const bool whole = p.begin == 0 && p.end == t.numel;

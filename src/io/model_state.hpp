@@ -21,7 +21,8 @@ namespace pulse::io {
 
 struct StateTensor {
   TensorView view;
-  std::size_t shard;  // index into ModelState::shards()
+  std::size_t shard;         // index into ModelState::shards()
+  std::uint64_t file_offset;  // of the tensor's first byte in its shard file, for readers that pread()
 };
 
 struct OtherFile {
