@@ -371,6 +371,7 @@ class Measurement {
     s.set_attribute("num_parameters", std::int64_t(numel_));
     s.set_attribute("unit_bytes", std::int64_t(o_.unit_mb * (1 << 20)));
     s.set_attribute("precision", std::string("checkpoint"));
+    s.set_attribute("trainer_sync", std::string("unknown"));  // the report would assume ddp
   }
 
   // The version of the ring with this step, or nullptr.
