@@ -360,6 +360,16 @@ class Measurement {
       kind_numel[std::size_t(kind)] += double(t.numel);
     }
     s.set_attribute("checkpoints", paths);
+    // What else the first checkpoint holds, for the record: its folder's other files and the
+    // safetensors __metadata__ of each file.
+    const io::ModelState first = io::ModelState::open(series_[0].second);
+    std::vector<std::string> files, metadata;
+    for (const io::OtherFile& f : first.other_files()) files.push_back(f.name + " (" + std::to_string(f.bytes) + " bytes)");
+    for (const io::SafetensorsFile& shard : first.shards())
+      for (const auto& [key, value] : shard.metadata())
+        metadata.push_back(std::filesystem::path(shard.path()).filename().string() + ": " + key + "=" + value);
+    if (!files.empty()) s.set_attribute("checkpoint_other_files", files);
+    if (!metadata.empty()) s.set_attribute("checkpoint_metadata", metadata);
     s.set_attribute("checkpoint_steps", steps);
     s.set_attribute("tensor_names", names);
     s.set_attribute("tensor_shapes", shapes);

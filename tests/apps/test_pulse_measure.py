@@ -199,6 +199,14 @@ def check_against_numpy(label, out, paths, steps):
     for absent in ("steps/grad_sparsity", "steps/adam_ratio", "steps/reward", "steps/loss"):
         expect(absent not in data, f"{label}: {absent} present")
     expect("gradients" in str(attrs.get("absent_datasets")), f"{label}: no absent_datasets attribute")
+    if os.path.isdir(paths[0]):
+        files = [f.decode() if isinstance(f, bytes) else f for f in attrs["checkpoint_other_files"]]
+        expect(files == [f"{n} ({os.path.getsize(os.path.join(paths[0], n))} bytes)"
+                         for n in ("config.json", "model.safetensors.index.json", "tokenizer.json")],
+               f"{label}: checkpoint_other_files {files}")
+        meta = [m.decode() if isinstance(m, bytes) else m for m in attrs["checkpoint_metadata"]]
+        expect(meta == ["model-00001-of-00002.safetensors: format=pt", "model-00002-of-00002.safetensors: format=pt"],
+               f"{label}: checkpoint_metadata {meta}")
     return data
 
 
