@@ -6,7 +6,8 @@ weight_map; config and tokenizer files; BF16, F16 and F32 tensors and an I64 buf
   tensor kind, sparsity, k-step sparsity (NaN where no checkpoint is k steps back), dense bytes;
 - np 1, 2 and 4 write identical datasets (patch bytes included: units do not depend on np);
 - with one unit, patch_bytes equals the size of `pulse-sync encode` between the same files;
-- `python3 -m pulse_analysis report` reads the file;
+- `python3 -m pulse_analysis report` reads the file, and jobs/measure-checkpoints.sbatch (run
+  without Slurm) writes the same rows and the report;
 - with --train-app: on the anchors of a pulse-train run (--anchor-every 1) the rows equal
   pulse-train's own /steps and /kstep rows, and with one unit the patch bytes equal its patches';
 - bad input (missing shard, tensor in two shards, tensor in a shard but not in the index and
@@ -259,6 +260,23 @@ def check_series(args, mpi, tmp):
         expect(np.all(np.isnan(data["kstep/sparsity"][:, 0])) and np.all(np.isfinite(data["kstep/sparsity"][:, 1])),
                "every other: k=1 should be NaN and k=2 finite")
         expect(list(data["steps/steps_apart"]) == [2] * (len(steps) - 1), "every other: steps_apart")
+
+    # jobs/measure-checkpoints.sbatch outside Slurm (mpirun): the file and its report.
+    root = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    runs = os.path.join(tmp, "job-runs")
+    env = dict(os.environ, PULSE_ROOT=root, PULSE_BUILD=os.path.dirname(os.path.dirname(os.path.abspath(args.app))),
+               PULSE_RUNS=runs, PULSE_NP="2", PULSE_CHECKPOINTS=os.path.join(tmp, "run", "checkpoint-*"),
+               PULSE_MEASURE_ARGS="--quiet --unit-mb 0.004", PULSE_PYTHON=sys.executable, PULSE_LAUNCHER="mpirun")
+    p = subprocess.run(["bash", os.path.join(root, "jobs", "measure-checkpoints.sbatch")], capture_output=True,
+                       text=True, env=env, timeout=300)
+    expect(p.returncode == 0, f"measure-checkpoints.sbatch: exit {p.returncode}: {p.stderr.strip()[-800:]}")
+    made = glob.glob(os.path.join(runs, "*", "measure.h5"))
+    expect(len(made) == 1, f"measure-checkpoints.sbatch: made {made}")
+    if made:
+        data, _, _ = read_h5(made[0])
+        expect(list(data["steps/changed"]) == list(outs[1]["steps/changed"]), "measure-checkpoints.sbatch: rows differ")
+        expect(os.path.exists(os.path.join(os.path.dirname(made[0]), "report", "summary.md")),
+               "measure-checkpoints.sbatch: no report")
 
     # The report reads the file as it reads pulse-train's.
     env = dict(os.environ, PYTHONPATH=args.analysis)
