@@ -583,6 +583,8 @@ int main(int argc, char** argv) {
         check_series(series, tensors);
         if (!o.overwrite && std::filesystem::exists(o.out))
           throw Error(o.out + ": exists (give --overwrite to replace it)");
+        const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();
+        if (!std::filesystem::is_directory(out_dir)) throw Error(o.out + ": folder " + out_dir.string() + " does not exist");
         m = std::make_unique<Measurement>(o, series, tensors, command_line);
       } catch (const std::exception& e) {
         if (rank == 0) std::cerr << "pulse-measure: " << e.what() << "\n";

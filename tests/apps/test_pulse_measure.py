@@ -373,6 +373,11 @@ def check_bad_input(args, tmp):
     expect(code != 0 and len(lines) == 1 and "not the model of" in lines[0] and "other-model" in lines[0],
            f"another model: exit {code}, stderr {e!r}")
     expect(not os.path.exists(out), "another model: wrote the output")
+    nowhere = os.path.join(tmp, "bad", "no-folder", "out.h5")
+    code, o, e = run([args.app, "--out", nowhere, good, good])
+    lines = [line for line in e.splitlines() if line.strip()]
+    expect(code != 0 and len(lines) == 1 and "does not exist" in lines[0], f"missing output folder: {code}, {e!r}")
+    expect(not os.path.exists(os.path.dirname(nowhere)), "missing output folder: made it")
     with open(out, "w") as f:
         f.write("keep me")
     code, o, e = run([args.app, "--out", out, good, good])
