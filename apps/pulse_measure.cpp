@@ -543,14 +543,14 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    Kokkos::ScopeGuard kokkos;  // no argv: --help is ours
     Options o;
     CLI::App app{"pulse-measure: per-step and k-step BF16/F16/F32 weight sparsity of a run's checkpoints"};
     app.add_option("checkpoints", o.checkpoints, "checkpoints in step order: .safetensors files or Hugging Face folders");
     app.add_option("--glob", o.glob_pattern, "checkpoints matching this pattern, ordered by the step number in the names");
     std::string steps_list;
-    app.add_option("--steps", steps_list, "comma-separated step of each checkpoint (default: 0, 1, 2, ... or the "
-                                          "numbers in --glob names)");
+    app.add_option("--steps", steps_list, "comma-separated step of each checkpoint, in the order given (with --glob: "
+                                          "alphabetical order); default 0, 1, 2, ... or the numbers in --glob names");
     app.add_option("-o,--out", o.out, "HDF5 statistics file to write (pulse-train's schema)")->required();
     app.add_flag("--overwrite", o.overwrite, "replace --out if it exists");
     app.add_option("--unit-mb", o.unit_mb, "MiB of weights per work unit (one patch each; large tensors are cut)")
