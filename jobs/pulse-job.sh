@@ -31,8 +31,11 @@ PULSE_PYTHON=${PULSE_PYTHON:-/usr/bin/python3}
 PULSE_NP=${PULSE_NP:-${SLURM_NTASKS:-2}}
 PULSE_TRAIN=$PULSE_BUILD/apps/pulse-train
 cd "$PULSE_ROOT" || exit 1
-[[ -x $PULSE_TRAIN ]] || { echo "pulse-job: no $PULSE_TRAIN (build it, or set PULSE_BUILD)" >&2; exit 1; }
-[[ -f $PULSE_CONFIG ]] || { echo "pulse-job: no config $PULSE_CONFIG" >&2; exit 1; }
+# pulse-train runs need the app and a config (measure-checkpoints.sbatch needs neither).
+if [[ ${PULSE_JOB_APP:-pulse-train} == pulse-train ]]; then
+  [[ -x $PULSE_TRAIN ]] || { echo "pulse-job: no $PULSE_TRAIN (build it, or set PULSE_BUILD)" >&2; exit 1; }
+  [[ -f $PULSE_CONFIG ]] || { echo "pulse-job: no config $PULSE_CONFIG" >&2; exit 1; }
+fi
 
 # Folder of this job's outputs: runs/<array-job-id> for arrays, runs/<job-id> for single jobs.
 pulse_job_dir() {

@@ -333,6 +333,8 @@ class Figures:
         self.save(fig, "absorption.png")
 
     def grad_sparsity(self):
+        if any("grad_sparsity" not in r.steps for r in self.runs):
+            return
         fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
         for label, runs in self.groups:
             th = runs[0].step_attrs["grad_sparsity"]["thresholds"]
@@ -453,7 +455,8 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
     ksteps = kstep_rows(runs)
     comm = comm_rows(runs)
     # the bandwidth model needs a run that sent patches to inference ranks
-    synced = [r for r in runs if r.steps["patch_bytes"].sum() > 0 and r.steps["changed"].sum() > 0]
+    synced = [r for r in runs if r.steps["patch_bytes"].sum() > 0 and r.steps["changed"].sum() > 0
+              and np.isfinite(r.steps["apply_s"]).all()]
     model = bandwidth.Model(synced[0], params=params, compute_s=compute_s, sparsity=sparsity) if synced else None
     bw = model.table([b * 1e9 for b in bandwidths_gbps]) if model else []
     _write_csv(os.path.join(out_dir, "summary.csv"), summary)
@@ -490,7 +493,8 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
         f.write("## k-step sparsity\n\n" + _md_table(ksteps) + "\n")
         f.write("## Communication per trainer-sync method\n\n" + _md_table(comm) + "\n")
         if not model:
-            f.write("## Bandwidth model\n\nNo run sent patches to inference ranks (inference-ranks 0): no model.\n\n")
+            f.write("## Bandwidth model\n\nNo run sent patches to inference ranks (inference-ranks 0, or a "
+                    "pulse-measure file): no model.\n\n")
         else:
             f.write(f"## Bandwidth model (from `{model.run}`)\n\n"
                     f"{model.params:.4g} parameters, sparsity {100 * model.sparsity:.3f}%, "

@@ -11,9 +11,10 @@ NOT_A_VARIANT = {"seed", "out", "overwrite", "resume", "quiet", "config", "check
                  "keep-anchors"}
 
 
-REQUIRED = ["/steps/" + d for d in ("step", "sparsity", "changed", "patch_bytes", "dense_bytes", "reward", "loss",
-                                    "eval_pass1", "step_s", "sync_s", "encode_s", "apply_s", "verify_ok",
-                                    "grad_sparsity")] + ["/kstep/sparsity"]
+REQUIRED = ["/steps/" + d for d in ("step", "sparsity", "changed", "patch_bytes", "dense_bytes")] + ["/kstep/sparsity"]
+# Per-step series that pulse-measure's files lack (it reads weights only; its root attribute
+# absent_datasets says why): read as NaN. A file without /steps/grad_sparsity has no gradient figure.
+NAN_WHEN_ABSENT = ["reward", "loss", "eval_pass1", "step_s", "sync_s", "encode_s", "apply_s", "verify_ok"]
 
 
 def _plain(value):
@@ -72,6 +73,8 @@ class Run:
                 raise ValueError(f"{path}: lacks dataset(s) {', '.join(missing)}")
             self.steps = {k: d[()] for k, d in f["steps"].items()}
             self.step_attrs = {k: _attrs(d) for k, d in f["steps"].items()}
+            for d in NAN_WHEN_ABSENT:
+                self.steps.setdefault(d, np.full(len(self.steps["step"]), np.nan))
             self.kstep = f["kstep/sparsity"][()]
             self.k_values = [int(k) for k in _plain(f["kstep/sparsity"].attrs["k_values"])]
             self.ranks = {k: d[()] for k, d in f["ranks"].items()} if "ranks" in f else {}

@@ -1,7 +1,8 @@
 // Writes a few small valid safetensors files into the folder given as argument: the seed
-// corpus of fuzz_safetensors_header.
+// corpus of fuzz_safetensors_header, and a model.safetensors.index.json for fuzz_safetensors_index.
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ int main(int argc, char** argv) {
                                   {"s", DType::F64, {}, &scalar, 8},
                                   {"b", DType::U8, {5, 1}, u8.data(), 5}});
     pulse::io::write_safetensors(dir + "/none.safetensors", {});
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << R"({"metadata": {"total_size": 24}, "weight_map": {"a": "model-00001-of-00002.safetensors", )"
+        << R"("b": "model-00002-of-00002.safetensors"}})";
   } catch (const pulse::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

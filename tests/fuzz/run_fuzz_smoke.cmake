@@ -2,9 +2,9 @@
 # write seed files, and fuzz each target for FUZZ_SECONDS.
 #   cmake -DFUZZ_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCLANGXX=... [-DFUZZ_SECONDS=20]
 #         [-DFUZZ_SET=safetensors|patch|relay] -P run_fuzz_smoke.cmake
-# FUZZ_SET safetensors (default): parse_header. patch: parse_patch + apply_patch, as the
-# checksummed input and with the checksum rewritten over each mutated input. relay: HEAD and
-# anchor records, and relay file names.
+# FUZZ_SET safetensors (default): parse_header and parse_safetensors_index. patch: parse_patch +
+# apply_patch, as the checksummed input and with the checksum rewritten over each mutated input.
+# relay: HEAD and anchor records, and relay file names.
 foreach(var FUZZ_SOURCE_DIR WORK_DIR GENERATOR CLANGXX)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "run_fuzz_smoke.cmake: ${var} is not set")
@@ -18,7 +18,7 @@ if(NOT FUZZ_SET)
 endif()
 if(FUZZ_SET STREQUAL "safetensors")
   set(seeder fuzz_safetensors_seeds)
-  set(fuzzers fuzz_safetensors_header)
+  set(fuzzers fuzz_safetensors_header fuzz_safetensors_index)
   set(dict safetensors.dict)
 elseif(FUZZ_SET STREQUAL "patch")
   set(seeder fuzz_patch_seeds)

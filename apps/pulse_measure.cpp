@@ -1,0 +1,608 @@
+// pulse-measure: the BF16 (and F16/F32) weight-update sparsity of any run, from its checkpoints.
+//   mpirun -n N pulse-measure --out run.h5 CKPT_0 CKPT_1 ... CKPT_T
+//   mpirun -n N pulse-measure --out run.h5 --glob 'run/checkpoint-*'
+// Each checkpoint is a .safetensors file or a Hugging Face folder (src/io/model_state.hpp). The
+// output is pulse-train's statistics schema (apps/pulse_train.cpp, src/io/stats_file.hpp) with
+// the datasets the weights alone determine; row i compares checkpoint i + 1 with the ones before.
+// Ranks split the model by bytes (src/measure/work_split.hpp); each reads (pread) only its share of
+// each checkpoint, straight into its history of that share, which the k-step comparisons use.
+#include <fcntl.h>
+#include <glob.h>
+#include <unistd.h>
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <cerrno>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+
+#include "core/error.hpp"
+#include "core/version.hpp"
+#include "io/model_state.hpp"
+#include "io/stats_file.hpp"
+#include "measure/tensor_kind.hpp"
+#include "measure/work_split.hpp"
+#include "sync/patch.hpp"
+
+using namespace pulse;
+using measure::MeasuredTensor;
+using measure::Piece;
+using measure::Unit;
+
+namespace {
+
+const std::vector<int> kstep_values = {1, 2, 4, 8, 16, 32};  // as pulse-train, up to --max-k
+
+const char* kAbsent =
+    "pulse-measure reads weight checkpoints only: gradients (/steps/grad_sparsity, grad_norm), Adam moments "
+    "(/steps/adam_ratio), rewards, losses, evaluations and the run's own sync timings (reward, loss, eval_pass1, "
+    "step_s, sync_s, apply_s, verify_ok) are not in them and are absent";
+
+struct Options {
+  std::vector<std::string> checkpoints;
+  std::string glob_pattern;
+  std::vector<std::int64_t> steps;
+  std::string out;
+  bool overwrite = false;
+  bool quiet = false;
+  double unit_mb = 16;
+  int level = 3;
+  int max_k = 32;
+};
+
+bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
+
+// The last run of digits in the part of each path that differs between them ("ckpt/step_12" -> 12).
+std::vector<std::int64_t> steps_from_names(const std::vector<std::string>& paths) {
+  std::size_t prefix = paths[0].size(), suffix = paths[0].size();
+  for (const std::string& p : paths) {
+    std::size_t i = 0;
+    while (i < prefix && i < p.size() && p[i] == paths[0][i]) ++i;
+    prefix = i;
+    std::size_t j = 0;
+    while (j < suffix && j < p.size() && p[p.size() - 1 - j] == paths[0][paths[0].size() - 1 - j]) ++j;
+    suffix = j;
+  }
+  while (prefix > 0 && std::isdigit(static_cast<unsigned char>(paths[0][prefix - 1]))) --prefix;
+  std::vector<std::int64_t> steps;
+  for (const std::string& p : paths) {
+    std::size_t end = p.size() - std::min(suffix, p.size() - prefix);
+    while (end < p.size() && std::isdigit(static_cast<unsigned char>(p[end]))) ++end;
+    std::size_t e = end;
+    while (e > prefix && !std::isdigit(static_cast<unsigned char>(p[e - 1]))) --e;
+    std::size_t b = e;
+    while (b > prefix && std::isdigit(static_cast<unsigned char>(p[b - 1]))) --b;
+    if (b == e || e - b > 18) throw Error(p + ": --glob finds no step number in the name (give --steps)");
+    steps.push_back(std::stoll(p.substr(b, e - b)));
+  }
+  return steps;
+}
+
+std::vector<std::int64_t> parse_steps(const std::string& list) {
+  std::vector<std::int64_t> steps;
+  std::size_t begin = 0;
+  while (!list.empty() && begin <= list.size()) {
+    const std::size_t end = std::min(list.find(',', begin), list.size());
+    const std::string item = list.substr(begin, end - begin);
+    std::size_t used = 0;
+    try {
+      steps.push_back(std::stoll(item, &used));
+    } catch (const std::exception&) {
+      used = std::string::npos;
+    }
+    if (used != item.size()) throw Error("--steps: \"" + item + "\" is not a step number");
+    begin = end + 1;
+  }
+  return steps;
+}
+
+// Checkpoints and their steps, in step order.
+std::vector<std::pair<std::int64_t, std::string>> resolve_series(const Options& o) {
+  std::vector<std::string> paths = o.checkpoints;
+  std::vector<std::int64_t> steps = o.steps;
+  if (!o.glob_pattern.empty()) {
+    glob_t g{};
+    const int rc = ::glob(o.glob_pattern.c_str(), 0, nullptr, &g);
+    for (std::size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+    if (paths.empty()) throw Error("--glob " + o.glob_pattern + ": matches nothing");
+    if (steps.empty()) steps = steps_from_names(paths);
+  }
+  if (paths.size() < 2) throw Error("need at least two checkpoints (got " + std::to_string(paths.size()) + ")");
+  if (steps.empty())
+    for (std::size_t i = 0; i < paths.size(); ++i) steps.push_back(std::int64_t(i));
+  if (steps.size() != paths.size())
+    throw Error("--steps gives " + std::to_string(steps.size()) + " steps for " + std::to_string(paths.size()) +
+                " checkpoints");
+  std::vector<std::pair<std::int64_t, std::string>> series;
+  for (std::size_t i = 0; i < paths.size(); ++i) series.emplace_back(steps[i], paths[i]);
+  std::stable_sort(series.begin(), series.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (std::size_t i = 1; i < series.size(); ++i)
+    if (series[i].first == series[i - 1].first)
+      throw Error(series[i].second + ": step " + std::to_string(series[i].first) + " is also " + series[i - 1].second +
+                  "'s");
+  if (o.glob_pattern.empty() && !std::is_sorted(steps.begin(), steps.end()))
+    throw Error("--steps must increase in the order the checkpoints are given");
+  return series;
+}
+
+// The BF16/F16/F32 tensors in storage order (shard by shard, by offset), so that each rank reads
+// its share of a checkpoint front to back, and a single file's patch is the one pulse-sync writes.
+std::vector<MeasuredTensor> measured_tensors(const io::ModelState& state) {
+  std::vector<MeasuredTensor> out;
+  for (const io::SafetensorsFile& shard : state.shards())
+    for (const io::TensorView& t : shard.tensors()) {
+      if (!is_measured(t.dtype)) continue;
+      MeasuredTensor m{t.name, io::dtype_name(t.dtype), t.shape, 1, io::dtype_size(t.dtype)};
+      for (const std::int64_t d : t.shape) m.numel *= d;
+      out.push_back(m);
+    }
+  return out;
+}
+
+// Every checkpoint opens and holds the first one's measured tensors (names, dtypes, shapes).
+void check_series(const std::vector<std::pair<std::int64_t, std::string>>& series, const std::vector<MeasuredTensor>& first) {
+  for (std::size_t i = 1; i < series.size(); ++i) {
+    const std::string& path = series[i].second;
+    const std::vector<MeasuredTensor> these = measured_tensors(io::ModelState::open(path));
+    std::set<std::string> names;
+    for (const MeasuredTensor& t : these) names.insert(t.name);
+    for (const MeasuredTensor& a : first) {
+      auto it = std::find_if(these.begin(), these.end(), [&](const MeasuredTensor& b) { return b.name == a.name; });
+      if (it == these.end())
+        throw Error(path + ": not the model of " + series[0].second + ": lacks tensor \"" + a.name + "\"");
+      if (it->dtype != a.dtype || it->shape != a.shape)
+        throw Error(path + ": not the model of " + series[0].second + ": tensor \"" + a.name + "\" is " + it->dtype +
+                    " of another shape or dtype");
+      names.erase(a.name);
+    }
+    if (!names.empty())
+      throw Error(path + ": not the model of " + series[0].second + ": has extra tensor \"" + *names.begin() + "\"");
+  }
+}
+
+// Elements whose bits differ; a plain loop over lanes, which the compiler vectorises.
+template <class Word>
+std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n) {
+  std::uint32_t count = 0;  // n <= kBlockElements
+  for (std::size_t i = 0; i < n; ++i) {
+    Word x, y;
+    std::memcpy(&x, a + i * sizeof(Word), sizeof(Word));
+    std::memcpy(&y, b + i * sizeof(Word), sizeof(Word));
+    count += x != y;
+  }
+  return count;
+}
+
+std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes) {
+  return element_bytes == 4 ? count_differing<std::uint32_t>(a, b, n) : count_differing<std::uint16_t>(a, b, n);
+}
+
+// Elements compared per block: small enough for the block of every version to stay in L2.
+constexpr std::size_t kBlockElements = 8192;
+
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + 1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char s[32];
+  std::strftime(s, sizeof(s), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return s;
+}
+
+std::string clock_text(double s) {
+  char out[32];
+  const long v = long(std::llround(std::max(0.0, s)));
+  std::snprintf(out, sizeof out, "%ld:%02ld:%02ld", v / 3600, v / 60 % 60, v % 60);
+  return out;
+}
+
+// Memory for one version of a share, not zero-filled: it is overwritten whole. (Huge pages
+// were tried: the kernel's compaction made filling slower, not faster.)
+class ShareBuffer {
+ public:
+  explicit ShareBuffer(std::size_t bytes) : data_(new std::byte[std::max<std::size_t>(bytes, 1)]) {}
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+};
+
+// pread() of byte ranges of a checkpoint's shard files, each opened once.
+class ShardReader {
+ public:
+  ShardReader() = default;
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+  ~ShardReader() {
+    for (const auto& [path, fd] : fds_) ::close(fd);
+  }
+  void read(const std::string& path, std::uint64_t offset, std::byte* out, std::size_t bytes) {
+    auto it = fds_.find(path);
+    if (it == fds_.end()) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+      it = fds_.emplace(path, fd).first;
+    }
+    while (bytes > 0) {
+      const ssize_t got = ::pread(it->second, out, bytes, off_t(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) throw Error(path + ": cannot read " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
+                                (got < 0 ? std::string(": ") + std::strerror(errno) : std::string(": file shrank")));
+      out += got, offset += std::uint64_t(got), bytes -= std::size_t(got);
+    }
+  }
+
+ private:
+  std::map<std::string, int> fds_;
+};
+
+// One version of this rank's share: its pieces' bytes, concatenated in unit order.
+struct Version {
+  std::int64_t step;
+  ShareBuffer bytes;
+};
+
+class Measurement {
+ public:
+  Measurement(const Options& o, std::vector<std::pair<std::int64_t, std::string>> series,
+              std::vector<MeasuredTensor> tensors, std::string command_line)
+      : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), command_line_(std::move(command_line)) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
+    for (const int k : kstep_values)
+      if (k <= o.max_k) ks_.push_back(k);
+    units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
+    std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
+    unit_digests_.resize(last_unit_ - first_unit_);
+    for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
+    for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
+  }
+
+  void run() {
+    stats_ = std::make_unique<io::StatsFile>(MPI_COMM_WORLD, o_.out,
+                                             o_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create);
+    declare();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t i = 0; i < series_.size(); ++i) {
+      measure_checkpoint(i);
+      if (rank_ == 0 && !o_.quiet) {
+        const double el = seconds_since(t0);
+        const double gb = double(dense_bytes_) * double(i + 1) / 1e9;
+        std::fprintf(stderr, "pulse-measure: checkpoint %zu/%zu (step %lld), %.3g GB read in %s (%.3g GB/s), ETA %s\n",
+                     i + 1, series_.size(), (long long)series_[i].first, gb, clock_text(el).c_str(), gb / el,
+                     clock_text(el / double(i + 1) * double(series_.size() - i - 1)).c_str());
+      }
+    }
+    stats_.reset();
+  }
+
+ private:
+  void declare() {
+    using io::SeriesType;
+    auto& s = *stats_;
+    s.declare("/steps/step", SeriesType::int64, 0, "1", "step of the checkpoint the row measures");
+    s.declare("/steps/steps_apart", SeriesType::int64, 0, "steps", "steps between this checkpoint and the previous one");
+    s.declare("/steps/changed", SeriesType::int64, 0, "elements",
+              "BF16/F16/F32 weights whose bits changed since the previous checkpoint");
+    s.declare("/steps/sparsity", SeriesType::float64, 0, "1",
+              "fraction of BF16/F16/F32 weights whose bits did not change since the previous checkpoint");
+    s.declare("/steps/tensor_changed", SeriesType::int64, int(tensors_.size()), "elements",
+              "weights whose bits changed, per tensor (columns in tensor_names order)");
+    std::vector<std::string> names;
+    for (const MeasuredTensor& t : tensors_) names.push_back(t.name);
+    s.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names);
+    s.declare("/steps/patch_bytes", SeriesType::int64, 0, "bytes",
+              "PULSESync patch from the previous checkpoint: sum of one patch per unit (root attribute unit_bytes)");
+    s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes sent densely");
+    s.declare("/steps/bits_per_changed", SeriesType::float64, 0, "bits", "8 patch_bytes / changed (NaN if none changed)");
+    s.declare("/steps/encode_s", SeriesType::float64, 0, "s", "patch encode time, slowest rank");
+    s.declare("/steps/measure_s", SeriesType::float64, 0, "s", "time to read and measure the checkpoint, slowest rank");
+    s.declare("/kstep/sparsity", SeriesType::float64, int(ks_.size()), "1",
+              "fraction of weights equal to the checkpoint k steps back (NaN when no checkpoint has that step)");
+    s.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>(ks_.begin(), ks_.end()));
+    std::vector<std::string> kinds;
+    for (const measure::TensorKind k : measure::all_tensor_kinds()) kinds.push_back(measure::tensor_kind_name(k));
+    const int nk = int(kinds.size());
+    s.declare("/kinds/changed", SeriesType::int64, nk, "elements", "changed weights per tensor kind (columns: kind_names)");
+    s.set_dataset_attribute("/kinds/changed", "kind_names", kinds);
+    s.declare("/kinds/sparsity", SeriesType::float64, nk, "1",
+              "sparsity per tensor kind, NaN for a kind without tensors (columns: kind_names)");
+    s.set_dataset_attribute("/kinds/sparsity", "kind_names", kinds);
+    s.declare_per_rank("/ranks/read_bytes", SeriesType::int64, "bytes", "checkpoint bytes this rank read for the row");
+    s.declare_per_rank("/ranks/measure_s", SeriesType::float64, "s", "seconds this rank spent on the row");
+    s.declare_per_rank("/ranks/cpu_s", SeriesType::float64, "s", "CPU seconds (user + system) this rank spent on the row");
+    s.declare_per_rank("/ranks/max_rss_bytes", SeriesType::int64, "bytes", "peak resident memory of the rank so far");
+
+    s.set_attribute("format", std::string("pulse-train statistics"));
+    s.set_attribute("format_version", std::int64_t(1));
+    s.set_attribute("writer", std::string("pulse-measure"));
+    s.set_attribute("program_version", version_string());
+    s.set_attribute("start_utc", utc_now());
+    s.set_attribute("command_line", command_line_);
+    s.set_attribute("num_ranks", std::int64_t(nranks_));
+    s.set_attribute("absent_datasets", std::string(kAbsent));
+    std::vector<std::string> paths, shapes, dtypes, tensor_kinds;
+    std::vector<double> steps, numel, kind_numel(kinds.size(), 0.0);
+    for (const auto& [step, path] : series_) steps.push_back(double(step)), paths.push_back(path);
+    for (const MeasuredTensor& t : tensors_) {
+      std::string shape;
+      for (const std::int64_t d : t.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+      shapes.push_back(shape);
+      dtypes.push_back(t.dtype);
+      numel.push_back(double(t.numel));
+      const measure::TensorKind kind = measure::classify_tensor(t.name);
+      tensor_kinds.push_back(measure::tensor_kind_name(kind));
+      kind_numel[std::size_t(kind)] += double(t.numel);
+    }
+    s.set_attribute("checkpoints", paths);
+    // What else the first checkpoint holds, for the record: its folder's other files and the
+    // safetensors __metadata__ of each file.
+    const io::ModelState first = io::ModelState::open(series_[0].second);
+    std::vector<std::string> files, metadata;
+    for (const io::OtherFile& f : first.other_files()) files.push_back(f.name + " (" + std::to_string(f.bytes) + " bytes)");
+    for (const io::SafetensorsFile& shard : first.shards())
+      for (const auto& [key, value] : shard.metadata())
+        metadata.push_back(std::filesystem::path(shard.path()).filename().string() + ": " + key + "=" + value);
+    if (!files.empty()) s.set_attribute("checkpoint_other_files", files);
+    if (!metadata.empty()) s.set_attribute("checkpoint_metadata", metadata);
+    s.set_attribute("checkpoint_steps", steps);
+    s.set_attribute("tensor_names", names);
+    s.set_attribute("tensor_shapes", shapes);
+    s.set_attribute("tensor_dtypes", dtypes);
+    s.set_attribute("tensor_numel", numel);
+    s.set_attribute("tensor_kinds", tensor_kinds);
+    s.set_attribute("kind_names", kinds);
+    s.set_attribute("kind_numel", kind_numel);
+    s.set_attribute("num_parameters", std::int64_t(numel_));
+    s.set_attribute("unit_bytes", std::int64_t(o_.unit_mb * (1 << 20)));
+    s.set_attribute("precision", std::string("checkpoint"));
+    s.set_attribute("trainer_sync", std::string("unknown"));  // the report would assume ddp
+  }
+
+  // The version of the ring with this step, or nullptr.
+  const Version* held(std::int64_t step) const {
+    for (const Version& v : ring_)
+      if (v.step == step) return &v;
+    return nullptr;
+  }
+
+  void measure_checkpoint(std::size_t i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = cpu_seconds();
+    const std::int64_t step = series_[i].first;
+    const io::ModelState state = io::ModelState::open(series_[i].second);
+    const std::size_t nt = tensors_.size(), nk = ks_.size();
+    const Version* prev = ring_.empty() ? nullptr : &ring_.front();
+    std::vector<const Version*> back(nk);
+    for (std::size_t k = 0; k < nk; ++k) back[k] = held(step - ks_[k]);
+    ShareBuffer next = spare_ ? std::move(*spare_) : ShareBuffer(share_bytes_);
+    ShardReader files;
+    spare_.reset();
+
+    // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
+    std::vector<std::int64_t> sums(nt + nk + 1, 0);
+    double encode_s = 0;
+    std::size_t offset = 0;
+    for (std::size_t u = first_unit_; u < last_unit_; ++u) {
+      std::vector<sync::TensorRef> base, target;
+      for (const Piece& p : units_[u].pieces) {
+        const MeasuredTensor& t = tensors_[p.tensor];
+        const io::StateTensor* found = state.find(t.name);
+        PULSE_CHECK(found != nullptr, series_[i].second + ": lacks tensor " + t.name);
+        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin), bytes = n * esz;
+        // Read straight into the history (one copy, as read() costs; no page faults on a map),
+        // then compare it, block by block while in cache, with every version the row needs.
+        files.read(state.shards()[found->shard].path(), found->file_offset + std::uint64_t(p.begin) * esz,
+                   next.data() + offset, bytes);
+        const std::byte* now = next.data() + offset;
+        for (std::size_t b = 0; b < n; b += kBlockElements) {
+          const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
+          if (prev) sums[p.tensor] += std::int64_t(count_differing(now + b * esz, prev->bytes.data() + at, m, esz));
+          for (std::size_t k = 0; k < nk; ++k)
+            if (back[k]) sums[nt + k] += std::int64_t(count_differing(now + b * esz, back[k]->bytes.data() + at, m, esz));
+        }
+        if (prev) {
+          const bool whole = p.begin == 0 && p.end == t.numel;
+          const std::string name = whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]";
+          const std::vector<std::int64_t> shape = whole ? t.shape : std::vector<std::int64_t>{std::int64_t(n)};
+          base.push_back({name, t.dtype, shape, prev->bytes.data() + offset, bytes});
+          target.push_back({name, t.dtype, shape, next.data() + offset, bytes});
+        }
+        offset += bytes;
+      }
+      if (prev) {
+        const auto e0 = std::chrono::steady_clock::now();
+        sync::EncodeOptions options;
+        options.level = o_.level;
+        // The previous row's target digests are this row's base digests: the base is not hashed again.
+        sync::StateDigests& digests = unit_digests_[u - first_unit_];
+        const bool known = !digests.tensors.empty();
+        sync::StateDigests target_digests;
+        sums[nt + nk] +=
+            std::int64_t(sync::encode_patch(base, target, options, known ? &digests : nullptr, &target_digests).size());
+        digests = std::move(target_digests);
+        encode_s += seconds_since(e0);
+      }
+    }
+    remember(step, std::move(next));
+    const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
+
+    std::vector<std::int64_t> total(sums.size(), 0);
+    MPI_Reduce(sums.data(), total.data(), int(sums.size()), MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+    double slowest[2] = {0, 0};
+    const double mine[2] = {encode_s, measure_s};
+    MPI_Reduce(mine, slowest, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (i == 0) return;  // the first checkpoint is the base of the first row
+
+    io::StatsRow row;
+    if (rank_ == 0) {
+      std::int64_t changed = 0;
+      std::vector<std::int64_t> per_kind(measure::all_tensor_kinds().size(), 0), kind_numel(per_kind.size(), 0);
+      for (std::size_t t = 0; t < nt; ++t) {
+        changed += total[t];
+        const auto kind = std::size_t(measure::classify_tensor(tensors_[t].name));
+        per_kind[kind] += total[t];
+        kind_numel[kind] += tensors_[t].numel;
+      }
+      std::vector<double> kind_sparsity, kstep;
+      for (std::size_t k = 0; k < per_kind.size(); ++k)
+        kind_sparsity.push_back(kind_numel[k] ? 1.0 - double(per_kind[k]) / double(kind_numel[k])
+                                              : std::numeric_limits<double>::quiet_NaN());
+      for (std::size_t k = 0; k < nk; ++k)
+        kstep.push_back(held_globally(step - ks_[k], i) ? 1.0 - double(total[nt + k]) / double(numel_)
+                                                                : std::numeric_limits<double>::quiet_NaN());
+      const std::int64_t patch = total[nt + nk];
+      row.set_int("/steps/step", step);
+      row.set_int("/steps/steps_apart", step - series_[i - 1].first);
+      row.set_int("/steps/changed", changed);
+      row.set("/steps/sparsity", 1.0 - double(changed) / double(numel_));
+      row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(total.begin(), total.begin() + std::ptrdiff_t(nt)));
+      row.set_int("/steps/patch_bytes", patch);
+      row.set_int("/steps/dense_bytes", std::int64_t(dense_bytes_));
+      row.set("/steps/bits_per_changed", changed ? 8.0 * double(patch) / double(changed) : std::nan(""));
+      row.set("/steps/encode_s", slowest[0]);
+      row.set("/steps/measure_s", slowest[1]);
+      row.set("/kstep/sparsity", kstep);
+      row.set_int("/kinds/changed", per_kind);
+      row.set("/kinds/sparsity", kind_sparsity);
+    }
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    row.set_rank_int("/ranks/read_bytes", std::int64_t(share_bytes_));
+    row.set_rank("/ranks/measure_s", measure_s);
+    row.set_rank("/ranks/cpu_s", cpu_s);
+    row.set_rank_int("/ranks/max_rss_bytes", std::int64_t(usage.ru_maxrss) * 1024);
+    stats_->append(row);
+  }
+
+  // Whether the checkpoint of this step precedes checkpoint i in the series (every rank holds
+  // the same steps, including a rank with an empty share).
+  bool held_globally(std::int64_t step, std::size_t i) const {
+    for (std::size_t j = 0; j < i; ++j)
+      if (series_[j].first == step) return true;
+    return false;
+  }
+
+  // Puts this checkpoint's share first in the ring and drops the versions no k reaches any more;
+  // one dropped buffer is kept for the next checkpoint.
+  void remember(std::int64_t step, ShareBuffer share) {
+    ring_.push_front({step, std::move(share)});
+    const std::int64_t oldest_needed = step + 1 - ks_.back();
+    while (ring_.back().step < oldest_needed) {
+      spare_.emplace(std::move(ring_.back().bytes));
+      ring_.pop_back();
+    }
+  }
+
+  Options o_;
+  std::vector<std::pair<std::int64_t, std::string>> series_;
+  std::vector<MeasuredTensor> tensors_;
+  std::string command_line_;
+  int rank_ = 0, nranks_ = 1;
+  std::vector<Unit> units_;
+  std::size_t first_unit_ = 0, last_unit_ = 0;
+  std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
+  std::int64_t numel_ = 0;
+  std::vector<int> ks_;          // k-step distances measured
+  std::vector<sync::StateDigests> unit_digests_;  // of this rank's units as the ring's newest version holds them
+  std::deque<Version> ring_;     // newest first
+  std::optional<ShareBuffer> spare_;
+  std::unique_ptr<io::StatsFile> stats_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int code = 0;
+  {
+    Kokkos::ScopeGuard kokkos;  // no argv: --help is ours
+    Options o;
+    CLI::App app{"pulse-measure: per-step and k-step BF16/F16/F32 weight sparsity of a run's checkpoints"};
+    app.add_option("checkpoints", o.checkpoints, "checkpoints in step order: .safetensors files or Hugging Face folders");
+    app.add_option("--glob", o.glob_pattern, "checkpoints matching this pattern, ordered by the step number in the names");
+    std::string steps_list;
+    app.add_option("--steps", steps_list, "comma-separated step of each checkpoint, in the order given (with --glob: "
+                                          "alphabetical order); default 0, 1, 2, ... or the numbers in --glob names");
+    app.add_option("-o,--out", o.out, "HDF5 statistics file to write (pulse-train's schema)")->required();
+    app.add_flag("--overwrite", o.overwrite, "replace --out if it exists");
+    app.add_option("--unit-mb", o.unit_mb, "MiB of weights per work unit (one patch each; large tensors are cut)")
+        ->check(CLI::Range(0.001, 1e6))
+        ->capture_default_str();
+    app.add_option("--max-k", o.max_k, "largest k of the k-step sparsity (k = 1, 2, 4, ..., 32); the history holds "
+                                       "max-k versions of each rank's share")
+        ->check(CLI::Range(1, 32))
+        ->capture_default_str();
+    app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
+    app.add_flag("-q,--quiet", o.quiet, "no progress lines");
+    std::string command_line;
+    for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
+    bool parsed = false;
+    try {
+      app.parse(argc, argv);
+      parsed = true;
+    } catch (const CLI::ParseError& e) {
+      code = rank == 0 ? app.exit(e) : e.get_exit_code();  // --help: 0
+    }
+    if (parsed) {
+      std::unique_ptr<Measurement> m;
+      try {
+        // Everything is checked on every rank alike before the output is created: a bad series
+        // exits with one line and writes nothing.
+        o.steps = parse_steps(steps_list);
+        const auto series = resolve_series(o);
+        const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second));
+        if (tensors.empty()) throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure");
+        check_series(series, tensors);
+        if (!o.overwrite && std::filesystem::exists(o.out))
+          throw Error(o.out + ": exists (give --overwrite to replace it)");
+        const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();
+        if (!std::filesystem::is_directory(out_dir)) throw Error(o.out + ": folder " + out_dir.string() + " does not exist");
+        m = std::make_unique<Measurement>(o, series, tensors, command_line);
+      } catch (const std::exception& e) {
+        if (rank == 0) std::cerr << "pulse-measure: " << e.what() << "\n";
+        code = 1;
+      }
+      if (m) {
+        try {
+          m->run();
+        } catch (const std::exception& e) {
+          // Output errors (an existing --out) arise on every rank alike; anything else may be
+          // one rank's, so the job is aborted rather than left waiting in a collective.
+          std::cerr << "pulse-measure: " << e.what() << "\n";
+          std::cerr.flush();
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+      }
+    }
+  }
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,229 @@
+#include "io/model_state.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.hpp"
+
+namespace pulse::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kIndexSuffix = ".safetensors.index.json";
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& problem) {
+  throw Error(where + ": " + problem);
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Folder entries: the .safetensors files and the index candidates at the top level, and every
+// other regular file (recursively, symlinks followed as the Hugging Face cache uses them).
+struct FolderListing {
+  std::vector<std::string> safetensors;  // file names
+  std::vector<std::string> indexes;      // file names
+  std::vector<OtherFile> files;          // every regular file but the .safetensors ones
+};
+
+FolderListing list_folder(const fs::path& folder) {
+  FolderListing out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::follow_directory_symlink, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    const std::string rel = fs::relative(it->path(), folder).generic_string();
+    const bool top = it.depth() == 0;
+    if (top && ends_with(rel, ".safetensors")) {
+      out.safetensors.push_back(rel);
+      continue;
+    }
+    if (top && ends_with(rel, kIndexSuffix)) out.indexes.push_back(rel);
+    out.files.push_back({rel, std::uint64_t(it->file_size())});
+  }
+  if (ec) fail(folder.string(), "cannot list the folder: " + ec.message());
+  std::sort(out.safetensors.begin(), out.safetensors.end());
+  std::sort(out.indexes.begin(), out.indexes.end());
+  std::sort(out.files.begin(), out.files.end(), [](const OtherFile& a, const OtherFile& b) { return a.name < b.name; });
+  return out;
+}
+
+constexpr std::uintmax_t kMaxIndexBytes = 100 << 20;  // as SafetensorsLimits' header limit
+
+SafetensorsIndex read_index(const fs::path& path) {
+  std::error_code ec;
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (ec) fail(path.string(), "cannot read the index: " + ec.message());
+  if (size > kMaxIndexBytes) fail(path.string(), "index is " + std::to_string(size) + " bytes, over the limit of 100 MiB");
+  std::ifstream in(path, std::ios::binary);
+  std::string text(std::size_t(size), '\0');
+  if (!in.read(text.data(), std::streamsize(size))) fail(path.string(), "cannot read the index");
+  return parse_safetensors_index(text, path.string());
+}
+
+std::uint64_t header_length(const std::string& path) {
+  unsigned char bytes[8] = {};
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(bytes), 8)) fail(path, "cannot read the header length");
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t(bytes[i]) << (8 * i);
+  return n;
+}
+
+}  // namespace
+
+SafetensorsIndex parse_safetensors_index(const std::string& text, const std::string& source) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) fail(source, "index is not valid JSON");
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    fail(source, "index has no \"weight_map\" object (tensor name -> shard file)");
+  SafetensorsIndex index;
+  for (const auto& [tensor, shard] : j["weight_map"].items()) {
+    if (!shard.is_string()) fail(source, "weight_map entry \"" + tensor + "\" is not a file name");
+    const std::string file = shard.get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file.find('\\') != std::string::npos || file == "." ||
+        file == "..")
+      fail(source, "weight_map entry \"" + tensor + "\" names \"" + file + "\", not a file of the folder");
+    index.weight_map[tensor] = file;
+  }
+  if (j.contains("metadata") && j["metadata"].is_object())
+    for (const auto& [key, value] : j["metadata"].items())
+      index.metadata[key] = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return index;
+}
+
+std::string describe_non_safetensors(const std::string& path) {
+  const std::string name = lower(fs::path(path).filename().string());
+  if (ends_with(name, ".index.json")) return "a safetensors index, not a checkpoint (pass the folder that holds it)";
+  unsigned char head[9] = {};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(head), sizeof head);
+  const auto got = std::size_t(in.gcount());
+  std::error_code ec;
+  const std::uint64_t size = fs::file_size(path, ec);
+  // A safetensors file: 8-byte little-endian header length that fits, then the JSON's '{'.
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= std::uint64_t(head[i]) << (8 * i);
+  if (got == 9 && !ec && n <= size - 8 && head[8] == '{') return "";
+  if (got >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0)
+    return "a zip archive (torch.save's format: a PyTorch .bin/.pt checkpoint), not safetensors";
+  if (got >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5)
+    return "a Python pickle (a PyTorch .bin/.pt checkpoint), not safetensors";
+  for (const char* ext : {".bin", ".pt", ".pth", ".ckpt", ".pkl"})
+    if (ends_with(name, ext)) return "a PyTorch checkpoint (" + std::string(ext) + "), not safetensors";
+  if (got >= 1 && (head[0] == '{' || head[0] == '[')) return "a JSON file, not a safetensors checkpoint";
+  return "";
+}
+
+const StateTensor* ModelState::find(const std::string& name) const {
+  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                             [](const StateTensor& t, const std::string& n) { return t.view.name < n; });
+  return it != tensors_.end() && it->view.name == name ? &*it : nullptr;
+}
+
+ModelState ModelState::open(const std::string& path, const SafetensorsLimits& limits) {
+  ModelState state;
+  state.path_ = path;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) fail(path, "no such file or folder");
+
+  std::vector<std::string> shard_paths;
+  SafetensorsIndex index;
+  std::string index_path;
+  if (fs::is_directory(status)) {
+    state.is_folder_ = true;
+    const FolderListing listing = list_folder(path);
+    state.other_files_ = listing.files;
+    std::string index_name;
+    if (std::count(listing.indexes.begin(), listing.indexes.end(), kIndexName))
+      index_name = kIndexName;
+    else if (listing.indexes.size() == 1)
+      index_name = listing.indexes[0];
+    else if (listing.indexes.size() > 1)
+      fail(path, "holds " + std::to_string(listing.indexes.size()) + " *" + kIndexSuffix +
+                     " files and no model.safetensors.index.json to choose");
+    if (!index_name.empty()) {
+      index_path = (fs::path(path) / index_name).string();
+      index = read_index(index_path);
+      std::set<std::string> named;
+      for (const auto& [tensor, shard] : index.weight_map) named.insert(shard);
+      for (const std::string& shard : named)
+        if (!std::binary_search(listing.safetensors.begin(), listing.safetensors.end(), shard))
+          fail((fs::path(path) / shard).string(), "named in " + index_name + " but missing");
+      for (const std::string& file : listing.safetensors)
+        if (!named.count(file))
+          fail((fs::path(path) / file).string(),
+               "not named in " + index_name +
+                   (file == "model.safetensors" ? " (the folder holds both sharded files and a single model.safetensors)"
+                                                : " (a stale shard of another sharding?)"));
+      shard_paths.assign(named.begin(), named.end());
+    } else if (listing.safetensors.size() == 1) {
+      shard_paths = listing.safetensors;
+    } else if (listing.safetensors.empty()) {
+      for (const OtherFile& f : listing.files) {
+        const std::string what = describe_non_safetensors((fs::path(path) / f.name).string());
+        if (!what.empty() && what.find("PyTorch") != std::string::npos)
+          fail(path, "holds no .safetensors file, only " + f.name + " (" + what + ")");
+      }
+      fail(path, "holds no .safetensors file");
+    } else {
+      fail(path, "holds " + std::to_string(listing.safetensors.size()) +
+                     " .safetensors files but no model.safetensors.index.json saying which tensors they hold");
+    }
+    for (std::string& s : shard_paths) s = (fs::path(path) / s).string();
+  } else {
+    const std::string what = describe_non_safetensors(path);
+    if (!what.empty()) fail(path, "is " + what);
+    shard_paths = {path};
+  }
+
+  for (const std::string& shard_path : shard_paths) state.shards_.push_back(SafetensorsFile::open(shard_path, limits));
+
+  std::map<std::string, std::size_t> owner;  // tensor -> shard
+  for (std::size_t s = 0; s < state.shards_.size(); ++s)
+    for (const TensorView& t : state.shards_[s].tensors()) {
+      const auto [it, fresh] = owner.emplace(t.name, s);
+      if (!fresh)
+        fail(state.shards_[s].path(), "tensor \"" + t.name + "\" is also in " + state.shards_[it->second].path());
+    }
+  for (std::size_t s = 0; s < state.shards_.size(); ++s) {
+    const SafetensorsFile& file = state.shards_[s];
+    const std::string file_name = fs::path(file.path()).filename().string();
+    // The data section starts after the 8-byte header length and the header; the tensors tile it
+    // from its start in data-offset order (validated by the reader).
+    const std::uint64_t data_offset = file.tensors().empty() ? 0 : 8 + header_length(file.path());
+    const std::byte* data_start = file.tensors().empty() ? nullptr : file.tensors().front().data;
+    for (const TensorView& t : file.tensors()) {
+      if (!index_path.empty()) {
+        const auto named = index.weight_map.find(t.name);
+        if (named == index.weight_map.end())
+          fail(file.path(), "holds tensor \"" + t.name + "\" that " + index_path + " does not name");
+        if (named->second != file_name)
+          fail(file.path(), "holds tensor \"" + t.name + "\" that " + index_path + " maps to " + named->second);
+      }
+      state.tensors_.push_back({t, s, data_offset + std::uint64_t(t.data - data_start)});
+    }
+  }
+  for (const auto& [tensor, shard] : index.weight_map)
+    if (!owner.count(tensor))
+      fail((fs::path(path) / shard).string(), "lacks tensor \"" + tensor + "\" that " + index_path + " maps to it");
+  state.index_metadata_ = index.metadata;
+  std::sort(state.tensors_.begin(), state.tensors_.end(),
+            [](const StateTensor& a, const StateTensor& b) { return a.view.name < b.view.name; });
+  return state;
+}
+
+}  // namespace pulse::io
