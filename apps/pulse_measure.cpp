@@ -159,7 +159,7 @@ std::vector<MeasuredTensor> measured_tensors(const io::ModelState& state) {
 void check_series(const std::vector<std::pair<std::int64_t, std::string>>& series, const std::vector<MeasuredTensor>& first) {
   for (std::size_t i = 1; i < series.size(); ++i) {
     const std::string& path = series[i].second;
-    const std::vector<MeasuredTensor> these = measured_tensors(io::ModelState::open(path));
+    const std::vector<MeasuredTensor> these = measured_tensors(io::ModelState::open(path, {}, io::ShardBytes::header_only));
     std::set<std::string> names;
     for (const MeasuredTensor& t : these) names.insert(t.name);
     for (const MeasuredTensor& a : first) {
@@ -362,7 +362,7 @@ class Measurement {
     s.set_attribute("checkpoints", paths);
     // What else the first checkpoint holds, for the record: its folder's other files and the
     // safetensors __metadata__ of each file.
-    const io::ModelState first = io::ModelState::open(series_[0].second);
+    const io::ModelState first = io::ModelState::open(series_[0].second, {}, io::ShardBytes::header_only);
     std::vector<std::string> files, metadata;
     for (const io::OtherFile& f : first.other_files()) files.push_back(f.name + " (" + std::to_string(f.bytes) + " bytes)");
     for (const io::SafetensorsFile& shard : first.shards())
@@ -395,7 +395,7 @@ class Measurement {
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = cpu_seconds();
     const std::int64_t step = series_[i].first;
-    const io::ModelState state = io::ModelState::open(series_[i].second);
+    const io::ModelState state = io::ModelState::open(series_[i].second, {}, io::ShardBytes::header_only);
     const std::size_t nt = tensors_.size(), nk = ks_.size();
     const Version* prev = ring_.empty() ? nullptr : &ring_.front();
     std::vector<const Version*> back(nk);
@@ -578,7 +578,7 @@ int main(int argc, char** argv) {
         // exits with one line and writes nothing.
         o.steps = parse_steps(steps_list);
         const auto series = resolve_series(o);
-        const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second));
+        const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only));
         if (tensors.empty()) throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure");
         check_series(series, tensors);
         if (!o.overwrite && std::filesystem::exists(o.out))

@@ -223,6 +223,35 @@ TEST_F(Safetensors, ReaderAcceptsAnyKeyOrderUnpaddedHeadersAndNullMetadata) {
   EXPECT_TRUE(file.metadata().empty());
 }
 
+// open_header reads the header only: the same tensors and metadata, no data, and file offsets
+// at which the file's own bytes are the tensors' bytes; a header past the file's end is refused.
+TEST_F(Safetensors, HeaderOnlyOpenGivesOffsetsIntoTheFile) {
+  std::mt19937 rng(2);
+  const auto a = random_bytes(24, rng), b = random_bytes(6, rng);
+  pulse::io::write_safetensors(path("h.safetensors"), {{"a", DType::F32, {2, 3}, a.data(), a.size()},
+                                                       {"b", DType::BF16, {3}, b.data(), b.size()}},
+                               {{"format", "pt"}});
+  const auto whole = pulse::io::SafetensorsFile::open(path("h.safetensors"));
+  const auto head = pulse::io::SafetensorsFile::open_header(path("h.safetensors"));
+  EXPECT_EQ(head.metadata(), whole.metadata());
+  std::ifstream in(path("h.safetensors"), std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(head.tensors().size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto &h = head.tensors()[i], &w = whole.tensors()[i];
+    EXPECT_EQ(h.name, w.name);
+    EXPECT_EQ(h.dtype, w.dtype);
+    EXPECT_EQ(h.shape, w.shape);
+    EXPECT_EQ(h.bytes, w.bytes);
+    EXPECT_EQ(h.data, nullptr);
+    EXPECT_EQ(h.file_offset, w.file_offset);
+    ASSERT_LE(h.file_offset + h.bytes, file.size());
+    EXPECT_EQ(std::memcmp(file.data() + h.file_offset, w.data, w.bytes), 0) << h.name;
+  }
+  std::ofstream(path("short.safetensors"), std::ios::binary) << file.substr(0, 20);
+  EXPECT_THROW(pulse::io::SafetensorsFile::open_header(path("short.safetensors")), pulse::Error);
+}
+
 TEST_F(Safetensors, MovedFileKeepsItsViews) {
   const std::uint16_t v[2] = {0x7FC1, 0xFFFF};
   pulse::io::write_safetensors(path("m.safetensors"), {{"w", DType::BF16, {2}, v, 4}});

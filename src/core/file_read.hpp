@@ -13,6 +13,14 @@ namespace pulse {
 // file"). A file that changes size while being read is an error, never a short result.
 std::vector<std::uint8_t> read_regular_file(const std::string& path, std::uint64_t max_bytes, const std::string& what);
 
+// The first min(prefix_bytes, file size) bytes of a regular file, and its size: for readers
+// of a file's header that fetch only the byte ranges they need.
+struct FilePrefix {
+  std::vector<std::uint8_t> bytes;
+  std::uint64_t file_size = 0;
+};
+FilePrefix read_regular_file_prefix(const std::string& path, std::uint64_t prefix_bytes, const std::string& what);
+
 // The machine's physical memory: the limit for whole-file reads that have no tighter bound.
 std::uint64_t physical_memory_bytes();
 

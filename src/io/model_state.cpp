@@ -73,15 +73,6 @@ SafetensorsIndex read_index(const fs::path& path) {
   return parse_safetensors_index(text, path.string());
 }
 
-std::uint64_t header_length(const std::string& path) {
-  unsigned char bytes[8] = {};
-  std::ifstream in(path, std::ios::binary);
-  if (!in.read(reinterpret_cast<char*>(bytes), 8)) fail(path, "cannot read the header length");
-  std::uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= std::uint64_t(bytes[i]) << (8 * i);
-  return n;
-}
-
 }  // namespace
 
 SafetensorsIndex parse_safetensors_index(const std::string& text, const std::string& source) {
@@ -133,7 +124,7 @@ const StateTensor* ModelState::find(const std::string& name) const {
   return it != tensors_.end() && it->view.name == name ? &*it : nullptr;
 }
 
-ModelState ModelState::open(const std::string& path, const SafetensorsLimits& limits) {
+ModelState ModelState::open(const std::string& path, const SafetensorsLimits& limits, ShardBytes bytes) {
   ModelState state;
   state.path_ = path;
   std::error_code ec;
@@ -190,7 +181,9 @@ ModelState ModelState::open(const std::string& path, const SafetensorsLimits& li
     shard_paths = {path};
   }
 
-  for (const std::string& shard_path : shard_paths) state.shards_.push_back(SafetensorsFile::open(shard_path, limits));
+  for (const std::string& shard_path : shard_paths)
+    state.shards_.push_back(bytes == ShardBytes::whole ? SafetensorsFile::open(shard_path, limits)
+                                                       : SafetensorsFile::open_header(shard_path, limits));
 
   std::map<std::string, std::size_t> owner;  // tensor -> shard
   for (std::size_t s = 0; s < state.shards_.size(); ++s)
@@ -202,10 +195,6 @@ ModelState ModelState::open(const std::string& path, const SafetensorsLimits& li
   for (std::size_t s = 0; s < state.shards_.size(); ++s) {
     const SafetensorsFile& file = state.shards_[s];
     const std::string file_name = fs::path(file.path()).filename().string();
-    // The data section starts after the 8-byte header length and the header; the tensors tile it
-    // from its start in data-offset order (validated by the reader).
-    const std::uint64_t data_offset = file.tensors().empty() ? 0 : 8 + header_length(file.path());
-    const std::byte* data_start = file.tensors().empty() ? nullptr : file.tensors().front().data;
     for (const TensorView& t : file.tensors()) {
       if (!index_path.empty()) {
         const auto named = index.weight_map.find(t.name);
@@ -214,7 +203,7 @@ ModelState ModelState::open(const std::string& path, const SafetensorsLimits& li
         if (named->second != file_name)
           fail(file.path(), "holds tensor \"" + t.name + "\" that " + index_path + " maps to " + named->second);
       }
-      state.tensors_.push_back({t, s, data_offset + std::uint64_t(t.data - data_start)});
+      state.tensors_.push_back({t, s, t.file_offset});
     }
   }
   for (const auto& [tensor, shard] : index.weight_map)

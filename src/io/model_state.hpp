@@ -30,9 +30,14 @@ struct OtherFile {
   std::uint64_t bytes;
 };
 
+// What ModelState::open reads of each shard: everything, or the headers only (tensors' data
+// pointers null; readers such as pulse-measure pread() the ranges they need).
+enum class ShardBytes { whole, header_only };
+
 class ModelState {
  public:
-  static ModelState open(const std::string& path, const SafetensorsLimits& limits = {});
+  static ModelState open(const std::string& path, const SafetensorsLimits& limits = {},
+                         ShardBytes bytes = ShardBytes::whole);
 
   const std::string& path() const { return path_; }
   bool is_folder() const { return is_folder_; }

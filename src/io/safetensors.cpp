@@ -275,17 +275,36 @@ SafetensorsFile SafetensorsFile::open(const std::string& path, const Safetensors
   file.path_ = path;
   file.bytes_ = read_regular_file(path, physical_memory_bytes(), "safetensors file");
   const auto* bytes = reinterpret_cast<const std::byte*>(file.bytes_.data());
-  ParsedHeader header = parse_header(bytes, file.bytes_.size(), limits, path);
-  file.metadata_ = std::move(header.metadata);
-  file.tensors_.reserve(header.tensors.size());
-  for (auto& t : header.tensors)
-    file.tensors_.push_back({std::move(t.name), t.dtype, std::move(t.shape),
-                             bytes + header.data_offset + t.begin, t.end - t.begin});
-  file.by_name_.resize(file.tensors_.size());
-  for (std::size_t i = 0; i < file.by_name_.size(); ++i) file.by_name_[i] = i;
-  std::sort(file.by_name_.begin(), file.by_name_.end(),
-            [&](std::size_t a, std::size_t b) { return file.tensors_[a].name < file.tensors_[b].name; });
+  file.set_header(parse_header(bytes, file.bytes_.size(), limits, path), bytes);
   return file;
+}
+
+SafetensorsFile SafetensorsFile::open_header(const std::string& path, const SafetensorsLimits& limits) {
+  SafetensorsFile file;
+  file.path_ = path;
+  const FilePrefix length = read_regular_file_prefix(path, kLengthBytes, "safetensors file");
+  std::uint64_t n = 0;
+  for (std::size_t i = 0; i < length.bytes.size(); ++i) n |= std::uint64_t(length.bytes[i]) << (8 * i);
+  // parse_header reads only the length and the header; the file size bounds the data section.
+  const FilePrefix head = read_regular_file_prefix(
+      path, kLengthBytes + std::min<std::uint64_t>(n, limits.max_header_bytes + 1), "safetensors file");
+  PULSE_CHECK(head.file_size == length.file_size, "safetensors file '" + path + "': it changed size while being read");
+  file.set_header(parse_header(reinterpret_cast<const std::byte*>(head.bytes.data()), head.file_size, limits, path),
+                  nullptr);
+  return file;
+}
+
+void SafetensorsFile::set_header(ParsedHeader header, const std::byte* bytes) {
+  metadata_ = std::move(header.metadata);
+  tensors_.reserve(header.tensors.size());
+  for (auto& t : header.tensors)
+    tensors_.push_back({std::move(t.name), t.dtype, std::move(t.shape),
+                        bytes ? bytes + header.data_offset + t.begin : nullptr, t.end - t.begin,
+                        header.data_offset + t.begin});
+  by_name_.resize(tensors_.size());
+  for (std::size_t i = 0; i < by_name_.size(); ++i) by_name_[i] = i;
+  std::sort(by_name_.begin(), by_name_.end(),
+            [&](std::size_t a, std::size_t b) { return tensors_[a].name < tensors_[b].name; });
 }
 
 const TensorView* SafetensorsFile::find(const std::string& name) const {

@@ -33,8 +33,9 @@ struct TensorView {
   std::string name;
   DType dtype;
   std::vector<std::int64_t> shape;
-  const std::byte* data;
+  const std::byte* data;          // nullptr for a file opened with open_header()
   std::size_t bytes;
+  std::uint64_t file_offset = 0;  // where the bytes start in the file
 };
 
 struct SafetensorsLimits {
@@ -63,12 +64,15 @@ struct ParsedHeader {
 ParsedHeader parse_header(const std::byte* file, std::size_t file_size, const SafetensorsLimits& limits,
                           const std::string& source = "<memory>");
 
-// A safetensors file read whole into memory (regular files only, never mapped: a file truncated
+// A safetensors file read whole into memory, or its header only (regular files only, never mapped: a file truncated
 // by someone else while being read is an error, not a SIGBUS). Movable, not copyable; views stay
 // valid across moves.
 class SafetensorsFile {
  public:
   static SafetensorsFile open(const std::string& path, const SafetensorsLimits& limits = {});
+  // The header only (tensors' data pointers are null; file_offset says where their bytes are),
+  // for readers that fetch just the ranges they need: pulse-measure reads each rank's share.
+  static SafetensorsFile open_header(const std::string& path, const SafetensorsLimits& limits = {});
 
   SafetensorsFile(SafetensorsFile&& other) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
@@ -83,6 +87,7 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  void set_header(ParsedHeader header, const std::byte* bytes);  // bytes: the whole file, or nullptr
 
   std::string path_;
   std::vector<std::uint8_t> bytes_;

@@ -254,8 +254,7 @@ void follow_patches(const Relay& relay, Checkpoint& state, std::uint64_t from, c
     PULSE_CHECK(p.header.base_version == u && p.header.target_version == u + 1,
                 "relay: " + file + " holds versions " + std::to_string(p.header.base_version) + " -> " +
                     std::to_string(p.header.target_version));
-    auto tensors = state.mutables();
-    apply_patch(p, tensors, limits);
+    apply_to_checkpoint(p, state);  // tensors, layout and metadata
     ++result.patches_applied;
   }
   PULSE_CHECK(state_digest(state.layout) == head.state,
