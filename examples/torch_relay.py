@@ -99,7 +99,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for the relay, run.h5 and the report")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--receive", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.receive:
