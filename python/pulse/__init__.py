@@ -18,8 +18,6 @@ from ._state import Tensor, entries, framework_of, state_from_entries
 __all__ = ["Error", "PatchError", "Tensor", "diff", "encode", "apply", "digest", "inspect", "load", "save",
            "generate_keypair", "Sender", "Receiver", "Relay"]
 
-_CODING_DEFAULTS = dict(values="keydiff", indices="gap-varint", compressor="zstd", level=3)
-
 
 def _coding(values, indices, compressor, level):
     return _pulse.Coding(values, indices, compressor, level)
