@@ -255,31 +255,43 @@ def test_relay_publish_pull(tmp_path):
     assert_same(fast.state, w)
 
 
-def test_gil_released_during_encode():
-    n = 8 << 20
-    base = {"w": torch.randn(n).to(torch.bfloat16)}
-    target = copy_state(base)
-    target["w"][::50] += 1
-    count = [0]
-    stop = threading.Event()
+def spinner_stamps_mid_call(call):
+    """Runs call while a Python thread records timestamps; returns (seconds, timestamps taken in the
+    middle half of the call). A call that holds the GIL lets the thread run only at its edges
+    (the switch interval), so none fall in the middle: sorted() of a float list, which holds the
+    GIL throughout, gives 0 here."""
+    stamps, stop = [], threading.Event()
 
     def spin():
         while not stop.is_set():
-            count[0] += 1
+            stamps.append(time.perf_counter())
 
     thread = threading.Thread(target=spin)
     thread.start()
     time.sleep(0.05)
-    before = count[0]
     t0 = time.perf_counter()
-    pulse.encode(base, target, base_version=0, target_version=1)
-    seconds = time.perf_counter() - t0
-    during = count[0] - before
+    call()
+    t1 = time.perf_counter()
     stop.set()
     thread.join()
-    assert seconds > 0.01
-    # Python's switch interval is 5 ms: a call that held the GIL would let the thread run not at all.
-    assert during > 1000, (during, seconds)
+    return t1 - t0, sum(t0 + 0.25 * (t1 - t0) < s < t0 + 0.75 * (t1 - t0) for s in stamps)
+
+
+def test_gil_released_during_encode_and_apply():
+    base = {"w": torch.randn(8 << 20).to(torch.bfloat16)}
+    target = copy_state(base)
+    target["w"][::50] += 1
+    patch = pulse.encode(base, target, base_version=0, target_version=1)
+    gen = np.random.default_rng(3)
+    xs = gen.random(1 << 20).tolist()  # sorting these takes ~0.5 s, holding the GIL
+    held_seconds, held_mid = spinner_stamps_mid_call(lambda: sorted(xs))
+    assert held_mid == 0, "the check itself: a call holding the GIL must leave the thread idle"
+    receivers = [copy_state(base) for _ in range(5)]
+    for call in (lambda: pulse.encode(base, target, base_version=0, target_version=1),
+                 lambda: pulse.apply(receivers.pop(), patch), lambda: pulse.digest(target)):
+        # On a loaded machine the OS may not schedule the thread within a short call: a few tries.
+        tries = [spinner_stamps_mid_call(call) for _ in range(5)]
+        assert any(mid > 0 for _, mid in tries), tries
 
 
 def test_bad_states_one_line_errors():
