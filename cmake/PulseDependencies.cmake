@@ -45,8 +45,13 @@ endif()
 
 # ---- the Python module (pybind11): quiet find, option defaulting to found, then required ----
 set(PYTHON_EXECUTABLE ${PULSE_PYTHON})
+# Off by default in CUDA builds: the module is host code, untested under nvcc_wrapper.
 find_package(pybind11 CONFIG QUIET)
-option(PULSE_ENABLE_PYTHON "Build the pulse Python module (import pulse; needs pybind11)" ${pybind11_FOUND})
+set(_pulse_python_default OFF)
+if(pybind11_FOUND AND NOT PULSE_KOKKOS_CUDA)
+  set(_pulse_python_default ON)
+endif()
+option(PULSE_ENABLE_PYTHON "Build the pulse Python module (import pulse; needs pybind11)" ${_pulse_python_default})
 if(PULSE_ENABLE_PYTHON)
   find_package(pybind11 CONFIG REQUIRED)
 endif()
