@@ -6,7 +6,7 @@
 # runs a script with Debian's python (PULSE_PYTHON), e.g. the PyTorch oracles. Each module in NEEDS
 # (torch, h5py, ...) must import: a missing one skips the test (exit 77), and fails it when the
 # environment variable CI is set, so CI never passes without the listed dependencies.
-# PULSE_MODULE puts the build tree's `pulse` package (build/python) on PYTHONPATH.
+# PULSE_MODULE puts the build tree's `pulse` package (build/python) and pulse_analysis on PYTHONPATH.
 
 set(PULSE_TEST_NPROCS 1 2 4 CACHE STRING "Rank counts at which MPI tests run")
 
@@ -60,6 +60,7 @@ function(pulse_add_python_test)
   # exit 77: a module in NEEDS is missing outside CI (in CI, with CI set, that fails instead)
   set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "python;${T_LABELS}" SKIP_RETURN_CODE 77)
   if(T_PULSE_MODULE)
-    set_tests_properties(${T_NAME} PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python")
+    set_tests_properties(${T_NAME} PROPERTIES
+      ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python:${PROJECT_SOURCE_DIR}/analysis")
   endif()
 endfunction()
