@@ -34,24 +34,31 @@ endif()
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 
+# ---- Python: Debian's interpreter (python3-torch, numpy, h5py are apt packages; a pyenv or
+# conda python first on PATH usually lacks them) ----
+if(NOT PULSE_PYTHON)
+  find_program(PULSE_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+  if(NOT PULSE_PYTHON)
+    find_program(PULSE_PYTHON NAMES python3)
+  endif()
+endif()
+
+# ---- the Python module (pybind11): quiet find, option defaulting to found, then required ----
+set(PYTHON_EXECUTABLE ${PULSE_PYTHON})
+# Off by default in CUDA builds: the module is host code, untested under nvcc_wrapper.
+find_package(pybind11 CONFIG QUIET)
+set(_pulse_python_default OFF)
+if(pybind11_FOUND AND NOT PULSE_KOKKOS_CUDA)
+  set(_pulse_python_default ON)
+endif()
+option(PULSE_ENABLE_PYTHON "Build the pulse Python module (import pulse; needs pybind11)" ${_pulse_python_default})
+if(PULSE_ENABLE_PYTHON)
+  find_package(pybind11 CONFIG REQUIRED)
+endif()
+
 # ---- tests and benchmarks ----
 if(PULSE_ENABLE_TESTS)
   find_package(GTest REQUIRED)
-  # Debian's python carries python3-torch/numpy; a pyenv python first on PATH does not.
-  if(NOT PULSE_PYTHON)
-    find_program(PULSE_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
-    if(NOT PULSE_PYTHON)
-      find_program(PULSE_PYTHON NAMES python3)
-    endif()
-  endif()
-  execute_process(COMMAND ${PULSE_PYTHON} -c "import torch, numpy"
-    RESULT_VARIABLE _pulse_torch_rc OUTPUT_QUIET ERROR_QUIET)
-  if(_pulse_torch_rc EQUAL 0)
-    set(PULSE_HAVE_TORCH ON)
-  else()
-    set(PULSE_HAVE_TORCH OFF)
-    message(WARNING "pulse: ${PULSE_PYTHON} cannot import torch and numpy; the PyTorch oracle tests are skipped (Debian: python3-torch python3-numpy)")
-  endif()
 endif()
 if(PULSE_ENABLE_BENCHMARKS)
   find_package(benchmark REQUIRED)

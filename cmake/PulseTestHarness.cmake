@@ -1,8 +1,12 @@
 # One helper registers every test (Cabana's test_harness idea):
 #   pulse_add_test(NAME n SOURCES a.cpp... [MPI] [LABELS l...] [ARGS a...] [TIMEOUT s])
 # builds one GoogleTest executable; an MPI test runs at np 1, 2 and 4 through MPIEXEC_EXECUTABLE.
-#   pulse_add_python_test(NAME n SCRIPT file.py [ARGS a...] [LABELS l...] [TIMEOUT s])
-# runs a script with Debian's python (PULSE_PYTHON), e.g. the PyTorch oracles.
+#   pulse_add_python_test(NAME n SCRIPT file.py [ARGS a...] [LABELS l...] [TIMEOUT s] [NEEDS module...]
+#                         [PULSE_MODULE])
+# runs a script with Debian's python (PULSE_PYTHON), e.g. the PyTorch oracles. Each module in NEEDS
+# (torch, h5py, ...) must import: a missing one skips the test (exit 77), and fails it when the
+# environment variable CI is set, so CI never passes without the listed dependencies.
+# PULSE_MODULE puts the build tree's `pulse` package (build/python) and pulse_analysis on PYTHONPATH.
 
 set(PULSE_TEST_NPROCS 1 2 4 CACHE STRING "Rank counts at which MPI tests run")
 
@@ -45,13 +49,18 @@ function(pulse_add_test)
 endfunction()
 
 function(pulse_add_python_test)
-  cmake_parse_arguments(T "" "NAME;SCRIPT;TIMEOUT" "ARGS;LABELS" ${ARGN})
-  if(NOT PULSE_HAVE_TORCH)
-    return()
-  endif()
+  cmake_parse_arguments(T "PULSE_MODULE" "NAME;SCRIPT;TIMEOUT" "ARGS;LABELS;NEEDS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
-  add_test(NAME ${T_NAME} COMMAND ${PULSE_PYTHON} ${T_SCRIPT} ${T_ARGS})
-  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "python;${T_LABELS}")
+  string(JOIN "," _needs ${T_NEEDS})
+  add_test(NAME ${T_NAME}
+    COMMAND ${PULSE_PYTHON} ${PROJECT_SOURCE_DIR}/tests/support/run_python_test.py "--needs=${_needs}" --
+            ${T_SCRIPT} ${T_ARGS})
+  # exit 77: a module in NEEDS is missing outside CI (in CI, with CI set, that fails instead)
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "python;${T_LABELS}" SKIP_RETURN_CODE 77)
+  if(T_PULSE_MODULE)
+    set_tests_properties(${T_NAME} PROPERTIES
+      ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python:${PROJECT_SOURCE_DIR}/analysis")
+  endif()
 endfunction()

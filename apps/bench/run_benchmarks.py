@@ -48,6 +48,13 @@ def main():
             line += f"{peer * 1e3:>10.2f}{peer * 1e3 / ms:>8.1f}x"
         print(line)
     print_sync(json.load(open(sync_json)), json.load(open(torch_sync_json)))
+    # import pulse beside the C++ library and the torch format (when the module was built)
+    module_dir = os.path.join(args.build, "python")
+    if os.path.isdir(os.path.join(module_dir, "pulse")):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([module_dir, os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "python_sync_bench.py"),
+                        "--app", os.path.join(args.build, "apps", "pulse-sync"),
+                        "--out", os.path.join(args.out, "python_sync.json")], check=True, env=env)
 
 
 def print_sync(ours, theirs):

@@ -1,0 +1,399 @@
+// PULSESync for Python: encode, apply, digest, inspect, diff, sender and receiver state, relay,
+// safetensors files. Every call that touches tensor bytes releases the GIL while it works.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include "bindings.hpp"
+#include "core/error.hpp"
+#include "io/safetensors.hpp"
+#include "state.hpp"
+#include "sync/checkpoint.hpp"
+#include "sync/relay.hpp"
+#include "sync/signing.hpp"
+
+namespace py = pybind11;
+using namespace pulse::sync;
+
+namespace pulse::python {
+namespace {
+
+template <class Key>
+Key key_from_bytes(const py::bytes& b, const char* what) {
+  const std::string s = b;
+  Key k;
+  PULSE_CHECK(s.size() == k.size(), std::string(what) + " must be " + std::to_string(k.size()) + " bytes, got " +
+                                        std::to_string(s.size()));
+  std::memcpy(k.data(), s.data(), k.size());
+  return k;
+}
+
+struct Coding {
+  std::string values, indices, compressor;
+  int level;
+  EncodeOptions options(std::uint64_t base_version, std::uint64_t target_version, const SecretKey* key) const {
+    EncodeOptions o;
+    o.values = parse_value_coding(values);
+    o.indices = parse_index_coding(indices);
+    o.compressor = parse_compressor(compressor);
+    o.level = level;
+    o.base_version = base_version;
+    o.target_version = target_version;
+    o.signing_key = key;
+    return o;
+  }
+};
+
+py::bytes to_bytes(const std::vector<std::uint8_t>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
+}
+
+// The patch's bytes, pinned while parse and apply read them without the GIL.
+struct PatchBytes {
+  py::buffer_info info;
+  explicit PatchBytes(const py::buffer& b) : info(b.request()) {}
+  const std::uint8_t* data() const { return static_cast<const std::uint8_t*>(info.ptr); }
+  std::size_t size() const { return std::size_t(info.size * info.itemsize); }
+};
+
+py::bytes encode(const py::list& base, const py::list& target, std::uint64_t base_version, std::uint64_t target_version,
+                 const Coding& coding, const std::optional<py::bytes>& signing_key) {
+  std::optional<SecretKey> key;
+  if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
+  const StateBuffers b = state_buffers(base, false), t = state_buffers(target, false);
+  std::vector<std::uint8_t> patch;
+  {
+    py::gil_scoped_release release;
+    patch = encode_patch(b.refs, t.refs, coding.options(base_version, target_version, key ? &*key : nullptr));
+  }
+  return to_bytes(patch);
+}
+
+// What a committed patch changed beyond the bytes of kept tensors, for Python to mirror in its dict.
+py::dict change_dict(std::uint64_t written, StateChange&& change) {
+  py::dict out;
+  out["written"] = written;
+  out["removed"] = change.removed;
+  py::list added;
+  for (std::size_t i = 0; i < change.added.size(); ++i) {
+    const auto& a = change.added[i];
+    added.append(state_entry({a.name, a.dtype, a.shape, nullptr, 0}, std::move(change.added_bytes[i])));
+  }
+  out["added"] = added;
+  return out;
+}
+
+// Receives patches into a state held in Python; keeps the state's digests between patches so
+// only the tensors a patch touches are hashed again.
+class Receiver {
+ public:
+  Receiver(const py::list& state, std::uint64_t version) : version_(version) { rehash(state); }
+
+  py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key) {
+    std::optional<PublicKey> key;
+    if (public_key) key = key_from_bytes<PublicKey>(*public_key, "public_key");
+    const StateBuffers s = state_buffers(state, true);
+    const PatchBytes patch(patch_buffer);
+    std::uint64_t written = 0;
+    StateChange change;
+    bool changes_layout = false;
+    try {
+      py::gil_scoped_release release;
+      PatchLimits limits;
+      limits.max_patch_bytes = patch_bytes_limit(s.refs);
+      const ParsedPatch p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
+      auto tensors = s.mutables();
+      StateDigests after;
+      written = apply_patch(p, tensors, limits, digests_ ? &*digests_ : nullptr, &after, {}, &change);
+      changes_layout = p.header.changes_layout;
+      digests_ = std::move(after);
+      version_ = p.header.target_version;
+    } catch (const Error& e) {
+      throw PatchError(e.what());
+    }
+    if (changes_layout) digests_.reset();  // the dict changes shape: hash it whole next time
+    return change_dict(written, std::move(change));
+  }
+
+  std::uint64_t version() const { return version_; }
+
+ private:
+  void rehash(const py::list& state) {
+    const StateBuffers s = state_buffers(state, false);
+    py::gil_scoped_release release;
+    digests_ = compute_digests(s.refs);
+  }
+  std::optional<StateDigests> digests_;
+  std::uint64_t version_ = 0;
+};
+
+// Keeps the previous version's bytes and digests, so each patch hashes only the new version.
+class Sender {
+ public:
+  Sender(const py::list& state, std::uint64_t version) : version_(version) { remember(state_buffers(state, false), nullptr); }
+
+  py::bytes patch(const py::list& state, const Coding& coding, const std::optional<py::bytes>& signing_key) {
+    std::optional<SecretKey> key;
+    if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
+    const StateBuffers t = state_buffers(state, false);
+    std::vector<std::uint8_t> patch;
+    StateDigests after;
+    {
+      py::gil_scoped_release release;
+      patch = encode_patch(previous_refs(), t.refs, coding.options(version_, version_ + 1, key ? &*key : nullptr),
+                           &digests_, &after);
+    }
+    remember(t, &after);
+    ++version_;
+    return to_bytes(patch);
+  }
+
+  std::uint64_t version() const { return version_; }
+
+ private:
+  std::vector<TensorRef> previous_refs() const {
+    std::vector<TensorRef> refs = layout_;
+    for (std::size_t i = 0; i < refs.size(); ++i) refs[i].data = bytes_[i].data(), refs[i].bytes = bytes_[i].size();
+    return refs;
+  }
+  void remember(const StateBuffers& s, StateDigests* digests) {
+    py::gil_scoped_release release;
+    layout_ = s.refs;
+    bytes_.resize(s.refs.size());
+    for (std::size_t i = 0; i < s.refs.size(); ++i) {
+      bytes_[i].resize(s.refs[i].bytes);
+      std::memcpy(bytes_[i].data(), s.refs[i].data, s.refs[i].bytes);
+      layout_[i].data = nullptr;
+    }
+    digests_ = digests ? std::move(*digests) : compute_digests(s.refs);
+  }
+  std::vector<TensorRef> layout_;
+  std::vector<std::vector<std::byte>> bytes_;
+  StateDigests digests_;
+  std::uint64_t version_;
+};
+
+py::list checkpoint_entries(Checkpoint&& c) {
+  py::list out;
+  for (std::size_t i = 0; i < c.layout.size(); ++i) out.append(state_entry(c.layout[i], std::move(c.data[i])));
+  return out;
+}
+
+Checkpoint checkpoint_copy(const StateBuffers& s) {
+  Checkpoint c;
+  c.layout = s.refs;
+  for (auto& t : c.layout) {
+    c.data.emplace_back(t.data, t.data + t.bytes);
+    t.data = c.data.back().data();
+  }
+  return c;
+}
+
+py::dict diff(const py::list& base, const py::list& target) {
+  const StateBuffers a = state_buffers(base, false), b = state_buffers(target, false);
+  std::map<std::string, const TensorRef*> a_by_name;
+  for (const auto& t : a.refs) a_by_name[t.name] = &t;
+  struct Row {
+    std::string name, dtype;
+    std::uint64_t elements = 0, changed = 0;
+    bool differs = false, comparable = true;
+  };
+  std::vector<Row> rows;
+  std::vector<std::string> added;
+  {
+    py::gil_scoped_release release;
+    for (const auto& u : b.refs) {
+      const auto it = a_by_name.find(u.name);
+      if (it == a_by_name.end() || it->second->dtype != u.dtype || it->second->shape != u.shape) {
+        added.push_back(u.name);
+        continue;
+      }
+      const TensorRef& t = *it->second;
+      Row r{u.name, u.dtype};
+      r.differs = std::memcmp(t.data, u.data, t.bytes) != 0;
+      const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
+      r.comparable = bits % 8 == 0;  // packed below a byte: only whole-tensor equality
+      if (r.comparable) {
+        const std::size_t width = bits / 8;
+        r.elements = t.bytes / width;
+        if (r.differs)
+          for (std::size_t i = 0; i < r.elements; ++i) r.changed += std::memcmp(t.data + width * i, u.data + width * i, width) != 0;
+      }
+      rows.push_back(r);
+    }
+  }
+  std::set<std::string> in_b;
+  for (const auto& u : b.refs) in_b.insert(u.name);
+  py::dict tensors, dtypes;
+  for (const auto& r : rows) {
+    py::dict d;
+    d["dtype"] = r.dtype;
+    d["differs"] = r.differs;
+    if (r.comparable) {
+      d["elements"] = r.elements;
+      d["changed"] = r.changed;
+      d["sparsity"] = r.elements ? 1.0 - double(r.changed) / double(r.elements) : 1.0;
+      py::dict totals = dtypes.contains(r.dtype) ? py::dict(dtypes[r.dtype.c_str()]) : py::dict();
+      const std::uint64_t e = totals.contains("elements") ? totals["elements"].cast<std::uint64_t>() + r.elements : r.elements;
+      const std::uint64_t c = totals.contains("changed") ? totals["changed"].cast<std::uint64_t>() + r.changed : r.changed;
+      totals["elements"] = e;
+      totals["changed"] = c;
+      totals["sparsity"] = e ? 1.0 - double(c) / double(e) : 1.0;
+      dtypes[r.dtype.c_str()] = totals;
+    }
+    tensors[r.name.c_str()] = d;
+  }
+  py::list removed;
+  for (const auto& t : a.refs)
+    if (!in_b.count(t.name)) removed.append(t.name);
+  py::dict out;
+  out["tensors"] = tensors;
+  out["dtypes"] = dtypes;
+  out["added"] = added;
+  out["removed"] = removed;
+  return out;
+}
+
+py::dict inspect(const py::buffer& patch_buffer) {
+  const PatchBytes patch(patch_buffer);
+  ParsedPatch p;
+  try {
+    py::gil_scoped_release release;
+    p = parse_patch(patch.data(), patch.size());
+  } catch (const Error& e) {
+    throw PatchError(e.what());
+  }
+  const PatchHeader& h = p.header;
+  py::dict out;
+  out["format_version"] = h.format_version;
+  out["bytes"] = patch.size();
+  out["signed"] = h.is_signed;
+  out["base_version"] = h.base_version;
+  out["target_version"] = h.target_version;
+  out["base_state"] = to_hex(h.base_state);
+  out["target_state"] = to_hex(h.target_state);
+  out["values"] = value_coding_name(h.values);
+  out["indices"] = index_coding_name(h.indices);
+  out["compressor"] = compressor_name(h.compressor);
+  out["changed"] = h.total_changed;
+  auto stream = [](const StreamSize& s) { return py::dict(py::arg("coded") = s.coded, py::arg("raw") = s.raw); };
+  out["streams"] = py::dict(py::arg("index") = stream(h.index_stream), py::arg("value") = stream(h.value_stream),
+                            py::arg("whole") = stream(h.whole_stream));
+  out["table_bytes"] = p.table_bytes;
+  py::dict dtypes;
+  for (const auto& s : p.summary)
+    dtypes[s.dtype.c_str()] = py::dict(py::arg("tensors") = s.tensors, py::arg("elements") = s.elements,
+                                       py::arg("changed") = s.changed, py::arg("whole_bytes") = s.whole_bytes);
+  out["dtypes"] = dtypes;
+  out["removed"] = p.removed;
+  py::list added;
+  for (const auto& t : p.added) added.append(py::make_tuple(t.name, t.dtype, py::tuple(py::cast(t.shape))));
+  out["added"] = added;
+  out["metadata"] = h.changes_metadata ? py::cast(p.metadata) : py::none();
+  return out;
+}
+
+}  // namespace
+
+void bind_sync(py::module_& m) {
+  py::class_<Coding>(m, "Coding")
+      .def(py::init<std::string, std::string, std::string, int>(), py::arg("values"), py::arg("indices"),
+           py::arg("compressor"), py::arg("level"));
+
+  m.def("encode", &encode, py::arg("base"), py::arg("target"), py::arg("base_version"), py::arg("target_version"),
+        py::arg("coding"), py::arg("signing_key"));
+  m.def("diff", &diff, py::arg("base"), py::arg("target"));
+  m.def("inspect", &inspect, py::arg("patch"));
+  m.def("digest", [](const py::list& state) {
+    const StateBuffers s = state_buffers(state, false);
+    py::gil_scoped_release release;
+    return to_hex(state_digest(s.refs));
+  });
+  m.def("generate_keypair", [] {
+    const KeyPair k = generate_keypair();
+    return py::make_tuple(py::bytes(reinterpret_cast<const char*>(k.public_key.data()), k.public_key.size()),
+                          py::bytes(reinterpret_cast<const char*>(k.secret_key.data()), k.secret_key.size()));
+  });
+  m.def("load", [](const std::string& path) {
+    Checkpoint c;
+    {
+      py::gil_scoped_release release;
+      c = load_checkpoint(path);
+    }
+    py::dict metadata = py::cast(c.metadata);
+    return py::make_tuple(checkpoint_entries(std::move(c)), metadata);
+  });
+  m.def("save", [](const py::list& state, const std::string& path, const std::map<std::string, std::string>& metadata) {
+    const StateBuffers s = state_buffers(state, false);
+    std::vector<io::TensorToWrite> tensors;
+    for (const auto& t : s.refs) tensors.push_back({t.name, io::parse_dtype(t.dtype), t.shape, t.data, t.bytes});
+    py::gil_scoped_release release;
+    io::write_safetensors(path, tensors, metadata);
+  });
+
+  py::class_<Receiver>(m, "Receiver")
+      .def(py::init<const py::list&, std::uint64_t>())
+      .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"))
+      .def_property_readonly("version", &Receiver::version);
+  py::class_<Sender>(m, "Sender")
+      .def(py::init<const py::list&, std::uint64_t>())
+      .def("patch", &Sender::patch, py::arg("state"), py::arg("coding"), py::arg("signing_key"))
+      .def_property_readonly("version", &Sender::version);
+
+  py::class_<Relay>(m, "Relay")
+      .def(py::init<std::string>())
+      .def("head",
+           [](const Relay& r, const std::optional<py::bytes>& public_key) -> py::object {
+             std::optional<PublicKey> key;
+             if (public_key) key = key_from_bytes<PublicKey>(*public_key, "public_key");
+             const auto h = r.head(key ? &*key : nullptr);
+             if (!h) return py::none();
+             return py::dict(py::arg("version") = h->version, py::arg("state") = to_hex(h->state),
+                             py::arg("signed") = h->is_signed);
+           })
+      .def("publish",
+           [](Relay& r, std::uint64_t version, const py::list& state, const std::optional<py::list>& previous,
+              std::uint64_t anchor_every, std::uint64_t keep_anchors, bool compress_anchors, const Coding& coding,
+              const std::optional<py::bytes>& signing_key) {
+             std::optional<SecretKey> key;
+             if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
+             PublishOptions o;
+             o.anchor_every = anchor_every;
+             o.keep_anchors = keep_anchors;
+             o.compress_anchors = compress_anchors;
+             o.encode = coding.options(0, 0, key ? &*key : nullptr);
+             const StateBuffers s = state_buffers(state, false);
+             std::optional<StateBuffers> p;
+             if (previous) p = state_buffers(*previous, false);
+             py::gil_scoped_release release;
+             r.publish(version, s.refs, p ? &p->refs : nullptr, o);
+           })
+      .def("pull", [](const Relay& r, const std::optional<py::list>& have, std::uint64_t have_version,
+                      const std::optional<py::bytes>& public_key, std::uint64_t min_version) {
+        std::optional<PublicKey> key;
+        if (public_key) key = key_from_bytes<PublicKey>(*public_key, "public_key");
+        std::optional<Checkpoint> held;
+        if (have) held = checkpoint_copy(state_buffers(*have, false));
+        PullResult result;
+        {
+          py::gil_scoped_release release;
+          PullOptions o;
+          o.public_key = key ? &*key : nullptr;
+          o.min_version = min_version;
+          result = r.pull(held ? &*held : nullptr, have_version, o);
+        }
+        py::dict info;
+        info["version"] = result.version;
+        info["fast_path"] = result.fast_path;
+        info["patches_applied"] = result.patches_applied;
+        info["anchor"] = result.anchor;
+        info["fallback"] = result.fallback;
+        info["metadata"] = py::cast(result.state.metadata);
+        return py::make_tuple(checkpoint_entries(std::move(result.state)), info);
+      });
+}
+
+}  // namespace pulse::python
