@@ -4,7 +4,9 @@
 // safetensors file per rank, plus a LATEST record naming the step. Each rank writes
 //   DIR/rank-<r>-step-<s>.safetensors   (atomically)
 // then, after all ranks have written, rank 0 writes DIR/LATEST (atomically) and removes older
-// steps. A crash at any point leaves LATEST naming a complete earlier checkpoint.
+// steps. A crash at any point leaves LATEST naming a complete earlier checkpoint. Each rank file
+// carries an xxh3-128 checksum of its buffers and metadata (metadata key "checksum"), checked
+// when it is read.
 #include <cstddef>
 #include <cstring>
 #include <cstdint>
@@ -55,5 +57,12 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
 // The step LATEST names, if dir holds a checkpoint.
 std::optional<std::int64_t> latest_checkpoint_step(const std::string& dir);
 RankCheckpoint load_rank_checkpoint(const std::string& dir, int rank, std::int64_t step);
+// A whole rank checkpoint file held in memory (what load_rank_checkpoint reads); throws
+// pulse::Error naming source when it is malformed, fails its checksum or is not of `step`.
+RankCheckpoint parse_rank_checkpoint(const std::byte* file, std::size_t size, std::int64_t step,
+                                     const std::string& source);
+// "xxh3-128:<32 hex digits>" over the buffers (name, dtype, bytes; in name order) and the
+// metadata other than "checksum" itself.
+std::string checkpoint_checksum(const RankCheckpoint& state);
 
 }  // namespace pulse
