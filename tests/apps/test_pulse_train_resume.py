@@ -30,7 +30,7 @@ import test_pulse_train as base  # noqa: E402  (its launch/run/checkpoint helper
 
 expect = base.expect
 
-STEPS = 7
+STEPS = 10
 RELAY = ["--steps", str(STEPS), "--prompts-per-step", "2", "--inference-ranks", "1", "--checkpoint-every", "3",
          "--anchor-every", "2", "--keep-anchors", "2", "--absorption-every", "0"]
 
@@ -77,6 +77,33 @@ def relay_head(relay):
         return fh.read().split()
 
 
+def kill_run(p, marker):
+    """SIGKILL to mpirun's group, then to every rank whose command line holds marker (a path
+    unique to this run: Open MPI may start ranks in another group), until none is left, so
+    that no rank of the killed run still writes while the next one starts."""
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        alive = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if os.fsencode(marker) in fh.read():
+                        alive.append(int(pid))
+            except OSError:
+                pass
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.1)
+    expect(False, f"ranks of the killed run ({marker}) still alive after 60 s")
+
+
 def wait_for(predicate, p, seconds=240):
     deadline = time.time() + seconds
     while time.time() < deadline and p.poll() is None:
@@ -103,14 +130,14 @@ def compare_runs(ref_dir, ref_out, dir_, out, what):
 
 def check_relay_resume(app, mpi, tmp):
     ref_out, ref_relay = os.path.join(tmp, "ref.h5"), os.path.join(tmp, "ref-relay")
-    code, _, e = run(base.BASE + RELAY + ["--out", ref_out, "--relay", ref_relay], 2, app, mpi)
+    code, _, e = run(override(base.BASE, RELAY + ["--out", ref_out, "--relay", ref_relay]), 2, app, mpi)
     expect(code == 0, f"relay reference run: exit {code}: {e.strip()[-300:]}")
     ref_head = relay_head(ref_relay)
     expect(ref_head[1] == str(STEPS), f"reference relay head {ref_head}")
 
     # SIGUSR1: checkpoint after the current step, exit 75, resume.
     out, relay = os.path.join(tmp, "sig.h5"), os.path.join(tmp, "sig-relay")
-    args = base.BASE + RELAY + ["--out", out, "--relay", relay]
+    args = override(base.BASE, RELAY + ["--out", out, "--relay", relay])
     p = base.launch(args, 2, app, mpi)
     wait_for(lambda: int(relay_head(relay)[1]) >= 2, p)
     os.killpg(p.pid, signal.SIGUSR1)
@@ -125,16 +152,18 @@ def check_relay_resume(app, mpi, tmp):
     # relay already holds; a killed publisher's temporary file is left in the relay.
     out, relay = os.path.join(tmp, "kill.h5"), os.path.join(tmp, "kill-relay")
     ckpt = os.path.join(tmp, "kill.ckpt")
-    args = base.BASE + RELAY + ["--out", out, "--relay", relay]
+    args = override(base.BASE, RELAY + ["--out", out, "--relay", relay])
     p = base.launch(args, 2, app, mpi)
 
     def ahead():
         with open(os.path.join(ckpt, "LATEST")) as fh:
             return int(relay_head(relay)[1]) > int(fh.read().split()[0]) >= 3
-    reached = wait_for(ahead, p)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.communicate()
-    expect(reached, "relay SIGKILL: the run ended before the relay was ahead of a checkpoint")
+    wait_for(ahead, p)
+    kill_run(p, out)
+    with open(os.path.join(ckpt, "LATEST")) as fh:
+        latest = int(fh.read().split()[0])
+    expect(int(relay_head(relay)[1]) > latest and latest < STEPS,
+           f"relay SIGKILL: killed at checkpoint {latest}, relay head {relay_head(relay)}: not ahead of it")
     stale = os.path.join(relay, "anchor-6.safetensors.tmp.Ab12Cd")
     with open(stale, "wb") as fh:
         fh.write(b"partial anchor")
@@ -146,7 +175,7 @@ def check_relay_resume(app, mpi, tmp):
 
     # A new run into the used relay: one line, nothing written anywhere.
     before = snapshot(tmp)
-    code, _, e = run(base.BASE + RELAY + ["--out", os.path.join(tmp, "new.h5"), "--relay", relay], 2, app, mpi)
+    code, _, e = run(override(base.BASE, RELAY + ["--out", os.path.join(tmp, "new.h5"), "--relay", relay]), 2, app, mpi)
     expect(code != 0 and len(error_lines(e)) == 1 and "relay" in error_lines(e)[0],
            f"new run into a used relay: exit {code}, {e.strip()[-300:]!r}")
     expect(snapshot(tmp) == before, "new run into a used relay changed files")
