@@ -1,11 +1,5 @@
 #include "train/train_checkpoint.hpp"
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
-#include <algorithm>
-#include <cinttypes>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -18,69 +12,10 @@ namespace pulse {
 
 namespace fs = std::filesystem;
 
-void RankCheckpoint::add(const std::string& name, io::DType dtype, const void* data, std::size_t bytes) {
-  CheckpointBuffer b{name, dtype, std::vector<std::byte>(bytes)};
-  if (bytes) std::memcpy(b.bytes.data(), data, bytes);
-  buffers.push_back(std::move(b));
-}
-
-bool RankCheckpoint::has(const std::string& name) const {
-  for (const auto& b : buffers)
-    if (b.name == name) return true;
-  return false;
-}
-
-const CheckpointBuffer& RankCheckpoint::find(const std::string& name, std::size_t element_size,
-                                             long long expected) const {
-  for (const auto& b : buffers) {
-    if (b.name != name) continue;
-    PULSE_CHECK(b.bytes.size() % element_size == 0,
-                "checkpoint buffer '" + name + "' holds " + std::to_string(b.bytes.size()) + " bytes, not whole elements");
-    PULSE_CHECK(expected < 0 || b.bytes.size() == std::size_t(expected) * element_size,
-                "checkpoint buffer '" + name + "' holds " + std::to_string(b.bytes.size() / element_size) +
-                    " elements, expected " + std::to_string(expected));
-    return b;
-  }
-  throw Error("checkpoint has no buffer '" + name + "'");
-}
-
-const std::string& RankCheckpoint::meta(const std::string& key) const {
-  const auto it = metadata.find(key);
-  PULSE_CHECK(it != metadata.end(), "checkpoint metadata has no '" + key + "'");
-  return it->second;
-}
-
 namespace {
-
-constexpr const char* checksum_key = "checksum";
 
 std::string rank_file(const std::string& dir, int rank, std::int64_t step) {
   return dir + "/rank-" + std::to_string(rank) + "-step-" + std::to_string(step) + ".safetensors";
-}
-
-std::string checksum_of(const std::vector<CheckpointBuffer>& buffers, const std::map<std::string, std::string>& metadata) {
-  std::vector<const CheckpointBuffer*> sorted;
-  for (const auto& b : buffers) sorted.push_back(&b);
-  // The file lists tensors by offset, the writer by insertion: name order is the same for both.
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name < b->name; });
-  XXH3_state_t* state = XXH3_createState();
-  PULSE_CHECK(state != nullptr, "checkpoint: out of memory for the checksum state");
-  XXH3_128bits_reset(state);
-  auto text = [&](const std::string& s) { XXH3_128bits_update(state, s.c_str(), s.size() + 1); };
-  for (const CheckpointBuffer* b : sorted) {
-    text(b->name);
-    text(io::dtype_name(b->dtype));
-    const std::uint64_t bytes = b->bytes.size();
-    XXH3_128bits_update(state, &bytes, sizeof bytes);
-    XXH3_128bits_update(state, b->bytes.data(), b->bytes.size());
-  }
-  for (const auto& [key, value] : metadata)
-    if (key != checksum_key) text(key), text(value);
-  const XXH128_hash_t h = XXH3_128bits_digest(state);
-  XXH3_freeState(state);
-  char hex[64];
-  std::snprintf(hex, sizeof hex, "xxh3-128:%016" PRIx64 "%016" PRIx64, std::uint64_t(h.high64), std::uint64_t(h.low64));
-  return hex;
 }
 
 bool is_checkpoint_file(const std::string& base) {
@@ -90,8 +25,6 @@ bool is_checkpoint_file(const std::string& base) {
 
 }  // namespace
 
-std::string checkpoint_checksum(const RankCheckpoint& state) { return checksum_of(state.buffers, state.metadata); }
-
 void save_checkpoint_collective(const Communicator& world, const std::string& dir, std::int64_t step,
                                 const RankCheckpoint& state) {
   std::error_code ec;
@@ -100,19 +33,11 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
     remove_abandoned_temp_files(dir, is_checkpoint_file);  // of writers killed in earlier runs
   }
   world.barrier();
-  std::vector<io::TensorToWrite> tensors;
-  for (const auto& b : state.buffers) {
-    const std::size_t size = io::dtype_size(b.dtype);
-    tensors.push_back({b.name, b.dtype, {static_cast<std::int64_t>(b.bytes.size() / size)}, b.bytes.data(), b.bytes.size()});
-  }
-  std::map<std::string, std::string> metadata = state.metadata;
-  metadata["step"] = std::to_string(step);
-  metadata[checksum_key] = checksum_of(state.buffers, metadata);
   // A failure on any rank must stop every rank before LATEST moves.
   int failed = 0;
   std::string error;
   try {
-    io::write_safetensors(rank_file(dir, world.rank(), step), tensors, metadata);
+    write_rank_checkpoint(rank_file(dir, world.rank(), step), step, state);
   } catch (const std::exception& e) {
     failed = 1, error = e.what();
   }
@@ -129,7 +54,7 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, mine) && std::stoll(m[1]) != step) fs::remove(entry.path(), ec);
+    if (std::regex_match(name, m, mine) && m[1] != std::to_string(step)) fs::remove(entry.path(), ec);
   }
 }
 
@@ -143,32 +68,7 @@ std::optional<std::int64_t> latest_checkpoint_step(const std::string& dir) {
 }
 
 RankCheckpoint load_rank_checkpoint(const std::string& dir, int rank, std::int64_t step) {
-  const std::string path = rank_file(dir, rank, step);
-  std::error_code ec;
-  PULSE_CHECK(fs::is_regular_file(path, ec), "checkpoint '" + path + "' is missing or not a regular file");
-  // Read into memory, not mapped: a file truncated meanwhile gives a short read, not SIGBUS.
-  std::ifstream in(path, std::ios::binary);
-  std::vector<std::byte> bytes(fs::file_size(path, ec));
-  PULSE_CHECK(!ec && in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size())) &&
-                  in.peek() == std::char_traits<char>::eof(),
-              "checkpoint '" + path + "' cannot be read whole");
-  return parse_rank_checkpoint(bytes.data(), bytes.size(), step, path);
-}
-
-RankCheckpoint parse_rank_checkpoint(const std::byte* file, std::size_t size, std::int64_t step,
-                                     const std::string& source) {
-  const io::ParsedHeader header = io::parse_header(file, size, {}, source);
-  RankCheckpoint state;
-  state.metadata = header.metadata;
-  for (const io::HeaderEntry& t : header.tensors)
-    state.add(t.name, t.dtype, file + header.data_offset + t.begin, t.end - t.begin);
-  const auto stored = state.metadata.find(checksum_key);
-  PULSE_CHECK(stored != state.metadata.end(), "checkpoint '" + source + "' has no checksum");
-  PULSE_CHECK(stored->second == checkpoint_checksum(state),
-              "checkpoint '" + source + "' fails its checksum (the file is damaged)");
-  PULSE_CHECK(state.meta("step") == std::to_string(step), "checkpoint '" + source + "' is not of step " +
-                                                              std::to_string(step));
-  return state;
+  return read_rank_checkpoint(rank_file(dir, rank, step), step);
 }
 
 }  // namespace pulse
