@@ -133,6 +133,22 @@ TEST(TrainConfig, DifferingKeys) {
   EXPECT_EQ(toml_values(to_toml(b)).at("steps"), "1000");
 }
 
+TEST(TrainConfig, ResumeChangesAllowOnlyKeysThatKeepResults) {
+  TrainConfig a, b;
+  EXPECT_EQ(resume_changes(to_toml(a), b), "");
+  b.steps = 500, b.checkpoint_every = 7;
+  EXPECT_EQ(resume_changes(to_toml(a), b), "checkpoint-every 50 -> 7, steps 100 -> 500");
+  b.lr = 5e-4, b.seed = 7;
+  try {
+    resume_changes(to_toml(a), b);
+    FAIL() << "accepted a changed lr and seed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differ from the checkpoint's in lr, seed (only steps, checkpoint-every, out"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(TrainCheckpoint, ChecksumCoversBuffersAndMetadata) {
   RankCheckpoint s;
   s.metadata = {{"config", "lr = 1"}, {"step", "3"}};

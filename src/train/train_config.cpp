@@ -214,4 +214,27 @@ std::vector<std::string> differing_keys(const std::string& a, const std::string&
   return keys;
 }
 
+std::string resume_changes(const std::string& recorded, const TrainConfig& now) {
+  const std::string current = to_toml(now);
+  const auto before = toml_values(recorded), after = toml_values(current);
+  auto value = [](const std::map<std::string, std::string>& values, const std::string& key) {
+    const auto it = values.find(key);
+    return it == values.end() ? std::string("(none)") : it->second;
+  };
+  auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+    return out;
+  };
+  std::vector<std::string> refused, changes;
+  for (const std::string& key : differing_keys(recorded, current)) {
+    if (std::find(resume_changeable_keys.begin(), resume_changeable_keys.end(), key) == resume_changeable_keys.end())
+      refused.push_back(key);
+    changes.push_back(key + " " + value(before, key) + " -> " + value(after, key));
+  }
+  PULSE_CHECK(refused.empty(), "--resume: settings differ from the checkpoint's in " + join(refused) + " (only " +
+                                   join(resume_changeable_keys) + " may change)");
+  return join(changes);
+}
+
 }  // namespace pulse

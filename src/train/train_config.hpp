@@ -83,5 +83,9 @@ std::vector<std::string> differing_keys(const std::string& a, const std::string&
 // moves with it; checkpoint-every: only when state is saved; out: where the files are, after
 // they were moved).
 inline const std::vector<std::string> resume_changeable_keys = {"steps", "checkpoint-every", "out"};
+// What changed from the settings a checkpoint recorded (a to_toml() text) to `now`, as
+// "key old -> new, ..." ("" when nothing did). Throws pulse::Error naming every changed key
+// outside resume_changeable_keys.
+std::string resume_changes(const std::string& recorded, const TrainConfig& now);
 
 }  // namespace pulse
