@@ -59,8 +59,8 @@ void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weight
     const auto head = relay.head();
     if (head && head->version >= version) {
       PULSE_CHECK(head->version > version || head->state == sync::compute_digests(bf16_tensor_refs(table_, weights)).state,
-                  "relay '" + relay_dir_ + "' holds other weights as version " + std::to_string(version) +
-                      " than this run's checkpoint");
+                  "relay '" + relay_dir_ + "' holds different weights at version " + std::to_string(version) +
+                      " from this run's checkpoint");
       replay_until_ = head->version;
       relay_head_state_ = head->state;
     } else {
