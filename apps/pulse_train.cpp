@@ -17,10 +17,14 @@
 #include <ctime>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <optional>
+#include <sstream>
 
 #include "comm/collectives.hpp"
 #include "comm/communicator.hpp"
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
 #include "io/safetensors.hpp"
@@ -150,7 +154,9 @@ class Run {
   void step(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
   void save_checkpoint(std::int64_t t);
-  void load_checkpoint(std::int64_t t);
+  void check_resumable();
+  void load_checkpoint(const RankCheckpoint& state);
+  void on_every_rank(const std::function<void()>& check) const;
   const std::vector<bf16_bits>& version_weights(std::uint64_t version) const;
   loco::OuterHyper outer_hyper() const {
     loco::OuterHyper h;
@@ -188,6 +194,8 @@ class Run {
   std::unique_ptr<WeightSync> weight_sync_;
   std::unique_ptr<io::StatsFile> stats_;
   std::int64_t first_step_ = 1, resume_step_ = 0;
+  std::optional<RankCheckpoint> resumed_;  // this rank's checkpoint, read and checked by open()
+  std::vector<std::string> resumes_;       // one line per resume of the run (HDF5 "resumes")
   double last_write_s_ = std::nan("");
   std::vector<float> initial_;  // starting FP32 weights, until the trainers take them
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
@@ -422,6 +430,7 @@ void Run::save_checkpoint(std::int64_t t) {
   RankCheckpoint state;
   state.metadata = {{"program", "pulse-train"}, {"version", std::to_string(version_)},
                     {"ranks", std::to_string(world_.size())}, {"config", to_toml(c_)}};
+  for (const std::string& line : resumes_) state.metadata["resumes"] += line + "\n";
   if (trainer_) {
     if (c_.precision == "mixed") {
       state.add("master", io::DType::F32, to_host(master_));
@@ -449,11 +458,45 @@ void Run::save_checkpoint(std::int64_t t) {
   save_checkpoint_collective(world_, ckpt_dir_, t, state);
 }
 
-void Run::load_checkpoint(std::int64_t t) {
-  const RankCheckpoint state = load_rank_checkpoint(ckpt_dir_, rank_, t);
+// Every rank reads its own checkpoint (checksum verified) and compares the run's settings with
+// the checkpoint's before any file changes.
+void Run::check_resumable() {
+  const auto latest = latest_checkpoint_step(ckpt_dir_);
+  PULSE_CHECK(latest.has_value(), "--resume: no checkpoint in '" + ckpt_dir_ + "'");
+  resume_step_ = *latest;
+  PULSE_CHECK(std::filesystem::exists(c_.out), "--resume: '" + c_.out + "' does not exist");
+  resumed_ = load_rank_checkpoint(ckpt_dir_, rank_, resume_step_);
+  const RankCheckpoint& state = *resumed_;
   PULSE_CHECK(state.meta("ranks") == std::to_string(world_.size()),
               "--resume: the checkpoint was written by " + state.meta("ranks") + " ranks, this run has " +
                   std::to_string(world_.size()));
+  const std::string changes = resume_changes(state.meta("config"), c_);
+  std::istringstream lines(state.metadata.count("resumes") ? state.meta("resumes") : "");
+  resumes_.clear();
+  for (std::string line; std::getline(lines, line);) resumes_.push_back(line);
+  resumes_.push_back("after step " + std::to_string(resume_step_) + " at " + utc_now() + ": " +
+                     (changes.empty() ? "no setting changed" : changes));
+}
+
+void Run::on_every_rank(const std::function<void()>& check) const {
+  std::string error;
+  try {
+    check();
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = "unknown error";
+  }
+  // Every rank throws the message of the lowest failing rank (main prints rank 0's).
+  const int first = allreduce_value(world_, error.empty() ? world_.size() : rank_, ReduceOp::min);
+  if (first == world_.size()) return;
+  std::uint64_t length = error.size();
+  broadcast(world_, as_view(&length, 1), first, Channel::control);
+  error.resize(length);
+  broadcast(world_, as_view(error.data(), error.size()), first, Channel::control);
+  throw Error(error);
+}
+
+void Run::load_checkpoint(const RankCheckpoint& state) {
   version_ = std::stoull(state.meta("version"));
   if (trainer_) {
     if (c_.precision == "mixed") {
@@ -529,12 +572,7 @@ bool Run::open() {
   }
   initial_ = initial_weights(c_, config_, table_);
   resume_step_ = 0;
-  if (c_.resume) {
-    const auto latest = latest_checkpoint_step(ckpt_dir_);
-    PULSE_CHECK(latest.has_value(), "--resume: no checkpoint in '" + ckpt_dir_ + "'");
-    resume_step_ = *latest;
-    PULSE_CHECK(std::filesystem::exists(c_.out), "--resume: '" + c_.out + "' does not exist");
-  }
+  if (c_.resume) on_every_rank([&] { check_resumable(); });
   const io::StatsOpen mode = c_.resume ? io::StatsOpen::resume
                              : c_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create;
   stats_ = std::make_unique<io::StatsFile>(world_.raw(), c_.out, mode, resume_step_);
@@ -542,6 +580,9 @@ bool Run::open() {
     std::error_code ec;
     if (c_.overwrite && rank_ == 0) std::filesystem::remove_all(ckpt_dir_, ec);
     write_root_attributes();
+  } else {
+    stats_->set_attribute("config", to_toml(c_));  // the settings the run continues with
+    stats_->set_attribute("resumes", resumes_);
   }
   declare_statistics();
   return true;
@@ -582,7 +623,8 @@ int Run::train() {
                                                outer_hyper(), loco::parse_sparse_exchange(c_.sparse_exchange),
                                                c_.dense_threshold);
   if (c_.resume) {
-    load_checkpoint(resume_step);
+    load_checkpoint(*resumed_);
+    resumed_.reset();
     first_step_ = resume_step + 1;
     if (rank_ == 0) std::printf("pulse-train: resuming %s after step %lld\n", c_.out.c_str(), (long long)resume_step);
   } else {
@@ -635,7 +677,10 @@ int Run::train() {
       tensors.push_back({t.name, io::DType::BF16, std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
                          w.data() + t.offset, std::size_t(t.numel) * 2});
     const std::filesystem::path p(c_.out);
-    const std::string path = (p.parent_path() / (p.stem().string() + ".weights.safetensors")).string();
+    const std::string name = p.stem().string() + ".weights.safetensors";
+    const std::string path = (p.parent_path() / name).string();
+    remove_abandoned_temp_files(p.parent_path().empty() ? "." : p.parent_path().string(),
+                                [&](const std::string& base) { return base == name; });
     io::write_safetensors(path, tensors, {{"format", "pt"}, {"program", "pulse-train"}, {"version", std::to_string(version_)}});
     std::printf("pulse-train: done, wrote %s and %s\n", c_.out.c_str(), path.c_str());
   }

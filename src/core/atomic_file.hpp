@@ -2,8 +2,11 @@
 // A file that appears at its path whole or not at all: bytes go to a temporary file in the same
 // folder, which commit() fsyncs and renames over the path, then fsyncs the folder so the rename
 // survives a crash. Destroyed without commit(), the temporary file is removed and the path keeps
-// its old content. Readers therefore never see a partial file.
+// its old content. Readers therefore never see a partial file. The writer holds an flock on its
+// temporary file while it lives, so remove_abandoned_temp_files can tell a killed writer's
+// leftover from a live writer's file.
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace pulse {
@@ -26,5 +29,10 @@ class AtomicFile {
 
 // Writes bytes to path atomically (AtomicFile in one call).
 void write_file_atomically(const std::string& path, const void* data, std::size_t size);
+
+// Removes the temporary files of AtomicFile writers that died in dir: regular files named
+// "<base>.tmp.XXXXXX" (mkstemp's six letters or digits) with is_ours(base) true whose lock no
+// process holds. A live writer's file stays. Returns how many were removed; never throws.
+int remove_abandoned_temp_files(const std::string& dir, const std::function<bool(const std::string&)>& is_ours);
 
 }  // namespace pulse

@@ -12,42 +12,15 @@ namespace pulse {
 
 namespace fs = std::filesystem;
 
-void RankCheckpoint::add(const std::string& name, io::DType dtype, const void* data, std::size_t bytes) {
-  CheckpointBuffer b{name, dtype, std::vector<std::byte>(bytes)};
-  if (bytes) std::memcpy(b.bytes.data(), data, bytes);
-  buffers.push_back(std::move(b));
-}
-
-bool RankCheckpoint::has(const std::string& name) const {
-  for (const auto& b : buffers)
-    if (b.name == name) return true;
-  return false;
-}
-
-const CheckpointBuffer& RankCheckpoint::find(const std::string& name, std::size_t element_size,
-                                             long long expected) const {
-  for (const auto& b : buffers) {
-    if (b.name != name) continue;
-    PULSE_CHECK(b.bytes.size() % element_size == 0,
-                "checkpoint buffer '" + name + "' holds " + std::to_string(b.bytes.size()) + " bytes, not whole elements");
-    PULSE_CHECK(expected < 0 || b.bytes.size() == std::size_t(expected) * element_size,
-                "checkpoint buffer '" + name + "' holds " + std::to_string(b.bytes.size() / element_size) +
-                    " elements, expected " + std::to_string(expected));
-    return b;
-  }
-  throw Error("checkpoint has no buffer '" + name + "'");
-}
-
-const std::string& RankCheckpoint::meta(const std::string& key) const {
-  const auto it = metadata.find(key);
-  PULSE_CHECK(it != metadata.end(), "checkpoint metadata has no '" + key + "'");
-  return it->second;
-}
-
 namespace {
 
 std::string rank_file(const std::string& dir, int rank, std::int64_t step) {
   return dir + "/rank-" + std::to_string(rank) + "-step-" + std::to_string(step) + ".safetensors";
+}
+
+bool is_checkpoint_file(const std::string& base) {
+  static const std::regex name("rank-[0-9]+-step-[0-9]+\\.safetensors|LATEST");
+  return std::regex_match(base, name);
 }
 
 }  // namespace
@@ -55,20 +28,16 @@ std::string rank_file(const std::string& dir, int rank, std::int64_t step) {
 void save_checkpoint_collective(const Communicator& world, const std::string& dir, std::int64_t step,
                                 const RankCheckpoint& state) {
   std::error_code ec;
-  if (world.rank() == 0) fs::create_directories(dir, ec);
-  world.barrier();
-  std::vector<io::TensorToWrite> tensors;
-  for (const auto& b : state.buffers) {
-    const std::size_t size = io::dtype_size(b.dtype);
-    tensors.push_back({b.name, b.dtype, {static_cast<std::int64_t>(b.bytes.size() / size)}, b.bytes.data(), b.bytes.size()});
+  if (world.rank() == 0) {
+    fs::create_directories(dir, ec);
+    remove_abandoned_temp_files(dir, is_checkpoint_file);  // of writers killed in earlier runs
   }
-  std::map<std::string, std::string> metadata = state.metadata;
-  metadata["step"] = std::to_string(step);
+  world.barrier();
   // A failure on any rank must stop every rank before LATEST moves.
   int failed = 0;
   std::string error;
   try {
-    io::write_safetensors(rank_file(dir, world.rank(), step), tensors, metadata);
+    write_rank_checkpoint(rank_file(dir, world.rank(), step), step, state);
   } catch (const std::exception& e) {
     failed = 1, error = e.what();
   }
@@ -85,7 +54,7 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, mine) && std::stoll(m[1]) != step) fs::remove(entry.path(), ec);
+    if (std::regex_match(name, m, mine) && m[1] != std::to_string(step)) fs::remove(entry.path(), ec);
   }
 }
 
@@ -99,13 +68,7 @@ std::optional<std::int64_t> latest_checkpoint_step(const std::string& dir) {
 }
 
 RankCheckpoint load_rank_checkpoint(const std::string& dir, int rank, std::int64_t step) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(rank_file(dir, rank, step));
-  RankCheckpoint state;
-  state.metadata = file.metadata();
-  for (const io::TensorView& t : file.tensors()) state.add(t.name, t.dtype, t.data, t.bytes);
-  PULSE_CHECK(state.meta("step") == std::to_string(step), "checkpoint '" + file.path() + "' is not of step " +
-                                                               std::to_string(step));
-  return state;
+  return read_rank_checkpoint(rank_file(dir, rank, step), step);
 }
 
 }  // namespace pulse

@@ -1,53 +1,18 @@
 #pragma once
 // Training checkpoints: everything a rank needs to continue bit for bit (weights, Adam moments,
-// lagged weight versions, a reused rollout batch, outer-loop buffers) as named 1-D buffers in one
-// safetensors file per rank, plus a LATEST record naming the step. Each rank writes
+// lagged weight versions, a reused rollout batch, outer-loop buffers) in one checksummed file per
+// rank (rank_checkpoint.hpp), plus a LATEST record naming the step. Each rank writes
 //   DIR/rank-<r>-step-<s>.safetensors   (atomically)
 // then, after all ranks have written, rank 0 writes DIR/LATEST (atomically) and removes older
 // steps. A crash at any point leaves LATEST naming a complete earlier checkpoint.
-#include <cstddef>
-#include <cstring>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "comm/communicator.hpp"
-#include "io/safetensors.hpp"
+#include "train/rank_checkpoint.hpp"
 
 namespace pulse {
-
-struct CheckpointBuffer {
-  std::string name;
-  io::DType dtype = io::DType::U8;
-  std::vector<std::byte> bytes;
-};
-
-struct RankCheckpoint {
-  std::map<std::string, std::string> metadata;
-  std::vector<CheckpointBuffer> buffers;
-
-  void add(const std::string& name, io::DType dtype, const void* data, std::size_t bytes);
-  template <class T>
-  void add(const std::string& name, io::DType dtype, const std::vector<T>& values) {
-    add(name, dtype, values.data(), values.size() * sizeof(T));
-  }
-  bool has(const std::string& name) const;
-  // Throws pulse::Error when the buffer is missing or its size is not a multiple of sizeof(T)
-  // (or, with expected_elements >= 0, not exactly that many elements).
-  template <class T>
-  std::vector<T> get(const std::string& name, long long expected_elements = -1) const {
-    const CheckpointBuffer& b = find(name, sizeof(T), expected_elements);
-    std::vector<T> out(b.bytes.size() / sizeof(T));
-    if (!out.empty()) std::memcpy(out.data(), b.bytes.data(), b.bytes.size());
-    return out;
-  }
-  const std::string& meta(const std::string& key) const;
-
- private:
-  const CheckpointBuffer& find(const std::string& name, std::size_t element_size, long long expected) const;
-};
 
 // Collective over world: every rank passes its own state. Returns after LATEST names step.
 void save_checkpoint_collective(const Communicator& world, const std::string& dir, std::int64_t step,

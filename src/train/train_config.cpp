@@ -1,6 +1,11 @@
 #include "train/train_config.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "core/error.hpp"
@@ -56,6 +61,47 @@ namespace {
 
 void check_positive(bool ok, const std::string& what) { PULSE_CHECK(ok, "config: " + what); }
 
+// Paths are recorded in the TOML config (HDF5 attribute, checkpoint JSON): valid UTF-8, and no
+// quote, backslash or control character that the TOML string would need to escape.
+bool recordable_text(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') return false;
+    const int extra = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : -1;
+    if (extra < 0 || s.size() - i <= std::size_t(extra)) return false;
+    std::uint32_t code = extra == 0 ? c : c & (0x3F >> extra);
+    for (int k = 1; k <= extra; ++k) {
+      const auto next = static_cast<unsigned char>(s[i + k]);
+      if ((next & 0xC0) != 0x80) return false;
+      code = code << 6 | (next & 0x3F);
+    }
+    const std::uint32_t least[] = {0, 0x80, 0x800, 0x10000};  // overlong encodings are invalid
+    if (code < least[extra] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
+void check_path(const std::string& flag, const std::string& path) {
+  PULSE_CHECK(recordable_text(path), "config: " + flag + " must be UTF-8 without quotes, backslashes or control characters");
+}
+
+// --out and the checkpoint folder next to it must be creatable before anything is written.
+void check_output(const std::string& out) {
+  namespace fs = std::filesystem;
+  check_path("out", out);
+  const fs::path p(out);
+  PULSE_CHECK(!out.empty() && p.has_filename() && !p.stem().empty(), "config: out '" + out + "' names no file");
+  std::error_code ec;
+  PULSE_CHECK(!fs::is_directory(p, ec), "config: out '" + out + "' is a folder");
+  const fs::path folder = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  PULSE_CHECK(fs::is_directory(folder, ec) && ::access(folder.c_str(), W_OK | X_OK) == 0,
+              "config: out's folder '" + folder.string() + "' is not a writable folder");
+  const fs::path ckpt = folder / (p.stem().string() + ".ckpt");
+  PULSE_CHECK(!fs::exists(ckpt, ec) || fs::is_directory(ckpt, ec),
+              "config: '" + ckpt.string() + "' (the checkpoint folder of out) exists and is not a folder");
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c, int world_size) {
@@ -68,6 +114,8 @@ void validate(const TrainConfig& c, int world_size) {
   check_positive(c.digits >= 1 && c.digits <= 9, "digits must be in 1..9, got " + std::to_string(c.digits));
   check_positive(c.prompts_per_step >= 1, "prompts-per-step must be at least 1");
   check_positive(c.group_size >= 2, "group-size must be at least 2 (advantages are relative within a group)");
+  check_positive(c.group_size <= max_group_size, "group-size must be at most " + std::to_string(max_group_size) +
+                                                     ", got " + std::to_string(c.group_size));
   check_positive(std::isfinite(c.temperature) && c.temperature >= 0, "temperature must be >= 0");
   check_positive(c.clip_low > 0 && c.clip_low < 1 && c.clip_high > 0, "clip-low must be in (0, 1) and clip-high > 0");
   check_positive(c.num_iterations >= 1, "num-iterations must be at least 1");
@@ -83,6 +131,15 @@ void validate(const TrainConfig& c, int world_size) {
   check_positive(c.trainer_sync == "ddp" || c.precision == "mixed",
                  "trainer-sync " + c.trainer_sync + " needs precision mixed (FP32 local and global weights)");
   check_positive(!(c.overwrite && c.resume), "--overwrite and --resume exclude each other");
+  check_positive(c.eval_problems <= 1 << 20, "eval-problems must be at most 1048576");
+  check_output(c.out);
+  check_path("init", c.init);
+  check_path("relay", c.relay);
+  std::error_code ec;
+  PULSE_CHECK(c.relay.empty() || c.resume || !std::filesystem::exists(c.relay, ec) ||
+                  (std::filesystem::is_directory(c.relay, ec) && std::filesystem::is_empty(c.relay, ec)),
+              "config: relay '" + c.relay + "' is not an empty folder: it holds another run's versions "
+              "(continue that run with --resume, or give a new folder)");
   PULSE_CHECK(c.inference_ranks >= 0 && c.inference_ranks < world_size,
               "config: inference-ranks " + std::to_string(c.inference_ranks) + " leaves no trainer among " +
                   std::to_string(world_size) + " ranks");
@@ -94,6 +151,13 @@ void validate(const TrainConfig& c, int world_size) {
     PULSE_CHECK(c.prompts_per_step % c.inference_ranks == 0,
                 "config: prompts-per-step " + std::to_string(c.prompts_per_step) + " is not a multiple of the " +
                     std::to_string(c.inference_ranks) + " inference ranks");
+  // In 64 bits: prompts-per-step x group-size overflows an int long before it fits in memory.
+  const int samplers = c.inference_ranks > 0 ? c.inference_ranks : trainers;
+  const long long rows = (long long)c.prompts_per_step / std::min(trainers, samplers) * c.group_size;
+  PULSE_CHECK(rows <= max_rows_per_rank, "config: prompts-per-step " + std::to_string(c.prompts_per_step) +
+                                             " x group-size " + std::to_string(c.group_size) + " gives " +
+                                             std::to_string(rows) + " completions on one rank, more than " +
+                                             std::to_string(max_rows_per_rank));
   PULSE_CHECK(c.trainer_sync == "ddp" || c.inference_ranks == 0,
               "config: trainer-sync " + c.trainer_sync + " runs without inference ranks (each trainer samples its own)");
 }
@@ -116,6 +180,61 @@ std::string to_toml(const TrainConfig& c) {
     << "\nouter-lr = " << c.outer_lr << "\nouter-momentum = " << c.outer_momentum
     << "\nsparse-exchange = " << str(c.sparse_exchange) << "\ndense-threshold = " << c.dense_threshold << "\n";
   return s.str();
+}
+
+TrainConfig parse_toml(const std::string& toml) {
+  TrainConfig config;
+  CLI::App app;
+  add_train_options(app, config);
+  std::istringstream in(toml);
+  app.parse_from_stream(in);
+  return config;
+}
+
+std::map<std::string, std::string> toml_values(const std::string& toml) {
+  std::map<std::string, std::string> values;
+  std::istringstream in(toml);
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find(" = ");
+    if (eq != std::string::npos) values[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return values;
+}
+
+std::vector<std::string> differing_keys(const std::string& a, const std::string& b) {
+  const auto va = toml_values(a), vb = toml_values(b);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : va) {
+    const auto it = vb.find(key);
+    if (it == vb.end() || it->second != value) keys.push_back(key);
+  }
+  for (const auto& [key, value] : vb)
+    if (!va.count(key)) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+std::string resume_changes(const std::string& recorded, const TrainConfig& now) {
+  const std::string current = to_toml(now);
+  const auto before = toml_values(recorded), after = toml_values(current);
+  auto value = [](const std::map<std::string, std::string>& values, const std::string& key) {
+    const auto it = values.find(key);
+    return it == values.end() ? std::string("(none)") : it->second;
+  };
+  auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+    return out;
+  };
+  std::vector<std::string> refused, changes;
+  for (const std::string& key : differing_keys(recorded, current)) {
+    if (std::find(resume_changeable_keys.begin(), resume_changeable_keys.end(), key) == resume_changeable_keys.end())
+      refused.push_back(key);
+    changes.push_back(key + " " + value(before, key) + " -> " + value(after, key));
+  }
+  PULSE_CHECK(refused.empty(), "--resume: settings differ from the checkpoint's in " + join(refused) + " (only " +
+                                   join(resume_changeable_keys) + " may change)");
+  return join(changes);
 }
 
 }  // namespace pulse

@@ -5,6 +5,7 @@
 // before a file is created.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -59,10 +60,32 @@ inline const std::vector<int> kstep_values = {1, 2, 4, 8, 16, 32};
 inline const std::vector<float> grad_thresholds = {0.0f, 1e-10f, 1e-8f, 1e-6f};
 inline const std::vector<double> adam_quantiles = {0.5, 0.9, 0.99, 0.999};
 
+// Sizes beyond these are refused by validate(): their buffers would not fit in memory (or an
+// int) and the run would fail only after its files exist.
+inline constexpr int max_group_size = 1024;
+inline constexpr long long max_rows_per_rank = 16384;  // completions one rank samples or trains on per step
+
 void add_train_options(CLI::App& app, TrainConfig& config);
-// Throws pulse::Error with a one-line reason; world_size is the MPI rank count.
+// Throws pulse::Error with a one-line reason; world_size is the MPI rank count. Also checks that
+// --out's folder is writable, so that no run trains only to fail at its first file.
 void validate(const TrainConfig& config, int world_size);
 // The settings as TOML (what the HDF5 file records and --config reads back).
 std::string to_toml(const TrainConfig& config);
+// Settings from TOML text as --config reads it (unknown keys are errors); throws CLI::Error.
+TrainConfig parse_toml(const std::string& toml);
+
+// key -> value text of the "key = value" lines of a to_toml() text.
+std::map<std::string, std::string> toml_values(const std::string& toml);
+// Keys whose values differ between two to_toml() texts, sorted; a key on one side only counts.
+std::vector<std::string> differing_keys(const std::string& a, const std::string& b);
+// Keys a resumed run may change: they cannot change the weights or the statistics rows of the
+// steps both runs make (steps: the run only ends elsewhere, and the evaluation at the last step
+// moves with it; checkpoint-every: only when state is saved; out: where the files are, after
+// they were moved).
+inline const std::vector<std::string> resume_changeable_keys = {"steps", "checkpoint-every", "out"};
+// What changed from the settings a checkpoint recorded (a to_toml() text) to `now`, as
+// "key old -> new, ..." ("" when nothing did). Throws pulse::Error naming every changed key
+// outside resume_changeable_keys.
+std::string resume_changes(const std::string& recorded, const TrainConfig& now);
 
 }  // namespace pulse

@@ -2,8 +2,10 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstring>
+#include <regex>
 
 #include "comm/collectives.hpp"
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "sync/digest.hpp"
 
@@ -37,6 +39,12 @@ sync::Checkpoint as_checkpoint(const TensorTable& table, const std::vector<bf16_
   return c;
 }
 
+// The relay's own files (src/sync/relay.hpp), whose temporary files a killed publisher leaves.
+bool is_relay_file(const std::string& name) {
+  static const std::regex relay_file("HEAD|anchor-(0|[1-9][0-9]*)\\.safetensors(\\.zst)?|patch-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)\\.pulse");
+  return std::regex_match(name, relay_file);
+}
+
 }  // namespace
 
 WeightSync::WeightSync(const Communicator& sync, const TensorTable& table, const std::string& relay, int anchor_every,
@@ -44,12 +52,25 @@ WeightSync::WeightSync(const Communicator& sync, const TensorTable& table, const
     : sync_(sync), table_(table), relay_dir_(relay), anchor_every_(anchor_every), keep_anchors_(keep_anchors) {}
 
 void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weights) {
+  replay_until_ = 0;
   if (!relay_dir_.empty() && is_sender()) {
-    sync::PublishOptions options;
-    options.anchor_every = anchor_every_;
-    options.keep_anchors = keep_anchors_;
-    sync::Relay(relay_dir_).publish(version, bf16_tensor_refs(table_, weights), nullptr, options);
+    remove_abandoned_temp_files(relay_dir_, is_relay_file);  // of a publisher that was killed
+    sync::Relay relay(relay_dir_);
+    const auto head = relay.head();
+    if (head && head->version >= version) {
+      PULSE_CHECK(head->version > version || head->state == sync::compute_digests(bf16_tensor_refs(table_, weights)).state,
+                  "relay '" + relay_dir_ + "' holds different weights at version " + std::to_string(version) +
+                      " from this run's checkpoint");
+      replay_until_ = head->version;
+      relay_head_state_ = head->state;
+    } else {
+      sync::PublishOptions options;
+      options.anchor_every = anchor_every_;
+      options.keep_anchors = keep_anchors_;
+      relay.publish(version, bf16_tensor_refs(table_, weights), nullptr, options);
+    }
   }
+  broadcast(sync_, as_view(&replay_until_, 1), 0, Channel::control);
   // Over MPI even with a relay: receivers start from the sender's bytes, then follow patches.
   broadcast(sync_, as_view(weights.data(), weights.size()), 0, Channel::weights);
   digests_ = sync::compute_digests(bf16_tensor_refs(table_, weights));
@@ -62,6 +83,7 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
   SyncStepStats stats;
   std::vector<std::uint8_t> patch;
   std::uint64_t size = 0;
+  const bool over_mpi = relay_dir_.empty() || version <= replay_until_;
   if (is_sender()) {
     PULSE_CHECK(previous != nullptr, "weight sync: the sender needs the previous version");
     Kokkos::Timer timer;
@@ -71,8 +93,11 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
     sync::StateDigests target;
     const auto base_refs = bf16_tensor_refs(table_, *previous);
     const auto target_refs = bf16_tensor_refs(table_, weights);
-    if (relay_dir_.empty()) {
+    if (over_mpi) {
       patch = sync::encode_patch(base_refs, target_refs, options, &digests_, &target);
+      PULSE_CHECK(version != replay_until_ || target.state == relay_head_state_,
+                  "weight sync: the resumed run's version " + std::to_string(version) +
+                      " differs from the one in relay '" + relay_dir_ + "' (not the same run, or not reproducible)");
     } else {
       sync::PublishOptions publish;
       publish.anchor_every = anchor_every_;
@@ -100,11 +125,11 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
     stats.patch_bytes = patch.size();
     digests_ = target;
     stats.state = target.state;
-    size = relay_dir_.empty() ? patch.size() : version;
+    size = over_mpi ? patch.size() : version;
   }
   // MPI: the patch itself; relay: only the news that the version is published.
   broadcast(sync_, as_view(&size, 1), 0, Channel::control);
-  if (relay_dir_.empty()) {
+  if (over_mpi) {
     if (!is_sender()) patch.resize(size);
     broadcast(sync_, as_view(patch.data(), patch.size()), 0, Channel::patches);
   }
@@ -112,7 +137,7 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
 
   Kokkos::Timer timer;
   sync::StateDigests target;
-  if (relay_dir_.empty()) {
+  if (over_mpi) {
     const sync::ParsedPatch parsed = sync::parse_patch(patch.data(), patch.size());
     PULSE_CHECK(parsed.header.target_version == version, "weight sync: patch to version " +
                                                              std::to_string(parsed.header.target_version) +

@@ -37,6 +37,10 @@ class WeightSync {
 
   bool is_sender() const { return sync_.rank() == 0; }
   // Collective: the sender's weights (version) reach every receiver densely (start, resume).
+  // With a relay the sender publishes them, unless the relay already holds this version or a
+  // newer one (a resumed run): then the relay must hold these weights at this version, and the
+  // versions up to its head, which the run makes again bit for bit, go over MPI while the
+  // sender checks that they arrive at the relay's head digest; publishing continues after it.
   void bootstrap(std::uint64_t version, std::vector<bf16_bits>& weights);
   // Collective: the sender passes versions version-1 (previous) and version (weights); each
   // receiver turns its copy of version-1 into version in place and verifies it.
@@ -49,6 +53,9 @@ class WeightSync {
   int anchor_every_, keep_anchors_;
   sync::StateDigests digests_;  // of the weights this rank holds
   bool have_digests_ = false;
+  // Resumed relay run: versions up to replay_until_ go over MPI; the relay's head digest.
+  std::uint64_t replay_until_ = 0;
+  sync::Digest relay_head_state_{};
 };
 
 }  // namespace pulse

@@ -1,10 +1,11 @@
 # ctest driver: build fuzz targets with clang in a sub-build (tests/fuzz as its own project),
 # write seed files, and fuzz each target for FUZZ_SECONDS.
 #   cmake -DFUZZ_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCLANGXX=... [-DFUZZ_SECONDS=20]
-#         [-DFUZZ_SET=safetensors|patch|relay] -P run_fuzz_smoke.cmake
+#         [-DFUZZ_SET=safetensors|patch|relay|train] -P run_fuzz_smoke.cmake
 # FUZZ_SET safetensors (default): parse_header and parse_safetensors_index. patch: parse_patch +
 # apply_patch, as the checksummed input and with the checksum rewritten over each mutated input.
-# relay: HEAD and anchor records, and relay file names.
+# relay: HEAD and anchor records, and relay file names. train: pulse-train's config parser and its
+# rank checkpoint reader (also with the checksum rewritten).
 foreach(var FUZZ_SOURCE_DIR WORK_DIR GENERATOR CLANGXX)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "run_fuzz_smoke.cmake: ${var} is not set")
@@ -28,8 +29,12 @@ elseif(FUZZ_SET STREQUAL "relay")
   set(seeder fuzz_relay_seeds)
   set(fuzzers fuzz_relay_records fuzz_relay_names)
   set(dict relay.dict)
+elseif(FUZZ_SET STREQUAL "train")
+  set(seeder fuzz_train_seeds)
+  set(fuzzers fuzz_train_config fuzz_train_checkpoint fuzz_train_checkpoint_rechecksummed)
+  set(dict train.dict)
 else()
-  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is safetensors, patch or relay, not '${FUZZ_SET}'")
+  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is safetensors, patch, relay or train, not '${FUZZ_SET}'")
 endif()
 
 set(build "${WORK_DIR}/build")
