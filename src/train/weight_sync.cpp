@@ -2,10 +2,8 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstring>
-#include <regex>
 
 #include "comm/collectives.hpp"
-#include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "sync/digest.hpp"
 
@@ -39,12 +37,6 @@ sync::Checkpoint as_checkpoint(const TensorTable& table, const std::vector<bf16_
   return c;
 }
 
-// The relay's own files (src/sync/relay.hpp), whose temporary files a killed publisher leaves.
-bool is_relay_file(const std::string& name) {
-  static const std::regex relay_file("HEAD|anchor-(0|[1-9][0-9]*)\\.safetensors(\\.zst)?|patch-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)\\.pulse");
-  return std::regex_match(name, relay_file);
-}
-
 }  // namespace
 
 WeightSync::WeightSync(const Communicator& sync, const TensorTable& table, const std::string& relay, int anchor_every,
@@ -54,7 +46,7 @@ WeightSync::WeightSync(const Communicator& sync, const TensorTable& table, const
 void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weights) {
   replay_until_ = 0;
   if (!relay_dir_.empty() && is_sender()) {
-    remove_abandoned_temp_files(relay_dir_, is_relay_file);  // of a publisher that was killed
+    // Temporary files of a killed publisher: the next publish removes them under the relay's lock.
     sync::Relay relay(relay_dir_);
     const auto head = relay.head();
     if (head && head->version >= version) {
