@@ -12,6 +12,7 @@
 #include <ctime>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -36,6 +37,16 @@ std::string random_letters(std::size_t n) {
   std::string out;
   for (std::size_t i = 0; i < n; ++i) out += alphabet[random() % 62];
   return out;
+}
+
+// A process killed but not yet reaped by its parent (a zombie) still answers kill(pid, 0).
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat_file("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat_file, text);
+  const auto close = text.rfind(')');  // the state follows "(command) "
+  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'Z' || text[close + 2] == 'X');
 }
 
 std::string host_name() {
@@ -131,7 +142,7 @@ class PublishLock {
   bool is_stale(const std::string& holder) const {
     const auto pid = parse_canonical_version(field(holder, "pid"));
     if (field(holder, "host") == host_name() && pid && *pid > 0 && *pid <= std::uint64_t(INT32_MAX))
-      return ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH;
+      return process_gone(static_cast<pid_t>(*pid));
     struct stat st {};
     if (::stat(path_.c_str(), &st) != 0) return false;  // gone: the next attempt creates it
     return std::time(nullptr) - st.st_mtime > kStaleLockSeconds;

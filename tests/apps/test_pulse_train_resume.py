@@ -73,8 +73,10 @@ def snapshot(folder):
 
 
 def relay_head(relay):
+    """(version, state digest) of the relay's HEAD record (src/sync/FORMAT.md, Relay)."""
     with open(os.path.join(relay, "HEAD")) as fh:
-        return fh.read().split()
+        fields = dict(line.split(" ", 1) for line in fh.read().splitlines()[1:])
+    return int(fields["version"]), fields["state"]
 
 
 def kill_run(p, marker):
@@ -133,13 +135,13 @@ def check_relay_resume(app, mpi, tmp):
     code, _, e = run(override(base.BASE, RELAY + ["--out", ref_out, "--relay", ref_relay]), 2, app, mpi)
     expect(code == 0, f"relay reference run: exit {code}: {e.strip()[-300:]}")
     ref_head = relay_head(ref_relay)
-    expect(ref_head[1] == str(STEPS), f"reference relay head {ref_head}")
+    expect(ref_head[0] == STEPS, f"reference relay head {ref_head}")
 
     # SIGUSR1: checkpoint after the current step, exit 75, resume.
     out, relay = os.path.join(tmp, "sig.h5"), os.path.join(tmp, "sig-relay")
     args = override(base.BASE, RELAY + ["--out", out, "--relay", relay])
     p = base.launch(args, 2, app, mpi)
-    wait_for(lambda: int(relay_head(relay)[1]) >= 2, p)
+    wait_for(lambda: relay_head(relay)[0] >= 2, p)
     os.killpg(p.pid, signal.SIGUSR1)
     _, err = p.communicate(timeout=240)
     expect(p.returncode == 75, f"relay SIGUSR1: exit {p.returncode}, expected 75: {err.strip()[-300:]}")
@@ -157,12 +159,12 @@ def check_relay_resume(app, mpi, tmp):
 
     def ahead():
         with open(os.path.join(ckpt, "LATEST")) as fh:
-            return int(relay_head(relay)[1]) > int(fh.read().split()[0]) >= 3
+            return relay_head(relay)[0] > int(fh.read().split()[0]) >= 3
     wait_for(ahead, p)
     kill_run(p, out)
     with open(os.path.join(ckpt, "LATEST")) as fh:
         latest = int(fh.read().split()[0])
-    expect(int(relay_head(relay)[1]) > latest and latest < STEPS,
+    expect(relay_head(relay)[0] > latest and latest < STEPS,
            f"relay SIGKILL: killed at checkpoint {latest}, relay head {relay_head(relay)}: not ahead of it")
     stale = os.path.join(relay, "anchor-6.safetensors.tmp.Ab12Cd")
     with open(stale, "wb") as fh:
