@@ -91,6 +91,8 @@ class Figures:
         import matplotlib.pyplot as plt
 
         self.plt, self.out_dir, self.runs, self.groups, self.keep = plt, out_dir, runs, groups, keep
+        if keep:  # the caller holds every figure on purpose
+            matplotlib.rcParams["figure.max_open_warning"] = 0
         self.written = []
         self.figures = {}   # name -> Figure, kept open when keep (the tests read them)
         self.missing = {}   # figure name -> why it was not drawn (and what makes its data)
@@ -455,13 +457,17 @@ class Figures:
             self.missing["sync"] = "no patches sent (inference-ranks 0)"
             return
         fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
+        ratios = []
         for r in runs:
             s = r.steps
             (line,) = left.plot(s["step"], s["patch_bytes"], label=f"{r.name} patch")
             left.plot(s["step"], s["dense_bytes"], ":", color=line.get_color(), label=f"{r.name} dense BF16")
             with np.errstate(divide="ignore"):
-                right.plot(s["step"], s["dense_bytes"] / s["patch_bytes"].astype(float), label=r.name)
+                ratios.append(s["dense_bytes"] / s["patch_bytes"].astype(float))
+            right.plot(s["step"], ratios[-1], label=r.name)
         d, p = paper.headline("sync_dense_bytes_7b"), paper.headline("sync_patch_bytes_7b")
+        _decade_ylim(left, [r.steps[c] for r in runs for c in ("patch_bytes", "dense_bytes")])
+        _decade_ylim(right, [x[np.isfinite(x)] for x in ratios] + [[d["value"] / p["value"]]])
         right.axhline(d["value"] / p["value"], ls="--", **PAPER,
                       label=f"paper 7B: 14 GB -> 108 MB = {d['value'] / p['value']:.0f}x ({p['source']})")
         left.set_yscale("log")

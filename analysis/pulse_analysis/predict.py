@@ -100,9 +100,10 @@ class Prediction:
         return bool(self.low.mean() <= self.mean_measured <= self.high.mean())
 
     def kstep_inside(self):
-        """Per k: whether the measured k-step changed fraction lies between the two bounds."""
+        """Per k: whether the measured k-step changed fraction lies between the two bounds (None
+        where the run is too short to measure k steps)."""
         lo, hi = self.kstep_bounds["random walk"], self.kstep_bounds["same sign"]
-        return [bool(a <= m <= b) if math.isfinite(m) else False for a, m, b in zip(lo, self.kstep_measured, hi)]
+        return [bool(a <= m <= b) if math.isfinite(m) else None for a, m, b in zip(lo, self.kstep_measured, hi)]
 
     def statement(self):
         """One sentence on agreement, for the report."""
@@ -116,10 +117,13 @@ class Prediction:
               f"k = {', '.join(str(k) for k, ok in zip(self.k_values, inside) if ok) or 'none'}")
         outside = [(k, m, lo, hi) for k, ok, m, lo, hi in zip(self.k_values, inside, self.kstep_measured,
                                                             self.kstep_bounds["random walk"],
-                                                            self.kstep_bounds["same sign"]) if not ok]
+                                                            self.kstep_bounds["same sign"]) if ok is False]
+        short = [k for k, ok in zip(self.k_values, inside) if ok is None]
         if outside:
             s += "; outside for " + ", ".join(
                 f"k={k} (measured {100 * m:.3g}%, bounds {100 * lo:.3g}-{100 * hi:.3g}%)" for k, m, lo, hi in outside)
+        if short:
+            s += f"; not measured (run shorter than k) for k = {', '.join(map(str, short))}"
         return s + "."
 
 

@@ -128,9 +128,9 @@ def kstep_rows(runs):
             v = v[np.isfinite(v)]
             if v.size:
                 value, models = _paper(r, k)
-            rows.append({"run": r.name, "k": k, "steps": int(v.size), "mean_sparsity": float(v.mean()),
-                         "min_sparsity": float(v.min()), "paper_mean_sparsity": value,
-                         "paper_models": " ".join(models)})
+                rows.append({"run": r.name, "k": k, "steps": int(v.size), "mean_sparsity": float(v.mean()),
+                             "min_sparsity": float(v.min()), "paper_mean_sparsity": value,
+                             "paper_models": " ".join(models)})
     return rows
 
 
