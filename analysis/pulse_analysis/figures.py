@@ -8,12 +8,12 @@ import math
 import numpy as np
 
 from . import paper, predict, tensor_kinds
+from .runs import FOLLOWS_FROM_MODEL
 
 PAPER = dict(color="0.45")  # style of every reference mark
 SWEEP_SCRIPTS = {"staleness": "jobs/staleness.sbatch", "lr": "jobs/lr.sbatch", "scale": "jobs/scale.sbatch",
                  "seeds": "jobs/seeds.sbatch"}
-# config keys that follow from a swept one (a model's own warm start) and do not split a sweep
-SWEEP_IGNORES = {"init", "sft-steps"}
+SWEEP_IGNORES = FOLLOWS_FROM_MODEL  # they do not split a sweep either
 
 
 def wilson(passed_fraction, n, z=1.959964):
@@ -312,6 +312,8 @@ class Figures:
             left.errorbar(p.steps, 100 * p.predicted, yerr=[100 * (p.predicted - p.low), 100 * (p.high - p.predicted)],
                           fmt="x", capsize=3, color=line.get_color(),
                           label=f"{r.name}: predicted ({100 * p.relative_error:+.0f}% vs measured; bars: bin width)")
+            left.plot(p.steps, 100 * p.pure_bf16, "v", color=line.get_color(), mfc="none",
+                      label=f"{r.name}: predicted in pure BF16 (absorbed updates lost)")
             right.plot(p.k_values, 100 * p.kstep_measured, "o-", color=line.get_color(), label=f"{r.name}: measured")
             right.fill_between(p.k_values, 100 * p.kstep_bounds["random walk"], 100 * p.kstep_bounds["same sign"],
                                color=line.get_color(), alpha=0.2,
@@ -508,6 +510,6 @@ class Figures:
             ax.set_xscale("log")
             ax.set_xlabel("link bandwidth (Gbit/s)")
             ax.legend(fontsize=7)
-        fig.suptitle(f"model of {model.params:.3g} parameters, compute {model.compute_s:.3g} s/step; codec speeds "
-                     f"{model.speed_source}", fontsize=9)
+        fig.suptitle(f"model of {model.params:.3g} parameters, compute {model.compute_s:.3g} s/step; codec speeds:\n"
+                     + "\n".join(model.speed_source.split("; ")), fontsize=9)
         self.save(fig, "bandwidth")

@@ -13,6 +13,8 @@ with r_b the bin's geometric centre 2^(j + 1/2) for bin [2^j, 2^(j+1)), 1 for th
 range and 0 for exact zeros and the bin below. An update under half an ulp is "absorbed" (the
 cast of w + u alone gives bf16(w)), yet it still moves the master, and with probability r / 2 it
 crosses a boundary: that is why fewer weights stay unchanged than updates are absorbed.
+In pure BF16 (no FP32 master) an absorbed update is lost, so the same
+updates would change only the weights with r >= 1: c1 = 1 - absorbed / N (`pure_bf16`).
 The bin width bounds the prediction's own resolution: r at the bins' lower and upper edges gives
 c1 / sqrt(2) and sqrt(2) c1 for the sub-threshold part (the stated tolerance, `low` and `high`).
 
@@ -70,6 +72,7 @@ class Prediction:
         self.steps = np.array([a.step for a in recorded])
         self.measured = np.array([1.0 - run.steps["sparsity"][rows[a.step]] for a in recorded])
         self.absorbed = np.array([a.absorbed / a.elements for a in recorded])
+        self.pure_bf16 = 1.0 - self.absorbed  # the same updates without an FP32 master to keep them
         self.predicted = np.array([changed_fraction(a) for a in recorded])
         self.low = np.array([changed_fraction(a, edge="low") for a in recorded])
         self.high = np.array([changed_fraction(a, edge="high") for a in recorded])
@@ -111,7 +114,8 @@ class Prediction:
              f"{100 * self.mean_predicted:.3g}% ({100 * self.relative_error:+.0f}%; bin-width band "
              f"{100 * self.low.mean():.3g}-{100 * self.high.mean():.3g}%: "
              f"{'inside' if self.within_tolerance else 'outside'}) over {len(self.steps)} recorded steps; "
-             f"{100 * self.absorbed.mean():.3g}% of updates absorbed.")
+             f"{100 * self.absorbed.mean():.3g}% of updates absorbed, so in pure BF16 (no FP32 master: absorbed updates "
+             f"are lost) they would change {100 * self.pure_bf16.mean():.3g}% per step.")
         inside = self.kstep_inside()
         s += (f" k-step: measured between the random-walk and same-sign bounds for "
               f"k = {', '.join(str(k) for k, ok in zip(self.k_values, inside) if ok) or 'none'}")
