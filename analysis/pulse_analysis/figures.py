@@ -163,13 +163,13 @@ class Figures:
         for label, runs in self.groups:
             v = {k: val for k, val in runs[0].variant() if k != key and k not in SWEEP_IGNORES}
             series.setdefault(tuple(sorted(v.items())), []).append((x_of(runs[0]), runs))
+        kept = {rest: points for rest, points in series.items() if len({p[0] for p in points}) >= 2}
+        differing = sorted({k for s in kept for k, _ in s if len({dict(t).get(k) for t in kept}) > 1})
         out = []
-        differing = sorted({k for s in series for k, _ in s if len({dict(t).get(k) for t in series}) > 1})
-        for rest, points in series.items():
-            if len({p[0] for p in points}) >= 2:
-                d = dict(rest)
-                label = ", ".join(f"{k}={d.get(k, '-')}".replace("'", "") for k in differing) or "pulse"
-                out.append((label, sorted(points, key=lambda p: p[0])))
+        for rest, points in kept.items():
+            d = dict(rest)
+            label = ", ".join(f"{k}={d.get(k, '-')}".replace("'", "") for k in differing) or "pulse-train"
+            out.append((label, sorted(points, key=lambda p: p[0])))
         return out
 
     @staticmethod
@@ -207,7 +207,8 @@ class Figures:
             ax.legend(fontsize=7)
         ax = axes[-1]
         ks = self.runs[0].k_values
-        for label, runs in self.groups:
+        swept = {id(runs): runs for _, series in panels for _, points in series for _, runs in points}
+        for runs in swept.values():
             ax.plot(ks, [100 * np.mean([mean_finite(r.kstep[:, j]) for r in runs]) for j in range(len(ks))],
                     "o-", label=f"μ={runs[0].cfg('num-iterations', 1)}, S={runs[0].cfg('async-lag', 0)} ({_seeds(runs)})")
         _paper_kstep_envelope(ax)
@@ -265,7 +266,7 @@ class Figures:
         self.save(fig, "scale")
 
     def absorption(self):
-        runs = [r for r in self.runs if r.absorption]
+        runs = [r for r in self.runs if predict.of(r)]
         if not runs:
             self.missing["absorption"] = "no /absorption groups (pulse-train --absorption-every N, --precision mixed)"
             return
@@ -301,7 +302,7 @@ class Figures:
         self.save(fig, "absorption")
 
     def prediction(self):
-        runs = [r for r in self.runs if r.absorption]
+        runs = [r for r in self.runs if predict.of(r)]
         if not runs:
             self.missing["prediction"] = "no /absorption groups to predict from (--absorption-every N, --precision mixed)"
             return

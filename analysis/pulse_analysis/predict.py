@@ -60,6 +60,12 @@ class Mean:
         self.elements = int(self.ratio_counts.sum())
 
 
+def of(run):
+    """The run's Prediction, or None when it recorded no histogram at a step it has a row for."""
+    rows = {int(x) for x in run.steps["step"]}
+    return Prediction(run) if any(a.step in rows for a in run.absorption) else None
+
+
 class Prediction:
     """Per-step and k-step predictions of one run against what it measured."""
 

@@ -104,7 +104,7 @@ def summary_row(run, k_values):
         "absorbed_fraction": (run.absorption[-1].absorbed / run.absorption[-1].elements
                               if run.absorption else math.nan),
     }
-    p = predict.Prediction(run) if run.absorption else None
+    p = predict.of(run)
     row["measured_changed_at_absorption"] = p.mean_measured if p else math.nan
     row["predicted_changed"] = p.mean_predicted if p else math.nan
     row["paper_k1_mean_sparsity"] = _paper(run, 1)[0]
@@ -196,7 +196,7 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
     summary = [summary_row(r, k_values) for r in runs]
     ksteps = kstep_rows(runs)
     comm = comm_rows(runs)
-    predictions = [predict.Prediction(r) for r in runs if r.absorption]
+    predictions = [p for p in map(predict.of, runs) if p]
     # the bandwidth model needs a run that sent patches to inference ranks
     synced = [r for r in runs if r.steps["patch_bytes"].sum() > 0 and r.steps["changed"].sum() > 0]
     model = bandwidth.Model(synced[0], params=params, compute_s=compute_s, sparsity=sparsity,

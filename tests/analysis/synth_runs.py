@@ -79,7 +79,7 @@ def write(path, seed=1, lr=3e-6, mu=1, lag=0, model="tiny", steps=40, absorption
         rows["loss"].append(float(rng.normal()))
         rows["eval_pass1"].append(float(rng.binomial(eval_problems, 0.4) / eval_problems) if t % eval_every == 0
                                   else np.nan)
-        if t % absorption_every == 0:
+        if absorption_every and t % absorption_every == 0:
             hu = half_ulp(bf16_bits(before))
             ratio = np.abs(u) / hu
             absorption[t] = (log2_histogram(ratio, RATIO_K), log2_histogram(before, WEIGHT_K),

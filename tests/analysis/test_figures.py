@@ -264,6 +264,20 @@ def test_prediction_of_a_hand_made_histogram():
     assert predict.changed_fraction(a, k=4, exponent=0.5) == pytest.approx((4 * 2 * 2 ** -0.5 / 2 + 2) / 8)
 
 
+def test_runs_without_histograms(tmp_path):
+    """A pure-BF16 run records no absorption histograms: no absorption or prediction figure, and
+    summary.md says why; mixed with a run that has them, only that one is predicted."""
+    bf16 = synth_runs.write(str(tmp_path / "bf16.h5"), absorption_every=0)
+    out = report.write_report([bf16], str(tmp_path / "alone"), keep_figures=True)
+    assert "absorption" not in out["figures"] and "prediction" not in out["figures"] and not out["predictions"]
+    assert "--absorption-every" in (tmp_path / "alone" / "summary.md").read_text()
+    mixed = synth_runs.write(str(tmp_path / "mixed.h5"), seed=2)
+    out = report.write_report([bf16, mixed], str(tmp_path / "both"), keep_figures=True)
+    assert [p.run for p in out["predictions"]] == ["mixed"]
+    labels = legend_texts(out["figures"]["prediction"].axes[0])
+    assert labels and all(lb.startswith("mixed") for lb in labels)
+
+
 def test_tables_carry_the_paper_column(one_seed):
     _, out, _ = one_seed
     for row in out["kstep"]:
