@@ -315,6 +315,9 @@ class Figures:
                           label=f"{r.name}: predicted ({100 * p.relative_error:+.0f}% vs measured; bars: bin width)")
             left.plot(p.steps, 100 * p.pure_bf16, "v", color=line.get_color(), mfc="none",
                       label=f"{r.name}: predicted in pure BF16 (absorbed updates lost)")
+            for q in predict.pure_bf16_twins(r, self.runs):
+                left.plot(q.steps["step"], 100 * (1 - q.steps["sparsity"]), ":", lw=0.8, color=line.get_color(),
+                          label=f"{q.name}: measured in pure BF16 (--precision bf16)")
             right.plot(p.k_values, 100 * p.kstep_measured, "o-", color=line.get_color(), label=f"{r.name}: measured")
             right.fill_between(p.k_values, 100 * p.kstep_bounds["random walk"], 100 * p.kstep_bounds["same sign"],
                                color=line.get_color(), alpha=0.2,

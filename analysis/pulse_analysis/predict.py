@@ -28,6 +28,8 @@ import math
 
 import numpy as np
 
+from .runs import FOLLOWS_FROM_MODEL
+
 # (name, exponent of k): how the displacement over k steps grows
 KSTEP_BOUNDS = (("random walk", 0.5), ("same sign", 1.0))
 
@@ -60,6 +62,19 @@ class Mean:
         self.elements = int(self.ratio_counts.sum())
 
 
+# config keys in which a pure-BF16 twin of a mixed-precision run may differ (the warm start's
+# path may be spelled differently; the model is the same)
+TWIN_KEYS = {"precision", "absorption-every"} | FOLLOWS_FROM_MODEL
+
+
+def pure_bf16_twins(run, runs):
+    """Runs with --precision bf16 and otherwise the config of this run (seed included): they
+    measure what `pure_bf16` predicts."""
+    same = [(k, v) for k, v in run.variant() if k not in TWIN_KEYS] + [("seed", repr(run.cfg("seed")))]
+    return [q for q in runs if q.attrs.get("precision") == "bf16" and
+            [(k, v) for k, v in q.variant() if k not in TWIN_KEYS] + [("seed", repr(q.cfg("seed")))] == same]
+
+
 def of(run):
     """The run's Prediction, or None when it recorded no histogram at a step it has a row for."""
     rows = {int(x) for x in run.steps["step"]}
@@ -71,6 +86,7 @@ class Prediction:
 
     def __init__(self, run):
         self.run = run.name
+        self.source = run
         rows = {int(s): i for i, s in enumerate(run.steps["step"])}
         recorded = [a for a in run.absorption if a.step in rows]
         if not recorded:
@@ -113,6 +129,13 @@ class Prediction:
         where the run is too short to measure k steps)."""
         lo, hi = self.kstep_bounds["random walk"], self.kstep_bounds["same sign"]
         return [bool(a <= m <= b) if math.isfinite(m) else None for a, m, b in zip(lo, self.kstep_measured, hi)]
+
+    def twin_statement(self, twin):
+        measured = 1.0 - float(np.mean(twin.steps["sparsity"]))
+        predicted = float(self.pure_bf16.mean())
+        return (f"`{twin.name}` (pure BF16, otherwise the config of `{self.run}`): measured {100 * measured:.3g}% "
+                f"changed per step, predicted {100 * predicted:.3g}% from `{self.run}`'s histograms "
+                f"({100 * (predicted - measured) / measured:+.0f}%).")
 
     def statement(self):
         """One sentence on agreement, for the report."""

@@ -238,7 +238,9 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
                     "rounding boundaries one ulp apart, so an update u changes its BF16 copy with probability "
                     "min(1, |u| / ulp); over k steps the displacement is between sqrt(k) |u| (random walk) and "
                     "k |u| (same sign). Tolerance: the histogram's log2 bins (r at their lower and upper edges).\n\n" +
-                    "\n".join(f"- {p.statement()}" for p in predictions) + "\n\n")
+                    "\n".join(f"- {p.statement()}" for p in predictions) + "\n" +
+                    "".join(f"- {p.twin_statement(q)}\n" for p in predictions
+                            for q in predict.pure_bf16_twins(p.source, runs)) + "\n")
         else:
             f.write("No /absorption histograms in these files (pulse-train --absorption-every N, mixed precision).\n\n")
         f.write("## Communication per trainer-sync method\n\n" + _md_table(comm) + "\n")

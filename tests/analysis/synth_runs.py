@@ -49,12 +49,16 @@ def log2_histogram(values, k_range, finite=None):
 
 
 def write(path, seed=1, lr=3e-6, mu=1, lag=0, model="tiny", steps=40, absorption_every=5, eval_every=10,
-          eval_problems=128, keep_sign=0.8, inference_ranks=1, scale=1.0):
+          eval_problems=128, keep_sign=0.8, inference_ranks=1, scale=1.0, precision="mixed"):
+    """precision "bf16": no FP32 master, the weights are BF16 and each update is cast away or not
+    (pulse-train then writes no absorption histograms: pass absorption_every=0)."""
     rng = np.random.default_rng(seed)
     names = [n for n, _ in TENSORS]
     numel = [int(scale * n) if "weight" in name and "ln" not in name else n for name, n in TENSORS]
     n = sum(numel)
     master = rng.normal(0, 0.02, n).astype(np.float32)
+    if precision == "bf16":
+        master = bf16_value(bf16_bits(master))
     size = 0.2 * lr * np.exp(rng.normal(0, 1, n))     # per-weight |update|: lr times an O(0.1-1) Adam ratio
     sign = rng.choice([-1.0, 1.0], n)
     bits = [bf16_bits(master)]
@@ -66,6 +70,8 @@ def write(path, seed=1, lr=3e-6, mu=1, lag=0, model="tiny", steps=40, absorption
         update = (sign * size).astype(np.float32)
         before = master.copy()
         master = (master + update).astype(np.float32)
+        if precision == "bf16":
+            master = bf16_value(bf16_bits(master))
         u = master.astype(np.float64) - before.astype(np.float64)  # the update the FP32 master took
         new = bf16_bits(master)
         changed = new != bits[-1]
@@ -93,10 +99,11 @@ def write(path, seed=1, lr=3e-6, mu=1, lag=0, model="tiny", steps=40, absorption
     roles = ["trainer"] * trainers + ["inference"] * inference_ranks
     config = (f'model = "{model}"\nseed = {seed}\nlr = {lr!r}\nsteps = {steps}\nnum-iterations = {mu}\n'
               f'async-lag = {lag}\ninference-ranks = {inference_ranks}\neval-problems = {eval_problems}\n'
-              f'init = "runs/sft-{model}/model.safetensors"\nout = "{path}"\nprecision = "mixed"\n')
+              f'init = "runs/sft-{model}/model.safetensors"\nout = "{path}"\nprecision = "{precision}"\n'
+              f'absorption-every = {absorption_every}\n')
     with h5py.File(path, "w") as f:
         f.attrs.update({"format": "pulse-train statistics", "config": config, "num_parameters": n, "model": model,
-                        "trainer_sync": "ddp", "precision": "mixed", "roles": roles, "tensor_names": names,
+                        "trainer_sync": "ddp", "precision": precision, "roles": roles, "tensor_names": names,
                         "tensor_numel": numel})
         s = f.create_group("steps")
         s["step"] = np.arange(1, steps + 1)

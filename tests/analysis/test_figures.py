@@ -278,6 +278,25 @@ def test_runs_without_histograms(tmp_path):
     assert labels and all(lb.startswith("mixed") for lb in labels)
 
 
+def test_pure_bf16_prediction_against_a_pure_bf16_twin(tmp_path):
+    """Same seed, same updates: the mixed run's histograms predict what its pure-BF16 twin measures
+    (absorbed updates lost), and the report pairs the two."""
+    mixed = synth_runs.write(str(tmp_path / "mixed.h5"), seed=4)
+    bf16 = synth_runs.write(str(tmp_path / "bf16.h5"), seed=4, precision="bf16", absorption_every=0)
+    other = synth_runs.write(str(tmp_path / "other.h5"), seed=5, precision="bf16", absorption_every=0)
+    out = report.write_report([mixed, bf16, other], str(tmp_path / "out"), keep_figures=True)
+    (p,) = out["predictions"]
+    twins = predict.pure_bf16_twins(p.source, out["runs"])
+    assert [q.name for q in twins] == ["bf16"]  # seed 5 is not its twin
+    with h5py.File(bf16) as f:
+        measured = 1 - f["steps/sparsity"][()].mean()
+    assert p.pure_bf16.mean() == pytest.approx(measured, rel=0.1)
+    assert p.mean_predicted > 2 * p.pure_bf16.mean()  # the FP32 master is what makes the difference
+    assert "`bf16` (pure BF16" in (tmp_path / "out" / "summary.md").read_text()
+    assert any(t.startswith("bf16: measured in pure BF16") for t in
+               legend_texts(out["figures"]["prediction"].axes[0]))
+
+
 def test_tables_carry_the_paper_column(one_seed):
     _, out, _ = one_seed
     for row in out["kstep"]:
