@@ -5,7 +5,6 @@ paper's numbers (paper.json) against the reference data's text when PULSE_REFERE
 folder that holds ksparsity_summary.txt (the one-covenant/grail research/sparsity data/).
     python3 tests/analysis/test_figures.py
 """
-import math
 import os
 import re
 import sys
