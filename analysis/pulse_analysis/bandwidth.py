@@ -7,6 +7,8 @@ Measured in the file (sums over the steps of /steps/*, N_run = the num_parameter
   dense bytes/param  d   = sum(dense_bytes) / (rows * N_run)        (2 for BF16)
   encode rate        R_e = N_run / mean(encode_s)            parameters per second
   apply rate         R_a = N_run / mean(apply_s)             parameters per second (slowest rank)
+R_e and R_a are the speeds of the machine and code that made the run (pulse's CPU codec there);
+--encode-rate and --apply-rate replace them with another device's speeds.
 Scaled to a model of N parameters (the assumption: sparsity and bits per changed element do not
 depend on size, which the paper reports for 0.5B-7B):
   S_patch = c * N * b / 8 bytes,   S_dense = d * N bytes
@@ -21,7 +23,7 @@ import numpy as np
 
 
 class Model:
-    def __init__(self, run, params=None, compute_s=None, sparsity=None):
+    def __init__(self, run, params=None, compute_s=None, sparsity=None, encode_rate=None, apply_rate=None):
         s = run.steps
         n_run = int(run.attrs["num_parameters"])
         changed = float(np.sum(s["changed"]))
@@ -30,8 +32,14 @@ class Model:
         self.sparsity = float(sparsity) if sparsity is not None else float(np.mean(s["sparsity"]))
         self.bits_per_changed = 8.0 * float(np.sum(s["patch_bytes"])) / changed if changed else 0.0
         self.dense_bytes_per_param = float(np.sum(s["dense_bytes"])) / (run.rows * n_run)
-        self.encode_rate = n_run / float(np.mean(s["encode_s"]))
-        self.apply_rate = n_run / float(np.mean(s["apply_s"]))
+        self.encode_rate = float(encode_rate) if encode_rate else n_run / float(np.mean(s["encode_s"]))
+        self.apply_rate = float(apply_rate) if apply_rate else n_run / float(np.mean(s["apply_s"]))
+        given = [f"{what} {rate:.3g} parameters/s (given)" for what, rate, g in
+                 (("encode", self.encode_rate, encode_rate), ("apply", self.apply_rate, apply_rate)) if g]
+        measured = [f"{what} {rate:.3g} parameters/s (measured in {run.name}, pulse-train's codec on that machine)"
+                    for what, rate, g in (("encode", self.encode_rate, encode_rate),
+                                          ("apply", self.apply_rate, apply_rate)) if not g]
+        self.speed_source = "; ".join(given + measured)
         # compute time per step: the run's step time without its synchronisation, unless given
         self.compute_s = float(compute_s) if compute_s else float(np.mean(s["step_s"] - s["sync_s"]))
 

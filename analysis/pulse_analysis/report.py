@@ -1,19 +1,24 @@
 """`python3 -m pulse_analysis report RUN.h5 [RUN2.h5 ...] -o DIR`: figures (PNG) and tables
-(Markdown, CSV) from pulse-train statistics files. Every number comes from the files; the
-definitions of the summary columns are in SUMMARY_COLUMNS and the tests recompute them with h5py.
+(Markdown, CSV) from pulse-train statistics files, side by side with the paper's published numbers
+(paper.json, arXiv 2602.03839). Every measured number comes from the files; the definitions of the
+summary columns are in SUMMARY_COLUMNS and the tests recompute them with h5py.
 
-Figures (the paper's figure in brackets):
-  sparsity.png      per-step BF16 sparsity, mean and min-max band over the seeds of a variant [2a, 8]
-  kstep.png         k-step sparsity against k and over steps [2b]
-  staleness.png     sparsity against num-iterations and async-lag, and k-step curves per setting [4b]
-  absorption.png    |w| and |update|/half-ulp histograms with the ratio = 1 line, absorbed fraction [3]
-  grad_sparsity.png gradient sparsity at the recorded thresholds [11]
-  training.png      reward, loss and greedy pass@1
-  comm.png          trainer-to-trainer bytes per step and cumulative per trainer-sync method, gate density
-  sync.png          trainer -> inference patch bytes against dense BF16 bytes per step
-  bandwidth.png     sync time and GPU utilisation against link bandwidth (bandwidth.py) [1, 13]
-Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, bandwidth.csv and, with
---reference, reference.csv (the paper's numbers per model, μ, lr and k).
+Figures (figures.py; drawn only when the files hold their data, otherwise summary.md says why and
+which jobs/ script makes it):
+  sparsity      per-step BF16 sparsity per variant (band over seeds when >= 2)
+  kstep         k-step sparsity against k and over steps
+  staleness     sparsity against num-iterations and async-lag (a staleness sweep)
+  lr            sparsity against learning rate (an lr sweep)
+  scale         sparsity against model size (a model sweep)
+  absorption    |w| and |update|/half-ulp histograms; absorbed updates vs unchanged weights
+  prediction    per-step and k-step changes predicted from the histograms (predict.py) vs measured
+  tensor_kinds  changed per step and share of changes by tensor kind (tensor_kinds.py)
+  grad_sparsity gradient sparsity at the recorded thresholds (threshold 0 as a line)
+  training      reward, loss and greedy pass@1 with 95% Wilson intervals
+  comm          trainer-to-trainer bytes per step and cumulative per trainer-sync method, gate density
+  sync          trainer -> inference patch bytes against dense BF16 bytes per step
+  bandwidth     sync time and utilisation against link bandwidth (bandwidth.py)
+Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, bandwidth.csv.
 """
 import csv
 import math
@@ -21,11 +26,9 @@ import os
 
 import numpy as np
 
-from . import bandwidth
+from . import bandwidth, paper, predict
+from .figures import Figures
 from .runs import Run, group_runs
-
-REFERENCE_COLUMNS = ["model_family", "model_size", "seed", "step", "k", "sparsity", "iteration_num",
-                     "learning_rate", "experiment_type"]
 
 # column -> definition (what the tests recompute); k-step columns k<K>_mean_sparsity are added
 # per k value: mean over the rows where /kstep/sparsity is finite.
@@ -55,6 +58,11 @@ SUMMARY_COLUMNS = {
     "final_eval_pass1": "last finite /steps/eval_pass1 (empty when never evaluated)",
     "mean_step_s": "mean of /steps/step_s",
     "absorbed_fraction": "absorbed / elements at the last /absorption step (empty without one)",
+    "measured_changed_at_absorption": "mean of 1 - /steps/sparsity over the /absorption steps",
+    "predicted_changed": "mean over the /absorption steps of the changed fraction predicted from the histogram "
+                         "(predict.py)",
+    "paper_k1_mean_sparsity": "the paper's k=1 mean sparsity at the run's lr and num-iterations, mean over its "
+                              "models there (paper.json; empty where the paper has no such run)",
 }
 
 
@@ -96,10 +104,20 @@ def summary_row(run, k_values):
         "absorbed_fraction": (run.absorption[-1].absorbed / run.absorption[-1].elements
                               if run.absorption else math.nan),
     }
+    p = predict.of(run)
+    row["measured_changed_at_absorption"] = p.mean_measured if p else math.nan
+    row["predicted_changed"] = p.mean_predicted if p else math.nan
+    row["paper_k1_mean_sparsity"] = _paper(run, 1)[0]
     for k in k_values:
         row[f"k{k}_mean_sparsity"] = (_mean_finite(run.kstep[:, run.k_values.index(k)])
                                       if k in run.k_values else math.nan)
     return row
+
+
+def _paper(run, k):
+    """The paper's mean k-step sparsity (fraction) at the run's lr and num-iterations, and its models."""
+    value, models = paper.matching(float(run.cfg("lr", math.nan)), int(run.cfg("num-iterations", 1)), k)
+    return (value if value is not None else math.nan), models
 
 
 def kstep_rows(runs):
@@ -109,8 +127,10 @@ def kstep_rows(runs):
             v = r.kstep[:, j]
             v = v[np.isfinite(v)]
             if v.size:
+                value, models = _paper(r, k)
                 rows.append({"run": r.name, "k": k, "steps": int(v.size), "mean_sparsity": float(v.mean()),
-                             "min_sparsity": float(v.min())})
+                             "min_sparsity": float(v.min()), "paper_mean_sparsity": value,
+                             "paper_models": " ".join(models)})
     return rows
 
 
@@ -123,52 +143,14 @@ def comm_rows(runs):
             by.setdefault(r.trainer_sync, []).append(trainer_bytes(r).astype(float))
     rows = [{"method": m, "runs": len(v), "mean_bytes_per_step": float(np.mean([x.mean() for x in v])),
              "mean_total_bytes": float(np.mean([x.sum() for x in v]))} for m, v in by.items()]
-    ddp = [row["mean_bytes_per_step"] for row in rows if row["method"] == "ddp"]
+    per_step = {row["method"]: row["mean_bytes_per_step"] for row in rows}
+    paper_ratio = {"ddp": paper.headline("loco_vs_ddp")["value"], "diloco": paper.headline("loco_vs_diloco")["value"]}
     for row in rows:
-        row["ddp_over_method"] = ddp[0] / row["mean_bytes_per_step"] if ddp and row["mean_bytes_per_step"] else math.nan
+        m, b = row["method"], row["mean_bytes_per_step"]
+        row["ddp_over_method"] = per_step["ddp"] / b if "ddp" in per_step and b else math.nan
+        row["over_pulseloco"] = b / per_step["pulseloco"] if per_step.get("pulseloco") else math.nan
+        row["paper_over_pulseloco"] = paper_ratio.get(m, math.nan)
     return rows
-
-
-def read_reference(path):
-    """The paper's k-step sparsity CSV (sparsity in percent) -> list of dicts with fraction values."""
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in REFERENCE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: reference CSV lacks column(s) {', '.join(missing)}")
-        rows = []
-        for i, r in enumerate(reader, start=2):
-            try:
-                rows.append({"label": f"{r['model_family']} {r['model_size']}", "seed": r["seed"],
-                             "step": int(r["step"]), "k": int(r["k"]), "sparsity": float(r["sparsity"]) / 100.0,
-                             "iteration_num": int(r["iteration_num"]), "lr": float(r["learning_rate"])})
-            except ValueError as e:
-                raise ValueError(f"{path}:{i}: {e}") from None
-    return rows
-
-
-def _reference_series(ref):
-    """(label, iteration_num, lr) -> rows; label gets μ and lr when they are not the common ones."""
-    groups = {}
-    for r in ref:
-        groups.setdefault((r["label"], r["iteration_num"], r["lr"]), []).append(r)
-    return groups
-
-
-def reference_rows(ref):
-    """Paper numbers per model, μ, lr and k: mean and min sparsity over seeds and steps."""
-    rows = []
-    for (label, mu, lr), rs in _reference_series(ref).items():
-        for k in sorted({r["k"] for r in rs}):
-            v = np.array([r["sparsity"] for r in rs if r["k"] == k])
-            rows.append({"reference": label, "iteration_num": mu, "learning_rate": lr, "k": k, "rows": int(v.size),
-                         "mean_sparsity": float(v.mean()), "min_sparsity": float(v.min())})
-    return rows
-
-
-def _ref_name(key):
-    label, mu, lr = key
-    return f"paper {label}, μ={mu}, lr={lr:g}"
 
 
 def _fmt(v):
@@ -199,254 +181,14 @@ def _md_table(rows, columns=None):
     return "\n".join(out) + "\n"
 
 
-class Figures:
-    def __init__(self, out_dir, runs, groups, ref):
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        self.plt, self.out_dir, self.runs, self.groups, self.ref = plt, out_dir, runs, groups, ref
-        self.written = []
-
-    def save(self, fig, name):
-        fig.tight_layout()
-        path = os.path.join(self.out_dir, name)
-        fig.savefig(path, dpi=110)
-        self.plt.close(fig)
-        self.written.append(name)
-
-    def _band(self, ax, label, runs, get, scale=1.0):
-        n = min(r.rows for r in runs)
-        steps = runs[0].steps["step"][:n]
-        values = np.array([get(r)[:n] for r in runs], dtype=float) * scale
-        (line,) = ax.plot(steps, values.mean(axis=0), label=f"{label} (mean of {len(runs)})" if len(runs) > 1 else label)
-        if len(runs) > 1:
-            ax.fill_between(steps, values.min(axis=0), values.max(axis=0), color=line.get_color(), alpha=0.25)
-
-    def sparsity(self):
-        fig, ax = self.plt.subplots(figsize=(8, 4.5))
-        for label, runs in self.groups:
-            self._band(ax, label, runs, lambda r: r.steps["sparsity"], 100)
-        if self.ref:
-            for key, rows in _reference_series(self.ref).items():
-                by_step = {}
-                for r in rows:
-                    if r["k"] == 1:
-                        by_step.setdefault(r["step"], []).append(r["sparsity"])
-                if by_step:
-                    st = sorted(by_step)
-                    ax.plot(st, [100 * np.mean(by_step[t]) for t in st], "--.", lw=0.8, ms=3, label=_ref_name(key))
-        ax.set_xlabel("step")
-        ax.set_ylabel("per-step sparsity S1 (%)")
-        ax.set_title("BF16 weights unchanged per step (band: min-max over seeds)")
-        ax.legend(fontsize=7)
-        self.save(fig, "sparsity.png")
-
-    def kstep(self):
-        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
-        for label, runs in self.groups:
-            ks = runs[0].k_values
-            means = np.array([[_mean_finite(r.kstep[:, j]) for j in range(len(ks))] for r in runs])
-            (line,) = left.plot(ks, 100 * means.mean(axis=0), "o-", label=label)
-            if len(runs) > 1:
-                left.fill_between(ks, 100 * means.min(axis=0), 100 * means.max(axis=0), color=line.get_color(), alpha=0.25)
-            r = runs[0]
-            for j, k in enumerate(ks):
-                right.plot(r.steps["step"], 100 * r.kstep[:, j], lw=0.8, label=f"{r.name} k={k}")
-        if self.ref:
-            for key, rows in _reference_series(self.ref).items():
-                by_k = {}
-                for r in rows:
-                    by_k.setdefault(r["k"], []).append(r["sparsity"])
-                ks = sorted(by_k)
-                left.plot(ks, [100 * np.mean(by_k[k]) for k in ks], "s--", lw=0.8, ms=3, label=_ref_name(key))
-        left.set_xscale("log", base=2)
-        left.set_xlabel("k (steps apart)")
-        left.set_ylabel("mean k-step sparsity (%)")
-        left.set_title("k-step sparsity (band: min-max over seeds)")
-        left.legend(fontsize=7)
-        right.set_xlabel("step")
-        right.set_ylabel("k-step sparsity (%)")
-        right.set_title("k-step sparsity over steps (first run of each variant)")
-        right.legend(fontsize=6, ncol=2)
-        self.save(fig, "kstep.png")
-
-    def staleness(self):
-        fig, axes = self.plt.subplots(1, 3, figsize=(15, 4.5))
-        points = {}
-        for r in self.runs:
-            points.setdefault((int(r.cfg("num-iterations", 1)), int(r.cfg("async-lag", 0))), []).append(r)
-        for ax, xi, name, other in ((axes[0], 0, "num-iterations μ", "lag"), (axes[1], 1, "async-lag S", "μ")):
-            series = {}
-            for key, runs in points.items():
-                series.setdefault(key[1 - xi], []).append((key[xi], np.mean([r.steps["sparsity"].mean() for r in runs])))
-            for fixed, pts in sorted(series.items()):
-                pts.sort()
-                ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", label=f"{other}={fixed}")
-            ax.set_xlabel(name)
-            ax.set_ylabel("mean per-step sparsity (%)")
-            ax.legend(fontsize=7)
-        if self.ref:
-            by_mu = {}
-            for r in self.ref:
-                if r["k"] == 1:
-                    by_mu.setdefault(r["iteration_num"], []).append(r["sparsity"])
-            mus = sorted(by_mu)
-            axes[0].plot(mus, [100 * np.mean(by_mu[m]) for m in mus], "s--", label="paper (iteration_num)")
-            axes[0].legend(fontsize=7)
-        for (mu, lag), runs in sorted(points.items()):
-            ks = runs[0].k_values
-            axes[2].plot(ks, [100 * np.mean([_mean_finite(r.kstep[:, j]) for r in runs]) for j in range(len(ks))],
-                         "o-", label=f"μ={mu}, S={lag}")
-        axes[2].set_xscale("log", base=2)
-        axes[2].set_xlabel("k")
-        axes[2].set_ylabel("mean k-step sparsity (%)")
-        axes[2].legend(fontsize=7)
-        fig.suptitle("sparsity against staleness (num-iterations, async-lag) and k")
-        self.save(fig, "staleness.png")
-
-    def absorption(self):
-        runs = [r for r in self.runs if r.absorption]
-        if not runs:
-            return
-        fig, axes = self.plt.subplots(1, 3, figsize=(15, 4.5))
-        for r in runs:
-            a = r.absorption[-1]
-            for ax, counts, (k0, k1) in ((axes[0], a.weight_counts, a.weight_k), (axes[1], a.ratio_counts, a.ratio_k)):
-                edges = 2.0 ** np.arange(k0, k1 + 1)
-                ax.stairs(counts[: k1 - k0] / a.elements, edges, label=f"{r.name} step {a.step}")
-            axes[2].plot([x.step for x in r.absorption], [100 * x.absorbed / x.elements for x in r.absorption], "o-",
-                         label=r.name)
-        axes[1].axvline(1.0, color="k", ls="--", lw=1, label="ratio = 1 (half a BF16 ulp)")
-        for ax, xl in ((axes[0], "|w|"), (axes[1], "|update| / half-ulp(bf16(w))")):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel(xl)
-            ax.set_ylabel("fraction of weights")
-            ax.legend(fontsize=7)
-        axes[0].set_title("weight magnitudes")
-        axes[1].set_title("update size in half-ulps (left of the line: absorbed)")
-        axes[2].set_xlabel("step")
-        axes[2].set_ylabel("absorbed updates (%)")
-        axes[2].set_title("updates rounded away by the BF16 cast")
-        axes[2].legend(fontsize=7)
-        self.save(fig, "absorption.png")
-
-    def grad_sparsity(self):
-        if any("grad_sparsity" not in r.steps for r in self.runs):
-            return
-        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
-        for label, runs in self.groups:
-            th = runs[0].step_attrs["grad_sparsity"]["thresholds"]
-            means = np.array([r.steps["grad_sparsity"].mean(axis=0) for r in runs])
-            left.plot(th, 100 * means.mean(axis=0), "o-", label=label)
-        r = self.runs[0]
-        for j, t in enumerate(r.step_attrs["grad_sparsity"]["thresholds"]):
-            right.plot(r.steps["step"], 100 * r.steps["grad_sparsity"][:, j], label=f"|g| <= {t:g}")
-        left.set_xscale("log")
-        left.set_xlabel("threshold")
-        left.set_ylabel("mean fraction of |g| <= threshold (%)")
-        left.set_title("gradient sparsity")
-        left.legend(fontsize=7)
-        right.set_xlabel("step")
-        right.set_ylabel("%")
-        right.set_title(f"gradient sparsity over steps ({r.name})")
-        right.legend(fontsize=7)
-        self.save(fig, "grad_sparsity.png")
-
-    def training(self):
-        fig, axes = self.plt.subplots(1, 3, figsize=(15, 4.5))
-        for label, runs in self.groups:
-            self._band(axes[0], label, runs, lambda r: r.steps["reward"])
-            self._band(axes[1], label, runs, lambda r: r.steps["loss"])
-            for r in runs:
-                ev = r.steps["eval_pass1"]
-                ok = np.isfinite(ev)
-                axes[2].plot(r.steps["step"][ok], 100 * ev[ok], "o-", label=r.name)
-        for ax, y in zip(axes, ("mean reward", "GRPO loss", "greedy pass@1 (%)")):
-            ax.set_xlabel("step")
-            ax.set_ylabel(y)
-            ax.legend(fontsize=7)
-        self.save(fig, "training.png")
-
-    def comm(self):
-        runs = [r for r in self.runs if "bytes_sent" in r.ranks]
-        if not runs:
-            return
-        fig, (left, right, gate) = self.plt.subplots(1, 3, figsize=(16, 4.5))
-        for r in runs:
-            b = trainer_bytes(r).astype(float)
-            left.plot(r.steps["step"], b, ".-", label=f"{r.trainer_sync}: {r.name}")
-            right.plot(r.steps["step"], np.cumsum(b), label=f"{r.trainer_sync}: {r.name}")
-            g = r.steps.get("gate_density")
-            if g is not None and np.isfinite(g).any():
-                ok = np.isfinite(g)
-                gate.plot(r.steps["step"][ok], 100 * g[ok], "o-", label=f"{r.trainer_sync}: {r.name}")
-        gate.set_xlabel("step")
-        gate.set_ylabel("entries sent on outer steps (%)")
-        gate.set_title("gate density (diloco: 100%, pulseloco: the BF16 gate)")
-        if gate.has_data():
-            gate.legend(fontsize=7)
-        left.set_yscale("symlog", linthresh=1)
-        left.set_ylabel("trainer-to-trainer bytes per step")
-        right.set_yscale("symlog", linthresh=1)
-        right.set_ylabel("cumulative trainer-to-trainer bytes")
-        for ax in (left, right):
-            ax.set_xlabel("step")
-            ax.legend(fontsize=7)
-        fig.suptitle("communication between trainers per trainer-sync method (sum over trainer ranks)")
-        self.save(fig, "comm.png")
-
-    def sync(self):
-        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
-        for r in self.runs:
-            s = r.steps
-            (line,) = left.plot(s["step"], s["patch_bytes"], label=f"{r.name} patch")
-            left.plot(s["step"], s["dense_bytes"], ":", color=line.get_color(), label=f"{r.name} dense BF16")
-            with np.errstate(divide="ignore"):
-                right.plot(s["step"], s["dense_bytes"] / s["patch_bytes"].astype(float), label=r.name)
-        left.set_yscale("log")
-        left.set_ylabel("bytes per step")
-        left.set_title("trainer -> inference: PULSESync patch vs dense BF16")
-        right.set_ylabel("dense / patch")
-        right.set_title("compression against dense BF16")
-        for ax in (left, right):
-            ax.set_xlabel("step")
-            ax.legend(fontsize=7)
-        self.save(fig, "sync.png")
-
-    def bandwidth(self, model, grid_bps):
-        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
-        dense, patch = model.sync_s(grid_bps)
-        g = grid_bps / 1e9
-        left.plot(g, dense, label=f"dense BF16 ({model.dense_bytes / 1e9:.3g} GB)")
-        left.plot(g, patch, label=f"patch ({model.patch_bytes / 1e9:.3g} GB, sparsity {100 * model.sparsity:.2f}%)")
-        right.plot(g, 100 * model.utilisation(dense), label="dense BF16")
-        right.plot(g, 100 * model.utilisation(patch), label="patch")
-        right.plot(g, 100 * model.utilisation(np.minimum(dense, patch)), "k:", label="best codec")
-        if math.isfinite(model.crossover_bps):
-            for ax in (left, right):
-                ax.axvline(model.crossover_bps / 1e9, color="grey", ls="--", lw=1,
-                           label=f"crossover {model.crossover_bps / 1e9:.3g} Gbit/s")
-        left.set_yscale("log")
-        left.set_ylabel("sync time per step (s)")
-        right.set_ylabel("GPU utilisation (%)")
-        for ax in (left, right):
-            ax.set_xscale("log")
-            ax.set_xlabel("link bandwidth (Gbit/s)")
-            ax.legend(fontsize=7)
-        fig.suptitle(f"{model.params:.3g} parameters, compute {model.compute_s:.3g} s/step (measured in {model.run})")
-        self.save(fig, "bandwidth.png")
-
-
-def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sparsity=None,
-                 bandwidths_gbps=(0.1, 1, 10, 100, 400)):
+def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, bandwidths_gbps=(0.1, 1, 10, 100, 400),
+                 encode_rate=None, apply_rate=None, keep_figures=False):
+    """Writes every table and figure; returns them (figures as matplotlib Figures when keep_figures)."""
     runs = [Run(p) for p in paths]
     names = [r.name for r in runs]
     for r in runs:
         if names.count(r.name) > 1:  # same stem in different folders: keep them apart
             r.name = os.path.relpath(os.path.splitext(r.path)[0], os.path.commonpath([os.path.abspath(p) for p in paths]))
-    ref = read_reference(reference) if reference else None
     os.makedirs(out_dir, exist_ok=True)
     groups = group_runs(runs)
     k_values = sorted({k for r in runs for k in r.k_values})
@@ -454,33 +196,32 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
     summary = [summary_row(r, k_values) for r in runs]
     ksteps = kstep_rows(runs)
     comm = comm_rows(runs)
+    predictions = [p for p in map(predict.of, runs) if p]
     # the bandwidth model needs a run that sent patches to inference ranks
     synced = [r for r in runs if r.steps["patch_bytes"].sum() > 0 and r.steps["changed"].sum() > 0
-              and np.isfinite(r.steps["apply_s"]).all()]
-    model = bandwidth.Model(synced[0], params=params, compute_s=compute_s, sparsity=sparsity) if synced else None
+              and np.isfinite(r.steps["apply_s"]).all()]  # pulse-measure files have no apply times
+    model = bandwidth.Model(synced[0], params=params, compute_s=compute_s, sparsity=sparsity,
+                            encode_rate=encode_rate, apply_rate=apply_rate) if synced else None
     bw = model.table([b * 1e9 for b in bandwidths_gbps]) if model else []
     _write_csv(os.path.join(out_dir, "summary.csv"), summary)
     _write_csv(os.path.join(out_dir, "kstep.csv"), ksteps)
     _write_csv(os.path.join(out_dir, "comm.csv"), comm)
     _write_csv(os.path.join(out_dir, "bandwidth.csv"), bw)
-    refs = reference_rows(ref) if ref else []
-    _write_csv(os.path.join(out_dir, "reference.csv"), refs)
 
-    fig = Figures(out_dir, runs, groups, ref)
-    fig.sparsity()
-    fig.kstep()
-    fig.staleness()
-    fig.absorption()
-    fig.grad_sparsity()
-    fig.training()
-    fig.comm()
-    fig.sync()
+    fig = Figures(out_dir, runs, groups, keep=keep_figures)
+    for draw in (fig.sparsity, fig.kstep, fig.staleness, fig.lr, fig.scale, fig.absorption, fig.prediction,
+                 fig.tensor_kinds, fig.grad_sparsity, fig.training, fig.sync):
+        draw()
+    fig.comm(comm)
     if model:
         fig.bandwidth(model, np.logspace(-2, 3, 200) * 1e9)
+    else:
+        fig.missing["bandwidth"] = "no run sent patches to inference ranks (inference-ranks 0)"
 
     main_cols = ["run", "trainer_sync", "steps", "mean_sparsity", "min_sparsity"] + \
                 [f"k{k}_mean_sparsity" for k in k_values] + \
-                ["mean_patch_bytes", "compression_vs_dense", "bits_per_changed", "final_reward", "final_eval_pass1"]
+                ["paper_k1_mean_sparsity", "mean_patch_bytes", "compression_vs_dense", "bits_per_changed",
+                 "final_reward", "final_eval_pass1"]
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(f"# pulse-train report: {len(runs)} run(s)\n\n")
         f.write("Runs: " + ", ".join(f"`{r.name}` ({r.rows} steps)" for r in runs) + "\n\n")
@@ -490,21 +231,32 @@ def write_report(paths, out_dir, reference=None, params=None, compute_s=None, sp
         f.write("All columns are in summary.csv:\n\n" +
                 "\n".join(f"- `{c}`: {d}" for c, d in SUMMARY_COLUMNS.items()) +
                 "\n- `k<K>_mean_sparsity`: mean of the finite entries of /kstep/sparsity column k=K\n\n")
-        f.write("## k-step sparsity\n\n" + _md_table(ksteps) + "\n")
-        f.write("## Communication per trainer-sync method\n\n" + _md_table(comm) + "\n")
-        if not model:
-            f.write("## Bandwidth model\n\nNo run sent patches to inference ranks (inference-ranks 0, or a "
-                    "pulse-measure file): no model.\n\n")
+        f.write("## k-step sparsity, with the paper's at the same lr and num-iterations\n\n" + _md_table(ksteps) +
+                f"\nPaper numbers: {paper.source()}.\n\n")
+        f.write("## Measured explanation: changes predicted from the absorption histograms\n\n")
+        if predictions:
+            f.write("Model (pulse_analysis/predict.py): a weight's FP32 master sits uniformly between two BF16 "
+                    "rounding boundaries one ulp apart, so an update u changes its BF16 copy with probability "
+                    "min(1, |u| / ulp); over k steps the displacement is between sqrt(k) |u| (random walk) and "
+                    "k |u| (same sign). Tolerance: the histogram's log2 bins (r at their lower and upper edges).\n\n" +
+                    "\n".join(f"- {p.statement()}" for p in predictions) + "\n" +
+                    "".join(f"- {p.twin_statement(q)}\n" for p in predictions
+                            for q in predict.pure_bf16_twins(p.source, runs)) + "\n")
         else:
+            f.write("No /absorption histograms in these files (pulse-train --absorption-every N, mixed precision).\n\n")
+        f.write("## Communication per trainer-sync method\n\n" + _md_table(comm) + "\n")
+        if model:
             f.write(f"## Bandwidth model (from `{model.run}`)\n\n"
                     f"{model.params:.4g} parameters, sparsity {100 * model.sparsity:.3f}%, "
-                    f"{model.bits_per_changed:.3g} bits per changed element, "
-                    f"encode {model.encode_rate:.3g} and apply {model.apply_rate:.3g} parameters/s, "
+                    f"{model.bits_per_changed:.3g} bits per changed element, codec speeds {model.speed_source}, "
                     f"compute {model.compute_s:.3g} s per step: patch {model.patch_bytes:.4g} B against dense "
                     f"{model.dense_bytes:.4g} B per step; the patch is faster below "
                     f"{model.crossover_bps / 1e9:.4g} Gbit/s.\n\n" + _md_table(bw) + "\n")
-        if refs:
-            f.write(f"## Paper reference ({os.path.basename(reference)})\n\n" + _md_table(refs) + "\n")
+        if fig.missing:
+            f.write("## Figures not drawn\n\n" + "\n".join(
+                f"- `{name}`: " + (f"no {name} sweep in these files; `sbatch {why}` (or `bash {why}` without Slurm) "
+                                   f"makes one" if why.startswith("jobs/") else why)
+                for name, why in fig.missing.items()) + "\n\n")
         f.write("## Figures\n\n" + "\n".join(f"![{n}]({n})" for n in fig.written) + "\n")
-    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "bandwidth": bw, "reference": refs,
-            "figures": fig.written}
+    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "bandwidth": bw,
+            "predictions": predictions, "figures": fig.figures, "written": fig.written, "missing": fig.missing}

@@ -11,6 +11,9 @@ NOT_A_VARIANT = {"seed", "out", "overwrite", "resume", "quiet", "config", "check
                  "keep-anchors"}
 
 
+# Config keys that follow from the model swept (its own warm start).
+FOLLOWS_FROM_MODEL = {"init", "sft-steps"}
+
 REQUIRED = ["/steps/" + d for d in ("step", "sparsity", "changed", "patch_bytes", "dense_bytes")] + ["/kstep/sparsity"]
 # Per-step series that pulse-measure's files lack (it reads weights only; its root attribute
 # absent_datasets says why): read as NaN. A file without /steps/grad_sparsity has no gradient figure.
@@ -122,6 +125,9 @@ def group_runs(runs):
     keys = list(groups)
     dicts = [dict(k) for k in keys]
     differing = sorted({k for d in dicts for k in d if any(d.get(k) != e.get(k) for e in dicts)})
+    # a model's own warm start (init, sft-steps) follows from the model: named only when alone
+    if set(differing) - FOLLOWS_FROM_MODEL:
+        differing = [k for k in differing if k not in FOLLOWS_FROM_MODEL]
     out = []
     for key, d in zip(keys, dicts):
         if differing:
@@ -129,4 +135,5 @@ def group_runs(runs):
         else:
             label = os.path.commonprefix([r.name for r in groups[key]]).rstrip("-_") or groups[key][0].name
         out.append((label, groups[key]))
-    return out
+    labels = [label for label, _ in out]
+    return [(f"{label} [{rs[0].name}]" if labels.count(label) > 1 else label, rs) for label, rs in out]

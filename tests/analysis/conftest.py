@@ -4,8 +4,8 @@ import shlex
 
 
 def pytest_addoption(parser):
-    parser.addoption("--app", required=True, help="pulse-train binary")
-    parser.addoption("--sft", required=True, help="pulse-sft binary (the warm start of the runs)")
+    parser.addoption("--app", help="pulse-train binary (test_report.py)")
+    parser.addoption("--sft", help="pulse-sft binary, the warm start of the runs (test_report.py)")
     parser.addoption("--mpiexec", default="mpirun", help="MPI launcher")
     parser.addoption("--mpiexec-flags", default=None,
                      help="extra launcher flags (space- or ;-separated; default: --oversubscribe, "

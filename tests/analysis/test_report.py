@@ -1,8 +1,9 @@
 """pulse_analysis report on statistics files pulse-train writes at test time (smoke config from a
 short pulse-sft warm start on 1-digit addition, so rewards vary and weights change: two seeds of one
 variant, a num-iterations = 2 and an async-lag = 1 variant, and DDP, DiLoCo and PULSELoCo without
-inference ranks): every figure and table is built, and every number in the tables equals the value
-recomputed here, independently, from the datasets.
+inference ranks): every figure and table is built, every number in the tables equals the value
+recomputed here, independently, from the datasets, and every figure panel has data, labels and
+labelled ticks, for the whole set and for one seed alone (figure details: test_figures.py).
     python3 tests/analysis/test_report.py --app build/apps/pulse-train --sft build/apps/pulse-sft
 """
 import csv
@@ -26,12 +27,16 @@ RUNS = {  # name: (ranks, flags)
     "seed-1": (3, ["--seed", "1"]), "seed-2": (3, ["--seed", "2"]),
     "mu2-seed-1": (3, ["--seed", "1", "--num-iterations", "2"]), "lag1-seed-1": (3, ["--seed", "1", "--async-lag", "1"]),
     "ddp": (2, LOCO + ["ddp"]), "diloco": (2, LOCO + ["diloco"]), "pulseloco": (2, LOCO + ["pulseloco"])}
-FIGURES = ["sparsity", "kstep", "staleness", "absorption", "grad_sparsity", "training", "comm", "sync", "bandwidth"]
-REFERENCE = [  # the paper's CSV format (sparsity in percent), a few made-up rows
-    "model_family,model_size,seed,step,k,sparsity,iteration_num,learning_rate,experiment_type",
-    "Qwen,1.5B,42,0,1,99.5,1,3e-06,", "Qwen,1.5B,1337,0,1,99.1,1,3e-06,", "Qwen,1.5B,42,1,2,98.75,1,3e-06,",
-    "Qwen,1.5B,42,1,1,97.0,8,3e-06,", "Gemma,1B,42,3,1,99.9,1,3e-06,"]
+# the staleness sweep is here (μ 1, 2 and lag 0, 1); lr and model sweeps are not
+FIGURES = ["sparsity", "kstep", "staleness", "absorption", "prediction", "tensor_kinds", "grad_sparsity", "training",
+           "comm", "sync", "bandwidth"]
 REL = 1e-12
+
+
+sys.path.insert(0, os.path.join(ROOT, "analysis"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_figures import check_panels  # noqa: E402
+from pulse_analysis import report as report_module  # noqa: E402
 
 
 def run_report(files, out, *extra):
@@ -61,10 +66,8 @@ def runs(pytestconfig, tmp_path_factory):
 @pytest.fixture(scope="session")
 def report(runs, tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
-    ref = d / "reference.csv"
-    ref.write_text("\n".join(REFERENCE) + "\n")
     out = d / "out"
-    p = run_report(runs, out, "--reference", str(ref))
+    p = run_report(runs, out)
     assert p.returncode == 0, p.stderr
     return out
 
@@ -113,8 +116,24 @@ def test_every_figure_and_table_is_built(report, runs):
         assert f"]({name}.png)" in md
     for path in runs:
         assert f"| {path.stem} |" in md, f"{path.stem} has no row in summary.md"
-    for table in ("summary", "kstep", "comm", "bandwidth", "reference"):
+    for table in ("summary", "kstep", "comm", "bandwidth"):
         assert read_csv(report / f"{table}.csv"), f"{table}.csv is empty"
+    for script in ("jobs/lr.sbatch", "jobs/scale.sbatch"):  # the sweeps these runs lack
+        assert script in md
+
+
+def test_figure_panels(runs, tmp_path):
+    """Every panel of every figure has data, a title, axis labels and labelled ticks, for all the
+    runs (two seeds of one variant: a band) and for one seed alone (no band)."""
+    for files, out in ((runs, tmp_path / "all"), (runs[:1], tmp_path / "one")):
+        got = report_module.write_report([str(f) for f in files], str(out), keep_figures=True)
+        for name, fig in got["figures"].items():
+            check_panels(name, fig)
+        ax = got["figures"]["sparsity"].axes[0]
+        assert ("min-max over seeds" in ax.get_title()) == (len(files) > 1)
+    # the prediction from the absorption histograms is stated for each run that has them
+    md = (out / "summary.md").read_text()
+    assert "predicted" in md and "measured" in md
 
 
 def expected_summary(path):
@@ -126,6 +145,7 @@ def expected_summary(path):
         sent = f["ranks/trainer_bytes_sent"][()][:, trainers].sum(axis=1)
         gate = s["gate_density"][~np.isnan(s["gate_density"])]
         last = f["absorption"][sorted(f["absorption"])[-1]]
+        recorded = [int(g.split("_")[1]) for g in f["absorption"]]
         absorbed = last["absorbed"][0] / last["ratio_counts"][()].sum()
         kv = [int(k) for k in f["kstep/sparsity"].attrs["k_values"]]
         ks = f["kstep/sparsity"][()]
@@ -146,6 +166,7 @@ def expected_summary(path):
             "final_reward": s["reward"][-1], "mean_reward": s["reward"].sum() / len(s["step"]),
             "final_loss": s["loss"][-1], "final_eval_pass1": ev[-1] if len(ev) else math.nan,
             "mean_step_s": s["step_s"].sum() / len(s["step"]), "absorbed_fraction": absorbed,
+            "measured_changed_at_absorption": sum(1 - s["sparsity"][t - 1] for t in recorded) / len(recorded),
         }
         for j, k in enumerate(kv):
             col = ks[:, j][~np.isnan(ks[:, j])]
@@ -244,30 +265,11 @@ def test_bandwidth_options(runs, tmp_path):
     assert want[0]["winner"] == "patch"
 
 
-def test_reference_table(report):
-    rows = [dict(zip(REFERENCE[0].split(","), line.split(","))) for line in REFERENCE[1:]]
-    table = read_csv(report / "reference.csv")
-    groups = {}
-    for r in rows:
-        key = (f"{r['model_family']} {r['model_size']}", int(r["iteration_num"]), float(r["learning_rate"]), int(r["k"]))
-        groups.setdefault(key, []).append(float(r["sparsity"]) / 100)
-    assert len(table) == len(groups)
-    for t in table:
-        v = groups[(t["reference"], int(t["iteration_num"]), float(t["learning_rate"]), int(t["k"]))]
-        assert int(t["rows"]) == len(v)
-        close(t["mean_sparsity"], sum(v) / len(v), f"reference {t}")
-        close(t["min_sparsity"], min(v), f"reference {t}")
-
-
 def test_bad_inputs_fail_with_one_line(runs, tmp_path):
     bogus = tmp_path / "bogus.h5"
     bogus.write_text("not HDF5")
     p = run_report([bogus], tmp_path / "out")
     assert p.returncode != 0 and "bogus.h5" in p.stderr and "Traceback" not in p.stderr, p.stderr
-    bad_ref = tmp_path / "ref.csv"
-    bad_ref.write_text("model_family,step,k\nQwen,1,1\n")
-    p = run_report(runs[:1], tmp_path / "out2", "--reference", str(bad_ref))
-    assert p.returncode != 0 and "ref.csv" in p.stderr and "model_size" in p.stderr, p.stderr
 
 
 if __name__ == "__main__":
