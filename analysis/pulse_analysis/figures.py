@@ -161,6 +161,8 @@ class Figures:
         SWEEP_IGNORES lists) form one series of (x, runs) points; only series with >= 2 x values."""
         series = {}
         for label, runs in self.groups:
+            if runs[0].cfg(key) is None:
+                continue  # a pulse-measure file: no training settings
             v = {k: val for k, val in runs[0].variant() if k != key and k not in SWEEP_IGNORES}
             series.setdefault(tuple(sorted(v.items())), []).append((x_of(runs[0]), runs))
         kept = {rest: points for rest, points in series.items() if len({p[0] for p in points}) >= 2}
