@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Debian's python carries the apt python3-* packages; a pyenv python3 first on PATH does not.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: deps build run test bench clean
+.PHONY: deps build run test test-openmp bench clean
 
 deps:
 	@cmake/debian-deps.sh
@@ -25,6 +25,11 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The same tests against a threaded Kokkos (OpenMP) built from ../shared/vendor (CI has it; skipped
+# without it), and kernel_digest identical for Serial and OpenMP at 1, 2 and 4 threads.
+test-openmp: build
+	PULSE_PYTHON=$(PYTHON) cmake/openmp-check.sh $(BUILD) $(BUILD)-omp
 
 bench: build
 	$(PYTHON) apps/bench/run_benchmarks.py --build $(BUILD) --out runs/bench
