@@ -72,14 +72,20 @@ _pulse_forward() {
   _pulse_deliver
 }
 # SIGUSR1 to the launcher, which passes it to every rank (called again right after the launch,
-# for a stop that came between the launch and `_pulse_child=$!`).
+# for a stop that came between the launch and `_pulse_child=$!`). Sent again every 5 s until
+# the launcher exits, from a background loop: srun drops a signal that reaches it before the
+# ranks run, and pulse-train takes repeats as one. The first 3 s after the launch are left
+# alone: a rank signalled between its exec and main, before pulse-train sets its handlers, dies.
+_pulse_resender=""
 _pulse_deliver() {
-  [[ -n $_pulse_child ]] && kill -0 "$_pulse_child" 2>/dev/null || return 0
-  # A rank signalled in the instant between its exec and main, before pulse-train sets its
-  # handlers, dies of it: give the launch 3 s first (the time limit is minutes away).
-  local age=$((SECONDS - _pulse_launched))
-  ((age < 3)) && sleep $((3 - age))
-  kill -USR1 "$_pulse_child"
+  [[ -n $_pulse_child && -z $_pulse_resender ]] && kill -0 "$_pulse_child" 2>/dev/null || return 0
+  local child=$_pulse_child wait_s=$((3 - (SECONDS - _pulse_launched)))
+  (
+    trap '' USR1  # Slurm signals every process of the batch step, this loop included
+    ((wait_s > 0)) && sleep "$wait_s"
+    while kill -USR1 "$child" 2>/dev/null; do sleep 5; done
+  ) &
+  _pulse_resender=$!
 }
 trap '_pulse_forward USR1' USR1
 trap '_pulse_forward TERM' TERM
@@ -130,6 +136,8 @@ pulse_run() {
     break
   done
   _pulse_child=""
+  [[ -n $_pulse_resender ]] && kill "$_pulse_resender" 2>/dev/null
+  _pulse_resender=""
   # The run is over: a time-limit USR1 arriving now (during the report) must not kill the shell.
   trap '' USR1
   trap - TERM

@@ -97,6 +97,13 @@ int main(int argc, char** argv) {
     const float fv[3] = {1.0f, 7.0f, -0.0f};
     std::memcpy(f32[4].bytes.data(), fv, sizeof fv);
     targets.emplace_back("f32", f32);
+    FuzzState small_floats = targets[1].second;  // one-ulp steps of F16 and FP8 elements
+    for (auto& t : small_floats) {
+      if (t.dtype == "F16") t.bytes[2] = std::byte(std::to_integer<unsigned>(t.bytes[2]) + 1);
+      if (t.dtype == "F8_E4M3") t.bytes[5] = std::byte(std::to_integer<unsigned>(t.bytes[5]) - 1);
+      if (t.dtype == "F8_E8M0") t.bytes[0] = std::byte(std::to_integer<unsigned>(t.bytes[0]) + 1);
+    }
+    targets.emplace_back("f16-fp8", small_floats);
 
     int written = 0;
     for (const auto& [name, target] : targets)

@@ -69,6 +69,17 @@ inline FuzzState base_state() {
   const float fv[3] = {1.0f, -2.0f, 0.5f};
   std::memcpy(f.bytes.data(), fv, sizeof fv);
   s.push_back(f);
+  // Other sparse-coded dtypes of format 2: F16, and FP8 with and without a sign bit.
+  const std::uint16_t hv[6] = {0x3C00, 0xBC00, 0x0001, 0x7BFF, 0x8000, 0x3555};  // 1, -1, tiny, max, -0, 1/3
+  FuzzTensor h{"proj.f16", "F16", {2, 3}, std::vector<std::byte>(sizeof hv)};
+  std::memcpy(h.bytes.data(), hv, sizeof hv);
+  s.push_back(h);
+  FuzzTensor q{"q.fp8", "F8_E4M3", {8}, std::vector<std::byte>(8)};
+  FuzzTensor e{"scales.e8m0", "F8_E8M0", {4}, std::vector<std::byte>(4)};
+  for (std::size_t i = 0; i < 8; ++i) q.bytes[i] = std::byte(0x30 + 9 * i);
+  for (std::size_t i = 0; i < 4; ++i) e.bytes[i] = std::byte(0x7F - i);
+  s.push_back(q);
+  s.push_back(e);
   return s;
 }
 
