@@ -13,6 +13,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli/conventions.hpp"
 #include "core/tensor_table.hpp"
 #include "core/version.hpp"
 #include "kernels/absorption.hpp"
@@ -146,6 +147,7 @@ int run(const Options& opt) {
 int main(int argc, char** argv) {
   Options opt;
   CLI::App app{"pulse-absorb: BF16 absorption of AdamW updates on synthetic gradients"};
+  cli::set_conventions(app, "pulse-absorb");
   app.add_option("--out", opt.out, "output folder (absorption.json)");
   app.add_option("--elements", opt.elements, "approximate parameter count")->check(CLI::PositiveNumber);
   app.add_option("--steps", opt.steps, "optimizer steps")->check(CLI::Range(1, 1000000));
@@ -159,9 +161,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::cerr << "pulse-absorb: " << e.what() << "\n";
-    return 2;
+    return cli::exit_on_parse_error(app, e, "pulse-absorb");
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   try {

@@ -31,6 +31,7 @@
 #include <optional>
 #include <set>
 
+#include "cli/conventions.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
 #include "io/model_state.hpp"
@@ -546,6 +547,7 @@ int main(int argc, char** argv) {
     Kokkos::ScopeGuard kokkos;  // no argv: --help is ours
     Options o;
     CLI::App app{"pulse-measure: per-step and k-step BF16/F16/F32 weight sparsity of a run's checkpoints"};
+    cli::set_conventions(app, "pulse-measure");
     app.add_option("checkpoints", o.checkpoints, "checkpoints in step order: .safetensors files or Hugging Face folders");
     app.add_option("--glob", o.glob_pattern, "checkpoints matching this pattern, ordered by the step number in the names");
     std::string steps_list;
@@ -569,7 +571,7 @@ int main(int argc, char** argv) {
       app.parse(argc, argv);
       parsed = true;
     } catch (const CLI::ParseError& e) {
-      code = rank == 0 ? app.exit(e) : e.get_exit_code();  // --help: 0
+      code = cli::exit_on_parse_error(app, e, "pulse-measure", rank == 0);
     }
     if (parsed) {
       std::unique_ptr<Measurement> m;

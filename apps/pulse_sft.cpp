@@ -17,6 +17,7 @@
 #include <set>
 #include <utility>
 
+#include "cli/conventions.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
@@ -171,6 +172,7 @@ int run(Options opt) {
 int main(int argc, char** argv) {
   Options opt;
   CLI::App app{"pulse-sft: train the GPT from scratch on a+b=c and measure greedy pass@1"};
+  cli::set_conventions(app, "pulse-sft");
   app.add_option("--model", opt.model, "preset")->check(CLI::IsMember({"tiny", "small", "base"}));
   app.add_option("--steps", opt.steps, "optimizer steps")->check(CLI::Range(1, 100000000));
   app.add_option("--batch", opt.batch, "sequences per step")->check(CLI::Range(1, 65536));
@@ -191,9 +193,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::cerr << "pulse-sft: " << e.what() << "\n";
-    return 2;
+    return cli::exit_on_parse_error(app, e, "pulse-sft");
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   try {

@@ -1,14 +1,15 @@
 // pulse-sync: PULSESync patches on Hugging Face safetensors checkpoints.
-//   pulse-sync diff A B                         changed counts and sparsity per tensor
+//   pulse-sync diff A B [--json]                changed counts and sparsity per tensor
 //   pulse-sync encode --base A --target B -o P  write the patch A -> B
 //   pulse-sync apply --base A --patch P -o OUT  (or --in-place FILE) apply it, transactionally
-//   pulse-sync verify FILE [--digest D]         print or check the state digest
-//   pulse-sync inspect P                        header and entries of a patch
+//   pulse-sync verify FILE [--digest D] [--json] print or check the state digest
+//   pulse-sync inspect P [--json]               header and entries of a patch
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
 //   pulse-sync publish --relay DIR --version V FILE [--previous PREV] [--sign K.sec]
 //   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub]
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <iostream>
 #include <optional>
 
+#include "cli/conventions.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
@@ -84,7 +86,9 @@ void print_summary(const std::vector<DtypeSummary>& summary) {
   }
 }
 
-int cmd_diff(const std::string& a_path, const std::string& b_path) {
+// The comparison of two checkpoints as one JSON object: the tensors in B's order (after those
+// removed), each with its counts or what happened to it, the totals per dtype, and the metadata.
+nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path) {
   const auto a_file = io::SafetensorsFile::open(a_path), b_file = io::SafetensorsFile::open(b_path);
   const auto a = tensor_refs(a_file), b = tensor_refs(b_file);
   std::map<std::string, const TensorRef*> a_by_name, b_by_name;
@@ -94,14 +98,13 @@ int cmd_diff(const std::string& a_path, const std::string& b_path) {
     std::uint64_t elements = 0, changed = 0, differing_tensors = 0;
   };
   std::map<std::string, Totals> by_dtype;
-  std::printf("%-48s %8s %12s %12s %10s\n", "tensor", "dtype", "elements", "changed", "sparsity");
+  nlohmann::json tensors = nlohmann::json::array();
   for (const auto& t : a)
-    if (!b_by_name.count(t.name)) std::printf("%-48s %8s removed in %s\n", t.name.c_str(), t.dtype.c_str(), b_path.c_str());
+    if (!b_by_name.count(t.name)) tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"status", "removed"}});
   for (const auto& u : b) {
     const auto it = a_by_name.find(u.name);
     if (it == a_by_name.end() || it->second->dtype != u.dtype || it->second->shape != u.shape) {
-      std::printf("%-48s %8s %s in %s\n", u.name.c_str(), u.dtype.c_str(), it == a_by_name.end() ? "added" : "re-declared",
-                  b_path.c_str());
+      tensors.push_back({{"name", u.name}, {"dtype", u.dtype}, {"status", it == a_by_name.end() ? "added" : "re-declared"}});
       continue;
     }
     const TensorRef& t = *it->second;
@@ -110,7 +113,7 @@ int cmd_diff(const std::string& a_path, const std::string& b_path) {
     const bool differs = std::memcmp(t.data, u.data, t.bytes) != 0;
     totals.differing_tensors += differs;
     if (bits % 8 != 0) {  // packed below a byte: compared as bytes
-      std::printf("%-48s %8s %12s %12s %10s\n", t.name.c_str(), t.dtype.c_str(), "-", differs ? "differs" : "same", "-");
+      tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"differs", differs}});
       continue;
     }
     const std::size_t width = bits / 8, n = t.bytes / width;
@@ -119,18 +122,50 @@ int cmd_diff(const std::string& a_path, const std::string& b_path) {
       for (std::size_t i = 0; i < n; ++i) changed += std::memcmp(t.data + width * i, u.data + width * i, width) != 0;
     totals.elements += n;
     totals.changed += changed;
-    std::printf("%-48s %8s %12zu %12llu %9.4f%%\n", t.name.c_str(), t.dtype.c_str(), n,
-                static_cast<unsigned long long>(changed), sparsity_percent(changed, n));
+    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"elements", n}, {"changed", changed},
+                       {"sparsity_percent", sparsity_percent(changed, n)}});
   }
-  for (const auto& [dtype, totals] : by_dtype) {
+  nlohmann::json totals = nlohmann::json::object();
+  for (const auto& [dtype, t] : by_dtype) {
     if (io::dtype_bits(io::parse_dtype(dtype)) % 8 != 0)
-      std::printf("total %s: %llu tensors differ\n", dtype.c_str(), static_cast<unsigned long long>(totals.differing_tensors));
+      totals[dtype] = {{"differing_tensors", t.differing_tensors}};
+    else
+      totals[dtype] = {{"elements", t.elements}, {"changed", t.changed}, {"sparsity_percent", sparsity_percent(t.changed, t.elements)}};
+  }
+  return {{"a", a_path},
+          {"b", b_path},
+          {"tensors", tensors},
+          {"totals", totals},
+          {"metadata_changed", a_file.metadata() != b_file.metadata()}};
+}
+
+int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
+  const nlohmann::json d = diff_checkpoints(a_path, b_path);
+  if (json) {
+    std::printf("%s\n", d.dump().c_str());
+    return 0;
+  }
+  std::printf("%-48s %8s %12s %12s %10s\n", "tensor", "dtype", "elements", "changed", "sparsity");
+  for (const auto& t : d["tensors"]) {
+    const std::string name = t["name"], dtype = t["dtype"];
+    if (t.contains("status"))
+      std::printf("%-48s %8s %s in %s\n", name.c_str(), dtype.c_str(), t["status"].get<std::string>().c_str(),
+                  b_path.c_str());
+    else if (t.contains("differs"))
+      std::printf("%-48s %8s %12s %12s %10s\n", name.c_str(), dtype.c_str(), "-", t["differs"].get<bool>() ? "differs" : "same", "-");
+    else
+      std::printf("%-48s %8s %12llu %12llu %9.4f%%\n", name.c_str(), dtype.c_str(), t["elements"].get<unsigned long long>(),
+                  t["changed"].get<unsigned long long>(), t["sparsity_percent"].get<double>());
+  }
+  for (const auto& [dtype, t] : d["totals"].items()) {
+    if (t.contains("differing_tensors"))
+      std::printf("total %s: %llu tensors differ\n", dtype.c_str(), t["differing_tensors"].get<unsigned long long>());
     else
       std::printf("total %s: %llu elements, %llu changed, sparsity %.4f%%\n", dtype.c_str(),
-                  static_cast<unsigned long long>(totals.elements), static_cast<unsigned long long>(totals.changed),
-                  sparsity_percent(totals.changed, totals.elements));
+                  t["elements"].get<unsigned long long>(), t["changed"].get<unsigned long long>(),
+                  t["sparsity_percent"].get<double>());
   }
-  std::printf("metadata: %s\n", a_file.metadata() == b_file.metadata() ? "same" : "changed");
+  std::printf("metadata: %s\n", d["metadata_changed"].get<bool>() ? "changed" : "same");
   return 0;
 }
 
@@ -227,25 +262,72 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   return 0;
 }
 
-int cmd_verify(const std::string& path, const std::string& expected) {
+int cmd_verify(const std::string& path, const std::string& expected, bool json) {
   const auto file = io::SafetensorsFile::open(path);
   const Digest d = state_digest(tensor_refs(file), file.metadata());
+  const bool verified = expected.empty() || d == digest_from_hex(expected);
+  if (json) {
+    nlohmann::json out = {{"file", path}, {"state_digest", to_hex(d)}};
+    if (!expected.empty()) out["expected"] = expected, out["verified"] = verified;
+    std::printf("%s\n", out.dump().c_str());
+  }
   if (expected.empty()) {
-    std::printf("%s  %s\n", to_hex(d).c_str(), path.c_str());
+    if (!json) std::printf("%s  %s\n", to_hex(d).c_str(), path.c_str());
     return 0;
   }
-  if (d != digest_from_hex(expected)) {
+  if (!verified) {
     std::fprintf(stderr, "pulse-sync: %s has state digest %s, expected %s\n", path.c_str(), to_hex(d).c_str(),
                  expected.c_str());
     return 1;
   }
-  std::printf("%s: state digest %s verified\n", path.c_str(), to_hex(d).c_str());
+  if (!json) std::printf("%s: state digest %s verified\n", path.c_str(), to_hex(d).c_str());
   return 0;
 }
 
-int cmd_inspect(const std::string& path) {
+nlohmann::json stream_json(const StreamSize& s) { return {{"coded", s.coded}, {"raw", s.raw}}; }
+
+// What inspect prints, as one JSON object.
+nlohmann::json patch_json(const ParsedPatch& p, std::size_t patch_bytes) {
+  const PatchHeader& h = p.header;
+  std::size_t kinds[3] = {0, 0, 0};
+  for (const auto& e : p.entries) ++kinds[static_cast<int>(e.kind)];
+  nlohmann::json summary = nlohmann::json::array(), added = nlohmann::json::array();
+  for (const auto& s : p.summary) {
+    nlohmann::json row = {{"dtype", s.dtype}, {"tensors", s.tensors}, {"elements", s.elements}, {"whole_bytes", s.whole_bytes}};
+    if (is_sparse_dtype(s.dtype)) row["changed"] = s.changed, row["sparsity_percent"] = sparsity_percent(s.changed, s.elements);
+    summary.push_back(row);
+  }
+  for (const auto& t : p.added) added.push_back({{"name", t.name}, {"dtype", t.dtype}});
+  nlohmann::json out = {
+      {"format_version", h.format_version},
+      {"bytes", patch_bytes},
+      {"signed", h.is_signed},
+      {"base_version", h.base_version},
+      {"target_version", h.target_version},
+      {"base_state", to_hex(h.base_state)},
+      {"target_state", to_hex(h.target_state)},
+      {"values", value_coding_name(h.values)},
+      {"indices", index_coding_name(h.indices)},
+      {"compressor", compressor_name(h.compressor)},
+      {"streams", {{"index", stream_json(h.index_stream)}, {"value", stream_json(h.value_stream)}, {"whole", stream_json(h.whole_stream)}}},
+      {"table_bytes", p.table_bytes},
+      {"entries", {{"tensors", p.entries.size()}, {"sparse", kinds[int(EntryKind::sparse)]}, {"same", kinds[int(EntryKind::same)]},
+                   {"whole", kinds[int(EntryKind::whole)]}}},
+      {"total_changed", h.total_changed},
+      {"summary", summary},
+      {"removed", p.removed},
+      {"added", added}};
+  if (h.changes_metadata) out["metadata"] = p.metadata;
+  return out;
+}
+
+int cmd_inspect(const std::string& path, bool json) {
   const auto bytes = read_regular_file(path, physical_memory_bytes(), "patch");
   const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
+  if (json) {
+    std::printf("%s\n", patch_json(p, bytes.size()).dump().c_str());
+    return 0;
+  }
   const PatchHeader& h = p.header;
   std::printf("PULSESync patch v%u, %zu bytes%s\n", h.format_version, bytes.size(), h.is_signed ? ", signed" : "");
   std::printf("versions %llu -> %llu\nbase state   %s\ntarget state %s\n",
@@ -337,12 +419,15 @@ int cmd_pull(const RelayArgs& args) {
 
 int main(int argc, char** argv) {
   CLI::App app{"pulse-sync: lossless sparse patches (PULSESync) on safetensors checkpoints"};
+  cli::set_conventions(app, "pulse-sync");
   app.require_subcommand(1);
 
   std::string a, b;
   auto* diff = app.add_subcommand("diff", "changed elements and sparsity per tensor between two checkpoints");
   diff->add_option("A", a, "older checkpoint (.safetensors)")->required()->check(CLI::ExistingFile);
   diff->add_option("B", b, "newer checkpoint")->required()->check(CLI::ExistingFile);
+  bool json = false;
+  diff->add_flag("--json", json, "print one JSON object instead of the table");
 
   EncodeArgs enc;
   auto* encode = app.add_subcommand("encode", "write the patch from --base to --target");
@@ -384,10 +469,12 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand("verify", "print a checkpoint's state digest, or check it with --digest");
   verify->add_option("FILE", verify_path, "checkpoint")->required()->check(CLI::ExistingFile);
   verify->add_option("--digest", digest, "expected state digest (32 hex digits)");
+  verify->add_flag("--json", json, "print one JSON object (file, state_digest, and with --digest: expected, verified)");
 
   std::string inspect_path;
   auto* inspect = app.add_subcommand("inspect", "print a patch's header and entries");
   inspect->add_option("PATCH", inspect_path, "patch file")->required()->check(CLI::ExistingFile);
+  inspect->add_flag("--json", json, "print one JSON object instead of the text");
 
   std::string public_out, secret_out;
   bool force_keys = false;
@@ -428,13 +515,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);
-    std::cerr << "pulse-sync: " << e.what() << "\n";
-    return 2;
+    return cli::exit_on_parse_error(app, e, "pulse-sync");
   }
   Kokkos::ScopeGuard kokkos;
   try {
-    if (*diff) return cmd_diff(a, b);
+    if (*diff) return cmd_diff(a, b, json);
     if (*encode) return cmd_encode(enc);
     if (*apply) {
       if (in_place.empty()) {
@@ -444,8 +529,8 @@ int main(int argc, char** argv) {
       PULSE_CHECK(base.empty(), "--in-place takes its base from FILE; drop --base");
       return cmd_apply(in_place, patch, in_place, public_key);
     }
-    if (*verify) return cmd_verify(verify_path, digest);
-    if (*inspect) return cmd_inspect(inspect_path);
+    if (*verify) return cmd_verify(verify_path, digest, json);
+    if (*inspect) return cmd_inspect(inspect_path, json);
     if (*keygen) return cmd_keygen(public_out, secret_out, force_keys);
     if (*publish) return cmd_publish(rel);
     if (*pull) return cmd_pull(rel);

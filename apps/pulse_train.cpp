@@ -22,6 +22,7 @@
 #include <optional>
 #include <sstream>
 
+#include "cli/conventions.hpp"
 #include "comm/collectives.hpp"
 #include "comm/communicator.hpp"
 #include "core/atomic_file.hpp"
@@ -904,6 +905,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   TrainConfig config;
   CLI::App app{"pulse-train: GRPO with trainer and inference ranks, PULSESync, and BF16 update sparsity in HDF5"};
+  cli::set_conventions(app, "pulse-train");
   add_train_options(app, config);
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
@@ -913,13 +915,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     validate(config, size);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) {
-      if (rank == 0) app.exit(e);
-      code = 0;
-    } else {
-      if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
-      code = 2;
-    }
+    code = cli::exit_on_parse_error(app, e, "pulse-train", rank == 0);
   } catch (const std::exception& e) {
     if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
     code = 2;

@@ -4,6 +4,7 @@ the relay: late joiners, the fast path, and publishers killed at random points.
     test_pulse_sync.py --app build/apps/pulse-sync
 """
 import argparse
+import json
 import os
 import random
 import signal
@@ -256,6 +257,42 @@ def hardening(app, p, rng, versions):
         expect(one_line_error(r) and open(chain[0], "rb").read() == base_bytes, f"encode -o {out} must be refused: {r.stderr}")
 
 
+def json_matches_text(app, p, changed, digest):
+    """--json of diff, verify and inspect: one JSON object with the numbers the text prints."""
+    r, t = run(app, "diff", p("base.safetensors"), p("target.safetensors"), "--json"), run(app, "diff", p("base.safetensors"), p("target.safetensors"))
+    expect(r.returncode == 0 and len(r.stdout.strip().splitlines()) == 1, f"diff --json: one line: {r.stdout}{r.stderr}")
+    d = json.loads(r.stdout)
+    bf16 = d["totals"]["BF16"]
+    expect(bf16["changed"] == changed, f"diff --json BF16 changed {bf16['changed']}, expected {changed}")
+    expect(f"total BF16: {bf16['elements']} elements, {bf16['changed']} changed, sparsity {bf16['sparsity_percent']:.4f}%" in t.stdout,
+           f"diff --json totals must be the text's: {bf16} vs {t.stdout}")
+    for row in d["tensors"]:
+        if "elements" in row:
+            line = f"{row['name']:<48} {row['dtype']:>8} {row['elements']:>12} {row['changed']:>12} {row['sparsity_percent']:9.4f}%"
+            expect(line in t.stdout, f"diff --json row {row} must be a text line")
+    expect(d["metadata_changed"] is True and "metadata: changed" in t.stdout, "diff --json: metadata changed")
+
+    r = run(app, "verify", p("target.safetensors"), "--json")
+    expect(r.returncode == 0 and json.loads(r.stdout) == {"file": p("target.safetensors"), "state_digest": digest},
+           f"verify --json: {r.stdout}{r.stderr}")
+    r = run(app, "verify", p("base.safetensors"), "--digest", digest, "--json")
+    v = json.loads(r.stdout)
+    expect(r.returncode == 1 and v["verified"] is False and v["expected"] == digest and v["state_digest"] != digest,
+           f"verify --json of another state: {r.stdout}")
+
+    patch = p("keydiff-gap-varint-zstd.pulse")
+    r, t = run(app, "inspect", patch, "--json"), run(app, "inspect", patch).stdout
+    i = json.loads(r.stdout)
+    bf16 = [row for row in i["summary"] if row["dtype"] == "BF16"]
+    expect(r.returncode == 0 and i["bytes"] == os.path.getsize(patch) and bf16 and bf16[0]["changed"] == changed,
+           f"inspect --json: {r.stdout}")
+    expect(f"versions {i['base_version']} -> {i['target_version']}" in t and f"target state {i['target_state']}" in t
+           and f"index {i['streams']['index']['coded']}/{i['streams']['index']['raw']}" in t
+           and f"entry table: {i['table_bytes']} bytes for {i['entries']['tensors']} tensors" in t
+           and f"changed elements in sparse-coded tensors: {i['total_changed']}" in t
+           and i["metadata"] == {"format": "pt", "step": "1"}, f"inspect --json must hold the text's numbers: {i} vs {t}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--app", required=True)
@@ -294,6 +331,7 @@ def main():
         expect(r.returncode == 0 and "versions 0 -> 1" in r.stdout and f"{changed} changed" in r.stdout
                and "step = 1" in r.stdout,
                f"inspect: {r.stdout}")
+        json_matches_text(app, p, changed, digest)
 
         # Corrupt patches: rejected in one line, the output absent, the in-place file unchanged.
         good = open(p("keydiff-gap-varint-zstd.pulse"), "rb").read()

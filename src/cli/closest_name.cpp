@@ -1,0 +1,35 @@
+#include "cli/closest_name.hpp"
+
+#include <algorithm>
+
+namespace pulse::cli {
+
+// Optimal string alignment distance: Levenshtein plus transpositions, so "bsae" is one edit from "base".
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+std::string closest_name(const std::string& typed, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_distance = 0;
+  for (const std::string& name : candidates) {
+    const std::size_t distance = edit_distance(typed, name);
+    if (distance > std::max<std::size_t>(2, name.size() / 3) || distance >= typed.size()) continue;
+    if (best.empty() || distance < best_distance) {
+      best = name;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+}  // namespace pulse::cli
