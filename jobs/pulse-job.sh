@@ -64,7 +64,6 @@ pulse_launcher() {
 # up to a minute early), so the traps are set as soon as this file is sourced. A stop that comes
 # before pulse-train runs is remembered: pulse_run then requeues without starting it.
 _pulse_child=""
-_pulse_launched=0
 _pulse_stop=""
 _pulse_forward() {
   _pulse_stop=$1
@@ -72,18 +71,18 @@ _pulse_forward() {
   _pulse_deliver
 }
 # SIGUSR1 to the launcher, which passes it to every rank (called again right after the launch,
-# for a stop that came between the launch and `_pulse_child=$!`). Sent again every 5 s until
-# the launcher exits, from a background loop: srun drops a signal that reaches it before the
-# ranks run, and pulse-train takes repeats as one. The first 3 s after the launch are left
-# alone: a rank signalled between its exec and main, before pulse-train sets its handlers, dies.
+# for a stop that came between the launch and `_pulse_child=$!`), and again every 2 s until the
+# launcher exits, from a background loop: srun drops a signal that reaches it before its ranks
+# run (seen on a loaded node), and pulse-train takes repeats as one. A rank signalled in the
+# instant between its exec and main, before pulse-train sets its handlers, dies of it: pulse_run
+# then requeues (nothing was done that a checkpoint does not hold).
 _pulse_resender=""
 _pulse_deliver() {
   [[ -n $_pulse_child && -z $_pulse_resender ]] && kill -0 "$_pulse_child" 2>/dev/null || return 0
-  local child=$_pulse_child wait_s=$((3 - (SECONDS - _pulse_launched)))
+  local child=$_pulse_child
   (
     trap '' USR1  # Slurm signals every process of the batch step, this loop included
-    ((wait_s > 0)) && sleep "$wait_s"
-    while kill -USR1 "$child" 2>/dev/null; do sleep 5; done
+    while kill -USR1 "$child" 2>/dev/null; do sleep 2; done
   ) &
   _pulse_resender=$!
 }
@@ -123,7 +122,6 @@ pulse_run() {
     return
   fi
   echo "pulse-job: ${LAUNCH[*]} $PULSE_TRAIN ${args[*]} (restart ${SLURM_RESTART_COUNT:-0})" >&2
-  _pulse_launched=$SECONDS
   "${LAUNCH[@]}" "$PULSE_TRAIN" "${args[@]}" &
   _pulse_child=$!
   [[ -n $_pulse_stop ]] && _pulse_deliver
