@@ -189,8 +189,10 @@ def signal_arrivals(log):
 
 def test_startup_signal_requeues_and_finishes(slurm):
     d, env = slurm
-    steps = 12
-    env = dict(env, PULSE_ARGS=f"--steps {steps} --checkpoint-every 4 --quiet")
+    # Long enough (5-10 s of training) that the stop reaches the ranks while they train: srun drops
+    # a signal that comes before its ranks run, and pulse-job.sh sends it again every 2 s.
+    steps = 150
+    env = dict(env, PULSE_ARGS=f"--steps {steps} --checkpoint-every 50 --quiet")
     start = time.monotonic()
     job = sbatch(env, d, "--ntasks=3", "--output=slurm-%j.out", os.path.join(ROOT, "jobs", "measure.sbatch"))
     # The moment pulse-job.sh launches the ranks (its traps are set by then: a signal to a shell
