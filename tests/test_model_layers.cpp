@@ -26,9 +26,6 @@ namespace {
 
 using Vec = std::vector<double>;
 using FView = Kokkos::View<float*, pulse::DefaultMem>;
-// An instance per call: one at namespace scope would be built before Kokkos::initialize (fatal
-// on OpenMP and CUDA).
-pulse::DefaultExec exec() { return pulse::DefaultExec(); }
 
 Vec randn(std::size_t n, std::mt19937& rng, double scale = 1.0, double shift = 0.0) {
   std::normal_distribution<double> d(0.0, 1.0);
@@ -164,9 +161,9 @@ TEST(Layers, EmbeddingRepeatedTokens) {
   };
   const auto tokens = pulse::to_device(tok);
   FView out("out", B * T * C), dwte = ones(V * C), dwpe = ones(maxT * C);
-  pulse::embedding_forward(exec(), out, tokens, dev(wte), dev(wpe), B, T, C);
+  pulse::embedding_forward(pulse::DefaultExec(), out, tokens, dev(wte), dev(wpe), B, T, C);
   expect_close(host(out), ref(), 0.0 + 1e-7, "embedding out");
-  pulse::embedding_backward(exec(), dwte, dwpe, dev(R), tokens, B, T, C);
+  pulse::embedding_backward(pulse::DefaultExec(), dwte, dwpe, dev(R), tokens, B, T, C);
   expect_close(minus_one(dwte), numeric_grad(ref, wte, R), grad_tol, "dwte");
   expect_close(minus_one(dwpe), numeric_grad(ref, wpe, R), grad_tol, "dwpe");
 }
@@ -178,9 +175,9 @@ TEST(Layers, LayerNorm) {
   auto ref = [&] { return layernorm_ref(x, w, b, N, C); };
   const FView X = dev(x), W = dev(w);
   FView out("out", N * C), mean("mean", N), rstd("rstd", N), dx = ones(N * C), dw = ones(C), db = ones(C);
-  pulse::layernorm_forward(exec(), out, mean, rstd, X, W, dev(b), N, C);
+  pulse::layernorm_forward(pulse::DefaultExec(), out, mean, rstd, X, W, dev(b), N, C);
   expect_close(host(out), ref(), out_tol, "layernorm out");
-  pulse::layernorm_backward(exec(), dx, dw, db, dev(R), X, W, mean, rstd, N, C);
+  pulse::layernorm_backward(pulse::DefaultExec(), dx, dw, db, dev(R), X, W, mean, rstd, N, C);
   expect_close(minus_one(dx), numeric_grad(ref, x, R), grad_tol, "dx");
   expect_close(minus_one(dw), numeric_grad(ref, w, R), grad_tol, "dweight");
   expect_close(minus_one(db), numeric_grad(ref, b, R), grad_tol, "dbias");
@@ -196,9 +193,9 @@ TEST(Layers, MatmulWithAndWithoutBias) {
     auto ref = [&] { return matmul_ref(x, w, b, N, C, OC); };
     const FView X = dev(x), W = dev(w);
     FView out("out", N * OC), dx = ones(N * C), dw = ones(OC * C), db = ones(b.size());
-    pulse::matmul_forward(exec(), out, X, W, dev(b), N, C, OC);
+    pulse::matmul_forward(pulse::DefaultExec(), out, X, W, dev(b), N, C, OC);
     expect_close(host(out), ref(), out_tol, "matmul out");
-    pulse::matmul_backward(exec(), dx, dw, db, dev(R), X, W, N, C, OC);
+    pulse::matmul_backward(pulse::DefaultExec(), dx, dw, db, dev(R), X, W, N, C, OC);
     expect_close(minus_one(dx), numeric_grad(ref, x, R), grad_tol, "dx");
     expect_close(minus_one(dw), numeric_grad(ref, w, R), grad_tol, "dweight");
     if (with_bias) expect_close(minus_one(db), numeric_grad(ref, b, R), grad_tol, "dbias");
@@ -218,11 +215,11 @@ TEST(Layers, CausalAttentionOddSizes) {
   const FView QKV = dev(qkv);
   FView out("out", B * T * C), att("att", B * NH * T * T), scratch("scratch", B * NH * T * T);
   FView dqkv = ones(B * T * 3 * C);
-  pulse::attention_forward(exec(), out, att, QKV, B, T, C, NH);
+  pulse::attention_forward(pulse::DefaultExec(), out, att, QKV, B, T, C, NH);
   Vec got = host(out), got_att = host(att);
   got.insert(got.end(), got_att.begin(), got_att.end());
   expect_close(got, ref_all(), out_tol, "attention out and att (zero above the diagonal)");
-  pulse::attention_backward(exec(), dqkv, scratch, dev(R), QKV, att, B, T, C, NH);
+  pulse::attention_backward(pulse::DefaultExec(), dqkv, scratch, dev(R), QKV, att, B, T, C, NH);
   expect_close(minus_one(dqkv), numeric_grad(ref_out, qkv, R), grad_tol, "dqkv");
 }
 
@@ -238,9 +235,9 @@ TEST(Layers, GeluIncludingLargeInputs) {
   };
   const FView X = dev(x);
   FView out("out", x.size()), dx = ones(x.size());
-  pulse::gelu_forward(exec(), out, X, x.size());
+  pulse::gelu_forward(pulse::DefaultExec(), out, X, x.size());
   expect_close(host(out), ref(), out_tol, "gelu out");
-  pulse::gelu_backward(exec(), dx, X, dev(R), x.size());
+  pulse::gelu_backward(pulse::DefaultExec(), dx, X, dev(R), x.size());
   expect_close(minus_one(dx), numeric_grad(ref, x, R), grad_tol, "dx");
 }
 
@@ -248,11 +245,11 @@ TEST(Layers, Residual) {
   std::mt19937 rng(6);
   const Vec a = randn(9, rng), b = randn(9, rng), R = randn(9, rng);
   FView out("out", 9), da = ones(9), db = ones(9);
-  pulse::residual_forward(exec(), out, dev(a), dev(b), 9);
+  pulse::residual_forward(pulse::DefaultExec(), out, dev(a), dev(b), 9);
   Vec sum(9);
   for (int i = 0; i < 9; ++i) sum[i] = a[i] + b[i];
   expect_close(host(out), sum, 1e-7, "residual out");
-  pulse::residual_backward(exec(), da, db, dev(R), 9);
+  pulse::residual_backward(pulse::DefaultExec(), da, db, dev(R), 9);
   expect_close(minus_one(da), R, 1e-7, "da");
   expect_close(minus_one(db), R, 1e-7, "db");
 }
@@ -266,9 +263,9 @@ TEST(Layers, CrossEntropyWeightedRows) {
   auto ref = [&] { return cross_entropy_ref(logits, tgt, N, V); };
   const auto targets = pulse::to_device(tgt);
   FView losses("losses", N), probs("probs", N * V), dlogits = ones(N * V);
-  pulse::cross_entropy_forward(exec(), losses, probs, dev(logits), targets, N, V);
+  pulse::cross_entropy_forward(pulse::DefaultExec(), losses, probs, dev(logits), targets, N, V);
   expect_close(host(losses), ref(), out_tol, "losses");
-  pulse::cross_entropy_backward(exec(), dlogits, dev(dloss), probs, targets, N, V);
+  pulse::cross_entropy_backward(pulse::DefaultExec(), dlogits, dev(dloss), probs, targets, N, V);
   expect_close(minus_one(dlogits), numeric_grad(ref, logits, dloss), grad_tol, "dlogits");
 }
 
@@ -276,6 +273,6 @@ TEST(Layers, CrossEntropyStaysFiniteWhenTheTargetProbabilityUnderflows) {
   const Vec logits = {0.0, 200.0, -200.0};  // p(target 2) = e^-400 underflows in FP32
   const auto targets = pulse::to_device(std::vector<int>{2});
   FView losses("losses", 1), probs("probs", 3);
-  pulse::cross_entropy_forward(exec(), losses, probs, dev(logits), targets, 1, 3);
+  pulse::cross_entropy_forward(pulse::DefaultExec(), losses, probs, dev(logits), targets, 1, 3);
   EXPECT_NEAR(host(losses)[0], 400.0, 1e-3);
 }
