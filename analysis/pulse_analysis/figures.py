@@ -223,17 +223,22 @@ class Figures:
     def _kmax(self):
         return max(self.runs[0].k_values)
 
+    def _sweep_sparsity(self, ax, series):
+        """Per-step (k=1) and largest-k mean sparsity of each sweep series; returns that k."""
+        kmax = self._kmax()
+        j = self.runs[0].k_values.index(kmax)
+        for label, points in series:
+            self._sweep_plot(ax, f"k=1, {label}", points, lambda r: 100 * r.steps["sparsity"].mean())
+            self._sweep_plot(ax, f"k={kmax}, {label}", points, lambda r: 100 * mean_finite(r.kstep[:, j]), "s-")
+        return kmax
+
     def lr(self):
         series = self._sweep("lr", lambda r: float(r.cfg("lr")))
         if not series:
             self.missing["lr"] = SWEEP_SCRIPTS["lr"]
             return
         fig, ax = self.plt.subplots(figsize=(8, 4.5))
-        kmax = self._kmax()
-        for label, points in series:
-            self._sweep_plot(ax, f"k=1, {label}", points, lambda r: 100 * r.steps["sparsity"].mean())
-            j = self.runs[0].k_values.index(kmax)
-            self._sweep_plot(ax, f"k={kmax}, {label}", points, lambda r: 100 * mean_finite(r.kstep[:, j]), "s-")
+        kmax = self._sweep_sparsity(ax, series)
         for k, fmt in ((1, "o--"), (kmax, "s:")):
             rows = sorted(paper.kstep_rows(model=paper.SWEPT_MODEL, mu=1, k=k), key=lambda r: r["lr"])
             ax.plot([r["lr"] for r in rows], [r["mean_pct"] for r in rows], fmt, **PAPER,
@@ -251,11 +256,7 @@ class Figures:
             self.missing["scale"] = SWEEP_SCRIPTS["scale"]
             return
         fig, ax = self.plt.subplots(figsize=(8, 4.5))
-        kmax = self._kmax()
-        for label, points in series:
-            self._sweep_plot(ax, f"k=1, {label}", points, lambda r: 100 * r.steps["sparsity"].mean())
-            j = self.runs[0].k_values.index(kmax)
-            self._sweep_plot(ax, f"k={kmax}, {label}", points, lambda r: 100 * mean_finite(r.kstep[:, j]), "s-")
+        kmax = self._sweep_sparsity(ax, series)
         for k, fmt in ((1, "o"), (kmax, "s")):
             rows = paper.kstep_rows(lr=paper.DEFAULT_LR, mu=1, k=k)
             ax.plot([r["parameters"] for r in rows], [r["mean_pct"] for r in rows], fmt, mfc="none", **PAPER,
