@@ -12,8 +12,41 @@
 
 namespace pulse {
 
+namespace {
+
+// Reads --config files as CLI11's TOML reader does, then makes their relative paths relative to
+// the file's folder. CLI11 applies a config value only to options the command line left unset,
+// so paths typed on the command line stay relative to the working folder.
+class ConfigFileReader : public CLI::ConfigTOML {
+ public:
+  explicit ConfigFileReader(const CLI::Option* config_option) : config_option_(config_option) {}
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
+    const std::string file = config_option_->as<std::string>();
+    for (CLI::ConfigItem& item : items)
+      if (item.inputs.size() == 1 && std::find(config_path_keys.begin(), config_path_keys.end(), item.name) != config_path_keys.end())
+        item.inputs[0] = resolve_config_path(file, item.inputs[0]);
+    return items;
+  }
+
+ private:
+  const CLI::Option* config_option_;
+};
+
+}  // namespace
+
+std::string resolve_config_path(const std::string& config_file, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  // Lexically normal ("jobs/configs/../../runs/x" -> "runs/x"), so that the recorded settings
+  // read as the user would write them.
+  return (fs::path(config_file).parent_path() / path).lexically_normal().string();
+}
+
 void add_train_options(CLI::App& app, TrainConfig& c) {
-  app.set_config("--config", "", "TOML file of settings (keys are flag names); flags given on the command line win");
+  app.set_config("--config", "", "TOML file of settings (keys are flag names; relative paths in it are relative to its "
+                                 "folder); flags given on the command line win");
+  app.config_formatter(std::make_shared<ConfigFileReader>(app.get_config_ptr()));
   app.allow_config_extras(CLI::config_extras_mode::error);
   app.add_option("--out", c.out, "statistics file (HDF5); checkpoints go to OUT's stem + .ckpt/");
   app.add_flag("--overwrite", c.overwrite, "replace an existing output");

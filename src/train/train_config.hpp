@@ -65,6 +65,11 @@ inline const std::vector<double> adam_quantiles = {0.5, 0.9, 0.99, 0.999};
 inline constexpr int max_group_size = 1024;
 inline constexpr long long max_rows_per_rank = 16384;  // completions one rank samples or trains on per step
 
+// Keys whose values are paths. In a --config file a relative one is relative to the file's folder.
+inline const std::vector<std::string> config_path_keys = {"out", "init", "relay"};
+// path as seen from the working folder when a config file at config_file names it.
+std::string resolve_config_path(const std::string& config_file, const std::string& path);
+
 void add_train_options(CLI::App& app, TrainConfig& config);
 // Throws pulse::Error with a one-line reason; world_size is the MPI rank count. Also checks that
 // --out's folder is writable, so that no run trains only to fail at its first file.
