@@ -5,13 +5,23 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Debian's python carries the apt python3-* packages; a pyenv python3 first on PATH does not.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: deps build run test test-openmp bench clean
+.PHONY: deps deps-run build build-run run test test-openmp bench clean
+
+# Debian packages (cmake/debian-deps.sh): what `make run` needs, and what the tests add.
+deps-run:
+	@cmake/debian-deps.sh run
 
 deps:
-	@cmake/debian-deps.sh
+	@cmake/debian-deps.sh test
+
+# `make run` builds only pulse-train, without the tests and benchmarks (and their packages);
+# `make test` turns them back on in the same build folder.
+build-run: deps-run
+	cmake -S . -B $(BUILD) -DPULSE_PYTHON=$(PYTHON) -DPULSE_ENABLE_TESTS=OFF -DPULSE_ENABLE_BENCHMARKS=OFF $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS) --target pulse-train
 
 build: deps
-	cmake -S . -B $(BUILD) -DPULSE_PYTHON=$(PYTHON) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DPULSE_PYTHON=$(PYTHON) -DPULSE_ENABLE_TESTS=ON -DPULSE_ENABLE_BENCHMARKS=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 # mpirun needs --allow-run-as-root as root; --oversubscribe lets 2 ranks share fewer cores.
@@ -19,7 +29,7 @@ MPIRUN ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-
 
 # default.toml starts from an SFT warm start that pulse-train makes on first use and caches in
 # runs/sft-tiny-d2-800 (delete it to make it again).
-run: build
+run: build-run
 	$(MPIRUN) -n 2 $(BUILD)/apps/pulse-train --config jobs/configs/default.toml --out runs/default.h5 --overwrite
 	cd analysis && $(PYTHON) -m pulse_analysis report ../runs/default.h5 -o ../runs/default
 
