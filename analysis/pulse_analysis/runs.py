@@ -1,5 +1,5 @@
 """Reading pulse-train statistics files (one HDF5 file per run, layout in apps/pulse_train.cpp and
-the README): root attributes, /steps/*, /kstep/sparsity, /ranks/* and /absorption/step_NNNNNN."""
+docs/statistics.md): root attributes, /steps/*, /kstep/sparsity, /ranks/* and /absorption/step_NNNNNN."""
 import os
 import tomllib
 

@@ -1,4 +1,4 @@
-"""Statistics files in pulse-train's schema (apps/pulse_train.cpp, README "The statistics file"),
+"""Statistics files in pulse-train's schema (apps/pulse_train.cpp, docs/statistics.md),
 made by a small numpy simulation instead of pulse-train, so figure tests run in seconds and can
 hold any sweep. The weights really are simulated: an FP32 master moved by Adam-sized updates
 whose sign persists from step to step with probability `keep_sign`, its BF16 copy cast with

@@ -1,8 +1,8 @@
 """Runs a Python test script after checking that the modules it needs import.
 
 A missing module skips the test (exit 77, ctest's SKIP_RETURN_CODE) on a developer's machine and
-fails it in CI (environment variable CI set), so CI never passes without the dependencies the
-README lists. Usage: run_python_test.py --needs=torch,h5py -- script.py [args...]
+fails it in CI (environment variable CI set), so CI never passes without the dependencies
+cmake/debian-deps.sh lists. Usage: run_python_test.py --needs=torch,h5py -- script.py [args...]
 """
 import importlib
 import os
