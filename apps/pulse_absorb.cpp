@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/conventions.hpp"
+#include "cli/json_summary.hpp"
 #include "core/tensor_table.hpp"
 #include "core/version.hpp"
 #include "kernels/absorption.hpp"
@@ -158,6 +159,7 @@ int main(int argc, char** argv) {
   app.add_option("--grad-std", opt.grad_std, "std of the gradients")->check(CLI::PositiveNumber);
   app.add_option("--grad-persistence", opt.grad_persistence, "share of a fixed direction in each gradient")
       ->check(CLI::Range(0.0, 1.0));
+  cli::JsonSummary summary(app, "pulse-absorb");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -165,9 +167,11 @@ int main(int argc, char** argv) {
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   try {
-    return run(opt);
+    summary.set("steps", opt.steps);
+    return summary.print(run(opt));
   } catch (const std::exception& e) {
     std::cerr << "pulse-absorb: " << e.what() << "\n";
-    return 1;
+    summary.set("error", e.what());
+    return summary.print(1);
   }
 }

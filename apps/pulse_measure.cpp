@@ -32,6 +32,7 @@
 #include <set>
 
 #include "cli/conventions.hpp"
+#include "cli/json_summary.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
 #include "io/model_state.hpp"
@@ -564,6 +565,7 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
     app.add_flag("-q,--quiet", o.quiet, "no progress lines");
+    cli::JsonSummary summary(app, "pulse-measure");
     std::string command_line;
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
     bool parsed = false;
@@ -580,6 +582,7 @@ int main(int argc, char** argv) {
         // exits with one line and writes nothing.
         o.steps = parse_steps(steps_list);
         const auto series = resolve_series(o);
+        summary.set("checkpoints", series.size());
         const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only));
         if (tensors.empty()) throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure");
         check_series(series, tensors);
@@ -603,6 +606,7 @@ int main(int argc, char** argv) {
           MPI_Abort(MPI_COMM_WORLD, 1);
         }
       }
+      summary.print(code, rank == 0);
     }
   }
   MPI_Finalize();

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "cli/conventions.hpp"
+#include "cli/json_summary.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
@@ -84,7 +85,7 @@ EvalResult evaluate(GPT& model, GPTDecoder& decoder, const CharTokenizer& tok, c
   return {loss_sum / problems.size(), solved / problems.size(), problems[0].prompt + completion_text(out, tok, 0)};
 }
 
-int run(Options opt) {
+int run(Options opt, cli::JsonSummary& summary) {
   // Every check before any work, each a one-line error.
   GPTConfig config = gpt_preset(opt.model);
   const CharTokenizer tok = arithmetic_tokenizer();
@@ -164,6 +165,8 @@ int run(Options opt) {
   const std::string text = log.dump(1) + "\n";
   write_file_atomically(opt.out + "/sft_log.json", text.data(), text.size());
   std::printf("wrote %s/model.safetensors and %s/sft_log.json\n", opt.out.c_str(), opt.out.c_str());
+  summary.set("steps", step);
+  summary.set("final", curve.back());  // the last evaluation: step, losses, pass_at_1, seconds
   return 0;
 }
 
@@ -190,6 +193,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", opt.out, "output folder (model.safetensors, sft_log.json)");
   app.add_option("--time-limit-s", opt.time_limit_s, "stop after this many seconds (0: no limit)")
       ->check(CLI::NonNegativeNumber);
+  cli::JsonSummary summary(app, "pulse-sft");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -197,9 +201,10 @@ int main(int argc, char** argv) {
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   try {
-    return run(opt);
+    return summary.print(run(opt, summary));
   } catch (const std::exception& e) {
     std::cerr << "pulse-sft: " << e.what() << "\n";
-    return 1;
+    summary.set("error", e.what());
+    return summary.print(1);
   }
 }

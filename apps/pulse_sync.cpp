@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "cli/conventions.hpp"
+#include "cli/json_summary.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
@@ -512,6 +513,8 @@ int main(int argc, char** argv) {
   pull->add_option("--public-key", rel.public_key, "accept only HEAD, anchors and patches signed by this key")
       ->check(CLI::ExistingFile);
 
+  // diff, verify and inspect have a --json of their own; the other subcommands get the summary line.
+  cli::JsonSummary summary(app, "pulse-sync", {"--out", "--in-place", "--public", "--secret", "--relay"});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -520,23 +523,24 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos;
   try {
     if (*diff) return cmd_diff(a, b, json);
-    if (*encode) return cmd_encode(enc);
+    if (*encode) return summary.print(cmd_encode(enc));
     if (*apply) {
       if (in_place.empty()) {
         PULSE_CHECK(!base.empty() && !out.empty(), "apply needs --base A -o OUT, or --in-place FILE");
-        return cmd_apply(base, patch, out, public_key);
+        return summary.print(cmd_apply(base, patch, out, public_key));
       }
       PULSE_CHECK(base.empty(), "--in-place takes its base from FILE; drop --base");
-      return cmd_apply(in_place, patch, in_place, public_key);
+      return summary.print(cmd_apply(in_place, patch, in_place, public_key));
     }
     if (*verify) return cmd_verify(verify_path, digest, json);
     if (*inspect) return cmd_inspect(inspect_path, json);
-    if (*keygen) return cmd_keygen(public_out, secret_out, force_keys);
-    if (*publish) return cmd_publish(rel);
-    if (*pull) return cmd_pull(rel);
+    if (*keygen) return summary.print(cmd_keygen(public_out, secret_out, force_keys));
+    if (*publish) return summary.print(cmd_publish(rel));
+    if (*pull) return summary.print(cmd_pull(rel));
   } catch (const std::exception& e) {
     std::cerr << "pulse-sync: " << e.what() << "\n";
-    return 1;
+    summary.set("error", e.what());
+    return summary.print(1);
   }
   return 0;
 }

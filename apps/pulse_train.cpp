@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "cli/conventions.hpp"
+#include "cli/json_summary.hpp"
 #include "comm/collectives.hpp"
 #include "comm/communicator.hpp"
 #include "core/atomic_file.hpp"
@@ -907,6 +908,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pulse-train: GRPO with trainer and inference ranks, PULSESync, and BF16 update sparsity in HDF5"};
   cli::set_conventions(app, "pulse-train");
   add_train_options(app, config);
+  cli::JsonSummary summary(app, "pulse-train");
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
   // Checks every rank makes identically: a bad config exits cleanly on all ranks, no files made.
@@ -955,6 +957,8 @@ int main(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
   }
+  summary.set("steps", config.steps);
+  summary.print(code, rank == 0);
   MPI_Finalize();
   return code;
 }
