@@ -30,6 +30,7 @@ MPIRUN ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-
 # default.toml starts from an SFT warm start that pulse-train makes on first use and caches in
 # runs/sft-tiny-d2-800 (delete it to make it again).
 run: build-run
+	mkdir -p runs
 	$(MPIRUN) -n 2 $(BUILD)/apps/pulse-train --config jobs/configs/default.toml --out runs/default.h5 --overwrite
 	cd analysis && $(PYTHON) -m pulse_analysis report ../runs/default.h5 -o ../runs/default
 
