@@ -88,8 +88,8 @@ TEST_F(ConfigPaths, AbsoluteAndEmptyPathsAreKept) {
 
 TEST_F(ConfigPaths, OtherKeysAndRecordedSettingsAreUnchanged) {
   // Recorded settings (a checkpoint's TOML, read back on --resume) hold resolved paths already.
-  const TrainConfig c = pulse::parse_toml("out = \"results/run.h5\"\nmodel = \"small\"\n");
-  EXPECT_EQ(c.out, "results/run.h5");
+  const TrainConfig c = pulse::parse_toml("out = \"./results/../run.h5\"\nmodel = \"small\"\n");
+  EXPECT_EQ(c.out, "./results/../run.h5");
   const fs::path config_file = write_config("model = \"small\"\nsteps = 7\n");
   const TrainConfig d = parse({"--config", config_file.string()});
   EXPECT_EQ(d.model, "small");

@@ -23,6 +23,7 @@ class ConfigFileReader : public CLI::ConfigTOML {
   std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
     std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
     const std::string file = config_option_->as<std::string>();
+    if (file.empty()) return items;  // parse_toml(): recorded settings, whose paths are resolved already
     for (CLI::ConfigItem& item : items)
       if (item.inputs.size() == 1 && std::find(config_path_keys.begin(), config_path_keys.end(), item.name) != config_path_keys.end())
         item.inputs[0] = resolve_config_path(file, item.inputs[0]);
