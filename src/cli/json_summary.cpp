@@ -41,7 +41,7 @@ JsonSummary::JsonSummary(CLI::App& app, std::string program, std::vector<std::st
 }
 
 std::string JsonSummary::line(int exit_code) const {
-  nlohmann::json out = {{"program", program_}, {"version", version_string()}};
+  nlohmann::json out = {{"program", program_}, {"pulse_version", version_string()}};
   const CLI::App* level = &app_;
   if (!app_.get_subcommands().empty()) {
     level = app_.get_subcommands().front();

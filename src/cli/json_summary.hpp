@@ -9,7 +9,7 @@
 namespace pulse::cli {
 
 // --json: an app's key results as one JSON object on the last line of stdout, for the scripts
-// that run it: {"program", "version", "command" (the subcommand, if any), "exit_code",
+// that run it: {"program", "pulse_version", "command" (the subcommand, if any), "exit_code",
 // "elapsed_s", each output the run wrote with its size ("out": path, "out_bytes": n), and what
 // the app adds with set()}. Human-readable lines before it stay as they are.
 class JsonSummary {

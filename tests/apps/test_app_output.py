@@ -39,8 +39,8 @@ def summary(r, program, command=None):
     except (IndexError, json.JSONDecodeError):
         expect(False, f"{program} {command}: last stdout line is not JSON: {r.stdout[-300:]!r} {r.stderr}")
         return {}
-    expect(s.get("program") == program and str(s.get("version")).startswith(PULSE_VERSION + " (git ") and s.get("exit_code") == r.returncode,
-           f"{program}: program, version, exit_code in {s} (exit {r.returncode})")
+    expect(s.get("program") == program and str(s.get("pulse_version")).startswith(PULSE_VERSION + " (git ") and s.get("exit_code") == r.returncode,
+           f"{program}: program, pulse_version, exit_code in {s} (exit {r.returncode})")
     expect(s.get("command") == command, f"{program}: command {s.get('command')} != {command}")
     expect(isinstance(s.get("elapsed_s"), float) and s["elapsed_s"] >= 0, f"{program}: elapsed_s in {s}")
     expect(all(not line.startswith("{") for line in lines[:-1]), f"{program}: one JSON line only")
