@@ -23,6 +23,7 @@
 #include "core/error.hpp"
 #include "core/file_read.hpp"
 #include "kernels/sparsity.hpp"
+#include "io/folder_swap.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/codec_choice.hpp"
 #include "sync/patch.hpp"
@@ -45,6 +46,19 @@ const CLI::Validator kVersionNumber(
       return parse_canonical_version(text) ? std::string() : "'" + text + "' is not a version (0 to 2^64-1, in decimal)";
     },
     "VERSION");
+
+// A checkpoint on the command line: a file or a model folder. A folder left missing by an
+// interrupted swap (io/folder_swap.hpp) is put back first.
+const CLI::Validator kExistingState(
+    [](std::string& path) {
+      try {
+        io::recover_folder_swap(path);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return CLI::ExistingPath(path);
+    },
+    "PATH");
 
 // True when a and b name the same file (st_dev and st_ino), e.g. through a link or another path.
 bool same_file(const std::string& a, const std::string& b) {
@@ -422,15 +436,15 @@ int main(int argc, char** argv) {
 
   std::string a, b;
   auto* diff = app.add_subcommand("diff", "changed elements and sparsity per tensor between two checkpoints");
-  diff->add_option("A", a, "older checkpoint (.safetensors file or model folder)")->required()->check(CLI::ExistingPath);
-  diff->add_option("B", b, "newer checkpoint")->required()->check(CLI::ExistingPath);
+  diff->add_option("A", a, "older checkpoint (.safetensors file or model folder)")->required()->check(kExistingState);
+  diff->add_option("B", b, "newer checkpoint")->required()->check(kExistingState);
   bool json = false;
   diff->add_flag("--json", json, "print one JSON object instead of the table");
 
   EncodeArgs enc;
   auto* encode = app.add_subcommand("encode", "write the patch from --base to --target");
-  encode->add_option("--base", enc.base, "base checkpoint (file or model folder)")->required()->check(CLI::ExistingPath);
-  encode->add_option("--target", enc.target, "target checkpoint (file or model folder)")->required()->check(CLI::ExistingPath);
+  encode->add_option("--base", enc.base, "base checkpoint (file or model folder)")->required()->check(kExistingState);
+  encode->add_option("--target", enc.target, "target checkpoint (file or model folder)")->required()->check(kExistingState);
   encode->add_option("-o,--out", enc.out, "patch file to write")->required();
   encode->add_option("--values", enc.values, "value coding")->check(CLI::IsMember({"keydiff", "raw"}))->capture_default_str();
   encode->add_option("--indices", enc.indices, "index coding")
@@ -454,18 +468,18 @@ int main(int argc, char** argv) {
 
   std::string base, patch, out, in_place, public_key;
   auto* apply = app.add_subcommand("apply", "apply a patch; the output appears only when the result verifies");
-  apply->add_option("--base", base, "base checkpoint (file or model folder)")->check(CLI::ExistingPath);
+  apply->add_option("--base", base, "base checkpoint (file or model folder)")->check(kExistingState);
   apply->add_option("--patch", patch, "patch file")->required()->check(CLI::ExistingFile);
   auto* out_opt = apply->add_option("-o,--out", out, "checkpoint to write (a folder when the base is one)");
   auto* in_place_opt = apply->add_option("--in-place", in_place, "update this checkpoint (file or folder) in place (atomically)")
-                           ->check(CLI::ExistingPath);
+                           ->check(kExistingState);
   out_opt->excludes(in_place_opt);
   apply->add_option("--public-key", public_key, "require a valid signature by this Ed25519 public key")
       ->check(CLI::ExistingFile);
 
   std::string verify_path, digest;
   auto* verify = app.add_subcommand("verify", "print a checkpoint's state digest, or check it with --digest");
-  verify->add_option("FILE", verify_path, "checkpoint (file or model folder)")->required()->check(CLI::ExistingPath);
+  verify->add_option("FILE", verify_path, "checkpoint (file or model folder)")->required()->check(kExistingState);
   verify->add_option("--digest", digest, "expected state digest (32 hex digits)");
   verify->add_flag("--json", json, "print one JSON object (file, state_digest, and with --digest: expected, verified)");
 
@@ -485,9 +499,9 @@ int main(int argc, char** argv) {
   auto* publish = app.add_subcommand("publish", "publish a checkpoint as the relay's next version");
   publish->add_option("--relay", rel.relay, "relay folder")->required();
   publish->add_option("--version", rel.version, "version number of FILE")->required()->check(kVersionNumber);
-  publish->add_option("FILE", rel.file, "checkpoint to publish (file or model folder)")->required()->check(CLI::ExistingPath);
+  publish->add_option("FILE", rel.file, "checkpoint to publish (file or model folder)")->required()->check(kExistingState);
   publish->add_option("--previous", rel.previous, "the relay's head version, to write a patch from")
-      ->check(CLI::ExistingPath);
+      ->check(kExistingState);
   publish->add_option("--anchor-every", rel.anchor_every, "a full anchor every K versions")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -501,7 +515,7 @@ int main(int argc, char** argv) {
   auto* pull = app.add_subcommand("pull", "bring a checkpoint to the relay's head version");
   pull->add_option("--relay", rel.relay, "relay folder")->required()->check(CLI::ExistingDirectory);
   pull->add_option("-o,--out", rel.out, "checkpoint to write (a folder for a folder state)")->required();
-  auto* have_opt = pull->add_option("--have", rel.have, "checkpoint (file or folder) the receiver holds")->check(CLI::ExistingPath);
+  auto* have_opt = pull->add_option("--have", rel.have, "checkpoint (file or folder) the receiver holds")->check(kExistingState);
   pull->add_option("--have-version", rel.have_version, "its version (pull never moves below it)")
       ->needs(have_opt)
       ->check(kVersionNumber);

@@ -11,7 +11,7 @@ libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
 clang libclang-rt-14-dev
 python3 python3-numpy python3-h5py python3-matplotlib python3-pytest python3-torch python3-zstandard
 pybind11-dev python3-pybind11
-slurm-wlm munge"
+slurm-wlm munge strace"
 
 missing=""
 if command -v dpkg-query >/dev/null 2>&1; then

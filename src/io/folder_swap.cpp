@@ -142,7 +142,12 @@ void sync_folder_tree(const std::string& folder) {
   fsync_path(folder, true);
 }
 
-void recover_folder_swap(const std::string& destination) { recover(names_of(destination), false); }
+void recover_folder_swap(const std::string& destination) {
+  const fs::path d = fs::path(destination).lexically_normal();
+  const fs::path name = d.filename().empty() ? d.parent_path().filename() : d.filename();
+  if (name.empty() || name == "." || name == "..") return;  // never the destination of a swap
+  recover(names_of(destination), false);
+}
 
 void replace_folder(const std::string& destination, const std::function<void(const std::string& folder)>& fill) {
   const Names n = names_of(destination);

@@ -132,8 +132,10 @@ void check_replaceable(const std::string& path) {
 bool save_state(const std::string& path, const Checkpoint& checkpoint) {
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
+  const bool named_as_file = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
   const bool folder = exists ? fs::is_directory(path, ec)
-                             : checkpoint.folder || carries_files(checkpoint.layout) || (!path.empty() && path.back() == '/');
+                             : !named_as_file && (checkpoint.folder || carries_files(checkpoint.layout) ||
+                                                  (!path.empty() && path.back() == '/'));
   if (!folder) {
     for (const auto& t : checkpoint.layout)
       PULSE_CHECK(!is_file_tensor(t.name), path + ": the state is a model folder (it carries " + t.name.substr(9) +

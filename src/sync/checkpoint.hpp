@@ -46,8 +46,9 @@ Checkpoint load_checkpoint(const std::string& path);
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
 
 // Writes a state where pulse-sync's users name it: a model folder when path is an existing
-// folder, or does not exist and the state is a folder (read from one, or carrying files; a path
-// ending in '/' too); a .safetensors file otherwise. A folder is written whole next to the old
+// folder, or does not exist, does not end in ".safetensors" and the state is a folder (read
+// from one, or carrying files; a path ending in '/' too); a .safetensors file otherwise (a state
+// carrying files is refused there). A folder is written whole next to the old
 // one, read back and checked against the state's digest, then swapped into place
 // (io/folder_swap.hpp): on any failure the old folder stays exactly as it was. An existing
 // folder is replaced only when it is empty or holds a model. Returns true for a folder.
