@@ -126,6 +126,7 @@ def read_folder(folder):
     """(tensors {name: (dtype, shape, bytes)}, shard metadata {file: metadata}, other files
     {relative path: bytes}); tensors in two shards or missing shards raise."""
     tensors, metadata, files = {}, {}, {}
+    folder = os.fspath(folder)
     for root, _, names in os.walk(folder):
         for name in names:
             rel = os.path.relpath(os.path.join(root, name), folder)
