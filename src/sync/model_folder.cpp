@@ -13,6 +13,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using Metadata = std::map<std::string, std::string>;
+
 bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;

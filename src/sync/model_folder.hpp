@@ -11,11 +11,12 @@
 // (model.safetensors when the state carries no index), and checks everything first: carried
 // file names are plain relative paths, the index names exactly the state's tensors, shard keys
 // name shards of the index. Names under both prefixes are reserved: a shard may not use them.
+#include <map>
 #include <string>
 #include <vector>
 
 #include "io/model_state.hpp"
-#include "sync/patch.hpp"
+#include "sync/digest.hpp"  // TensorRef; no Kokkos, so the fuzz target builds without it
 
 namespace pulse::sync {
 
@@ -32,7 +33,7 @@ bool carries_files(const std::vector<TensorRef>& tensors);
 // single unindexed file is not model.safetensors (the name would not travel).
 struct FlatFolder {
   std::vector<TensorRef> tensors;  // shards' tensors in file order, then the files by name
-  Metadata metadata;
+  std::map<std::string, std::string> metadata;
   std::vector<std::vector<std::byte>> file_bytes;
 };
 FlatFolder flatten(const io::ModelState& state);
@@ -41,14 +42,15 @@ FlatFolder flatten(const io::ModelState& state);
 struct ShardPlan {
   std::string file;                 // e.g. "model-00001-of-00002.safetensors"
   std::vector<std::size_t> tensors;  // indices into the flat state, in its order
-  Metadata metadata;                 // the shard's __metadata__
+  std::map<std::string, std::string> metadata;  // the shard's __metadata__
 };
 struct FolderPlan {
   std::vector<ShardPlan> shards;
   std::vector<std::pair<std::string, std::size_t>> files;  // relative path, index of its tensor
 };
 // Throws pulse::Error with one line (naming `source`) when the state cannot be a folder.
-FolderPlan plan_folder(const std::vector<TensorRef>& tensors, const Metadata& metadata, const std::string& source);
+FolderPlan plan_folder(const std::vector<TensorRef>& tensors, const std::map<std::string, std::string>& metadata,
+                       const std::string& source);
 
 // Writes the planned folder's files into `folder` (an existing, empty folder).
 void write_planned_folder(const std::string& folder, const FolderPlan& plan, const std::vector<TensorRef>& tensors);
