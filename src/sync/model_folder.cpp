@@ -176,9 +176,9 @@ FolderPlan plan_folder(const std::vector<TensorRef>& tensors, const Metadata& me
   PULSE_CHECK(common.empty() || !plan.shards.empty(), source + ": the state has metadata but no shard to hold it");
   for (const auto& [key, values] : own) {
     if (common.count(key)) fail(source, "metadata key \"" + key + "\" is both common and per shard");
+    const std::string& first = values.begin()->second;
     const bool everywhere = values.size() == plan.shards.size() &&
-                            std::all_of(values.begin(), values.end(),
-                                        [&](const auto& v) { return v.second == values.begin()->second; });
+                            std::all_of(values.begin(), values.end(), [&first](const auto& v) { return v.second == first; });
     if (everywhere)
       fail(source, "metadata key \"" + key + "\" has one value in every shard, so it is not per shard");
     for (const auto& [file, value] : values) by_file[file]->metadata[key] = value;
