@@ -1,4 +1,5 @@
-// pulse-sync: PULSESync patches on Hugging Face safetensors checkpoints.
+// pulse-sync: PULSESync patches on Hugging Face safetensors checkpoints: a .safetensors file or
+// a model folder (shards + index, config and tokenizer files) wherever a checkpoint is taken.
 //   pulse-sync diff A B [--json]                changed counts and sparsity per tensor
 //   pulse-sync encode --base A --target B -o P  write the patch A -> B
 //   pulse-sync apply --base A --patch P -o OUT  (or --in-place FILE) apply it, transactionally
@@ -7,6 +8,8 @@
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
 //   pulse-sync publish --relay DIR --version V FILE [--previous PREV] [--sign K.sec]
 //   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub]
+// Every A, B, FILE, OUT may be a model folder (src/sync/FORMAT.md, "Model folders"); a folder is
+// written whole next to the old one and swapped in, so a failure leaves the old folder as it was.
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <nlohmann/json.hpp>
@@ -23,6 +26,7 @@
 #include "core/error.hpp"
 #include "core/file_read.hpp"
 #include "kernels/sparsity.hpp"
+#include "io/folder_swap.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/codec_choice.hpp"
 #include "sync/patch.hpp"
@@ -45,6 +49,19 @@ const CLI::Validator kVersionNumber(
       return parse_canonical_version(text) ? std::string() : "'" + text + "' is not a version (0 to 2^64-1, in decimal)";
     },
     "VERSION");
+
+// A checkpoint on the command line: a file or a model folder. A folder left missing by an
+// interrupted swap (io/folder_swap.hpp) is put back first.
+const CLI::Validator kExistingState(
+    [](std::string& path) {
+      try {
+        io::recover_folder_swap(path);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return CLI::ExistingPath(path);
+    },
+    "PATH");
 
 // True when a and b name the same file (st_dev and st_ino), e.g. through a link or another path.
 bool same_file(const std::string& a, const std::string& b) {
@@ -90,8 +107,8 @@ void print_summary(const std::vector<DtypeSummary>& summary) {
 // The comparison of two checkpoints as one JSON object: the tensors in B's order (after those
 // removed), each with its counts or what happened to it, the totals per dtype, and the metadata.
 nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path) {
-  const auto a_file = io::SafetensorsFile::open(a_path), b_file = io::SafetensorsFile::open(b_path);
-  const auto a = tensor_refs(a_file), b = tensor_refs(b_file);
+  const OpenState a_state = open_state(a_path), b_state = open_state(b_path);
+  const auto &a = a_state.flat.tensors, &b = b_state.flat.tensors;
   std::map<std::string, const TensorRef*> a_by_name, b_by_name;
   for (const auto& t : a) a_by_name[t.name] = &t;
   for (const auto& t : b) b_by_name[t.name] = &t;
@@ -137,7 +154,7 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
           {"b", b_path},
           {"tensors", tensors},
           {"totals", totals},
-          {"metadata_changed", a_file.metadata() != b_file.metadata()}};
+          {"metadata_changed", a_state.flat.metadata != b_state.flat.metadata}};
 }
 
 int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
@@ -189,11 +206,11 @@ int cmd_encode(const EncodeArgs& args) {
   opt.target_version = args.target_version;
   SecretKey key;
   opt.signing_key = signing_key(args.sign, key);
-  const auto base_file = io::SafetensorsFile::open(args.base), target_file = io::SafetensorsFile::open(args.target);
-  const auto target = tensor_refs(target_file);
+  const OpenState base_state = open_state(args.base), target_state = open_state(args.target);
+  const auto &base = base_state.flat.tensors, &target = target_state.flat.tensors;
   if (args.codec == "auto") {
     const double bits_per_second = parse_bandwidth(args.bandwidth);
-    const auto measured = measure_codecs(tensor_refs(base_file), target);
+    const auto measured = measure_codecs(base, target);
     const std::size_t best = best_codec(measured, bits_per_second);
     std::printf("codec choice at %s (%.3g bit/s): T = encode + 8 S / B + apply, measured here on this patch\n",
                 args.bandwidth.c_str(), bits_per_second);
@@ -219,8 +236,8 @@ int cmd_encode(const EncodeArgs& args) {
     opt.target_version = args.target_version;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto patch = encode_patch(tensor_refs(base_file), target, opt, nullptr, nullptr, base_file.metadata(),
-                                  target_file.metadata());
+  const auto patch = encode_patch(base, target, opt, nullptr, nullptr, base_state.flat.metadata,
+                                  target_state.flat.metadata);
   const double seconds = seconds_since(t0);
   write_file_atomically(args.out, patch.data(), patch.size());
   const ParsedPatch p = parse_patch(patch.data(), patch.size());
@@ -250,12 +267,12 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   const auto t0 = std::chrono::steady_clock::now();
   apply_to_checkpoint(patch, state);
   const double seconds = seconds_since(t0);
-  save_checkpoint(out, state);
+  const bool folder = save_state(out, state);
   std::printf("applied %s (version %llu -> %llu) in %.3f s, target state digest %s verified (tensors and metadata); "
-              "wrote %s\n",
+              "wrote %s%s\n",
               patch_path.c_str(), static_cast<unsigned long long>(patch.header.base_version),
               static_cast<unsigned long long>(patch.header.target_version), seconds,
-              to_hex(patch.header.target_state).c_str(), out.c_str());
+              to_hex(patch.header.target_state).c_str(), folder ? "the folder " : "", out.c_str());
   print_summary(patch.summary);
   if (patch.header.changes_layout)
     std::printf("  layout: %zu tensors removed, %zu added\n", patch.removed.size(), patch.added.size());
@@ -264,8 +281,8 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
 }
 
 int cmd_verify(const std::string& path, const std::string& expected, bool json) {
-  const auto file = io::SafetensorsFile::open(path);
-  const Digest d = state_digest(tensor_refs(file), file.metadata());
+  const OpenState state = open_state(path);
+  const Digest d = state_digest(state.flat.tensors, state.flat.metadata);
   const bool verified = expected.empty() || d == digest_from_hex(expected);
   if (json) {
     nlohmann::json out = {{"file", path}, {"state_digest", to_hex(d)}};
@@ -386,14 +403,11 @@ int cmd_publish(const RelayArgs& args) {
   opt.compress_anchors = args.compress_anchors;
   SecretKey key;
   opt.encode.signing_key = signing_key(args.sign, key);
-  const auto file = io::SafetensorsFile::open(args.file);
-  std::optional<io::SafetensorsFile> previous;
-  std::vector<TensorRef> previous_refs;
-  if (!args.previous.empty()) {
-    previous.emplace(io::SafetensorsFile::open(args.previous));
-    previous_refs = tensor_refs(*previous);
-  }
-  relay.publish(args.version, tensor_refs(file), previous ? &previous_refs : nullptr, opt);
+  const OpenState state = open_state(args.file);
+  std::optional<OpenState> previous;
+  if (!args.previous.empty()) previous.emplace(open_state(args.previous));
+  relay.publish(args.version, state.flat.tensors, state.flat.metadata, previous ? &previous->flat.tensors : nullptr,
+                previous ? &previous->flat.metadata : nullptr, opt);
   std::printf("published version %llu to %s\n", static_cast<unsigned long long>(args.version), args.relay.c_str());
   return 0;
 }
@@ -409,31 +423,31 @@ int cmd_pull(const RelayArgs& args) {
   options.min_version = args.min_version;
   const PullResult r = relay.pull(have ? &*have : nullptr, args.have_version, options);
   if (!r.fallback.empty()) std::fprintf(stderr, "pulse-sync: note: fell back (%s)\n", r.fallback.c_str());
-  save_checkpoint(args.out, r.state);
-  std::printf("pulled version %llu (%s path, %llu patches), digest verified; wrote %s\n",
+  const bool folder = save_state(args.out, r.state);
+  std::printf("pulled version %llu (%s path, %llu patches), digest verified; wrote %s%s\n",
               static_cast<unsigned long long>(r.version), r.fast_path ? "fast" : "slow",
-              static_cast<unsigned long long>(r.patches_applied), args.out.c_str());
+              static_cast<unsigned long long>(r.patches_applied), folder ? "the folder " : "", args.out.c_str());
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"pulse-sync: lossless sparse patches (PULSESync) on safetensors checkpoints"};
+  CLI::App app{"pulse-sync: lossless sparse patches (PULSESync) on safetensors checkpoints and model folders"};
   cli::set_conventions(app, "pulse-sync");
   app.require_subcommand(1);
 
   std::string a, b;
   auto* diff = app.add_subcommand("diff", "changed elements and sparsity per tensor between two checkpoints");
-  diff->add_option("A", a, "older checkpoint (.safetensors)")->required()->check(CLI::ExistingFile);
-  diff->add_option("B", b, "newer checkpoint")->required()->check(CLI::ExistingFile);
+  diff->add_option("A", a, "older checkpoint (.safetensors file or model folder)")->required()->check(kExistingState);
+  diff->add_option("B", b, "newer checkpoint")->required()->check(kExistingState);
   bool json = false;
   diff->add_flag("--json", json, "print one JSON object instead of the table");
 
   EncodeArgs enc;
   auto* encode = app.add_subcommand("encode", "write the patch from --base to --target");
-  encode->add_option("--base", enc.base, "base checkpoint")->required()->check(CLI::ExistingFile);
-  encode->add_option("--target", enc.target, "target checkpoint")->required()->check(CLI::ExistingFile);
+  encode->add_option("--base", enc.base, "base checkpoint (file or model folder)")->required()->check(kExistingState);
+  encode->add_option("--target", enc.target, "target checkpoint (file or model folder)")->required()->check(kExistingState);
   encode->add_option("-o,--out", enc.out, "patch file to write")->required();
   encode->add_option("--values", enc.values, "value coding")->check(CLI::IsMember({"keydiff", "raw"}))->capture_default_str();
   encode->add_option("--indices", enc.indices, "index coding")
@@ -457,18 +471,18 @@ int main(int argc, char** argv) {
 
   std::string base, patch, out, in_place, public_key;
   auto* apply = app.add_subcommand("apply", "apply a patch; the output appears only when the result verifies");
-  apply->add_option("--base", base, "base checkpoint")->check(CLI::ExistingFile);
+  apply->add_option("--base", base, "base checkpoint (file or model folder)")->check(kExistingState);
   apply->add_option("--patch", patch, "patch file")->required()->check(CLI::ExistingFile);
-  auto* out_opt = apply->add_option("-o,--out", out, "checkpoint to write");
-  auto* in_place_opt = apply->add_option("--in-place", in_place, "update this checkpoint in place (atomically)")
-                           ->check(CLI::ExistingFile);
+  auto* out_opt = apply->add_option("-o,--out", out, "checkpoint to write (a folder when the base is one)");
+  auto* in_place_opt = apply->add_option("--in-place", in_place, "update this checkpoint (file or folder) in place (atomically)")
+                           ->check(kExistingState);
   out_opt->excludes(in_place_opt);
   apply->add_option("--public-key", public_key, "require a valid signature by this Ed25519 public key")
       ->check(CLI::ExistingFile);
 
   std::string verify_path, digest;
   auto* verify = app.add_subcommand("verify", "print a checkpoint's state digest, or check it with --digest");
-  verify->add_option("FILE", verify_path, "checkpoint")->required()->check(CLI::ExistingFile);
+  verify->add_option("FILE", verify_path, "checkpoint (file or model folder)")->required()->check(kExistingState);
   verify->add_option("--digest", digest, "expected state digest (32 hex digits)");
   verify->add_flag("--json", json, "print one JSON object (file, state_digest, and with --digest: expected, verified)");
 
@@ -488,9 +502,9 @@ int main(int argc, char** argv) {
   auto* publish = app.add_subcommand("publish", "publish a checkpoint as the relay's next version");
   publish->add_option("--relay", rel.relay, "relay folder")->required();
   publish->add_option("--version", rel.version, "version number of FILE")->required()->check(kVersionNumber);
-  publish->add_option("FILE", rel.file, "checkpoint to publish")->required()->check(CLI::ExistingFile);
+  publish->add_option("FILE", rel.file, "checkpoint to publish (file or model folder)")->required()->check(kExistingState);
   publish->add_option("--previous", rel.previous, "the relay's head version, to write a patch from")
-      ->check(CLI::ExistingFile);
+      ->check(kExistingState);
   publish->add_option("--anchor-every", rel.anchor_every, "a full anchor every K versions")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -503,8 +517,8 @@ int main(int argc, char** argv) {
 
   auto* pull = app.add_subcommand("pull", "bring a checkpoint to the relay's head version");
   pull->add_option("--relay", rel.relay, "relay folder")->required()->check(CLI::ExistingDirectory);
-  pull->add_option("-o,--out", rel.out, "checkpoint to write")->required();
-  auto* have_opt = pull->add_option("--have", rel.have, "checkpoint the receiver holds")->check(CLI::ExistingFile);
+  pull->add_option("-o,--out", rel.out, "checkpoint to write (a folder for a folder state)")->required();
+  auto* have_opt = pull->add_option("--have", rel.have, "checkpoint (file or folder) the receiver holds")->check(kExistingState);
   pull->add_option("--have-version", rel.have_version, "its version (pull never moves below it)")
       ->needs(have_opt)
       ->check(kVersionNumber);

@@ -18,7 +18,7 @@ TEST_PACKAGES="libgtest-dev libbenchmark-dev hdf5-tools
 clang libclang-rt-14-dev
 python3-pytest python3-torch python3-zstandard
 pybind11-dev python3-pybind11
-slurm-wlm munge"
+slurm-wlm munge strace"
 
 case "${1:-test}" in
   run) PACKAGES="$RUN_PACKAGES" ;;

@@ -1,6 +1,7 @@
 // The relay's pieces below the CLI (issue 12): exact file names and canonical versions, signed
 // HEAD and anchor records, bounded regular-file reads, zstd frames that lie about their size,
-// and a safetensors input truncated while in use (a SIGBUS with a memory map).
+// a safetensors input truncated while in use (a SIGBUS with a memory map), and metadata carried
+// through publish and pull.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -180,6 +181,26 @@ TEST_F(TempDir, PublishLockHeldByALiveProcessRefusesASecondPublisher) {
   EXPECT_TRUE(std::none_of(fs::directory_iterator(dir_), fs::directory_iterator(), [](const fs::directory_entry& e) {
     return e.path().filename().string().rfind("publish.lock", 0) == 0;
   }));
+}
+
+TEST_F(TempDir, MetadataTravelsThroughTheRelay) {
+  Relay relay(dir_.string());
+  std::vector<std::uint16_t> w1(16, 0x3F80), w2 = w1;
+  w2[3] ^= 1;
+  const std::vector<TensorRef> v1{{"w", "BF16", {16}, reinterpret_cast<const std::byte*>(w1.data()), 32}},
+      v2{{"w", "BF16", {16}, reinterpret_cast<const std::byte*>(w2.data()), 32}};
+  const Metadata m1{{"format", "pt"}}, m2{{"format", "pt"}, {"step", "2"}};
+  PublishOptions options;
+  options.anchor_every = 100;  // version 2 travels as a patch only
+  relay.publish(1, v1, m1, nullptr, nullptr, options);
+  relay.publish(2, v2, m2, &v1, &m1, options);
+  EXPECT_EQ(relay.head()->state, state_digest(v2, m2));
+  EXPECT_FALSE(fs::exists(relay.anchor_path(2)));
+  const PullResult late = relay.pull(nullptr, 0);  // anchor 1 + patch 1 -> 2
+  EXPECT_EQ(late.state.metadata, m2);
+  EXPECT_EQ(load_checkpoint(relay.anchor_path(1)).metadata, m1);
+  // Previous weights with other metadata are not the head version.
+  EXPECT_THROW(relay.publish(3, v2, m2, &v2, &m1, options), pulse::Error);
 }
 
 }  // namespace

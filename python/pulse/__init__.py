@@ -9,7 +9,10 @@ by pulse's C++ library (src/sync); the patch format is src/sync/FORMAT.md.
     pulse.apply(weights, patch)          # in place; pulse.PatchError leaves weights unchanged
 """
 import dataclasses
+import json
 import os
+
+import numpy as np
 
 from . import _pulse
 from ._pulse import Error, PatchError
@@ -75,32 +78,119 @@ def generate_keypair():
     return _pulse.generate_keypair()
 
 
-def load(path, *, framework=None, metadata=False):
-    """A state from a .safetensors file (or .safetensors.zst): torch tensors when torch is
-    imported (framework="torch"), else numpy arrays; each tensor owns its slice of the file's
-    bytes, read once. With metadata=True returns (state, metadata dict)."""
-    if os.path.isdir(path):
-        return _load_folder(path, framework=framework, metadata=metadata)
+FILE_PREFIX = "__file__/"  # a model folder's other files in pulse's flat state (src/sync/FORMAT.md)
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def load(path, *, framework=None, metadata=False, files=False):
+    """A state from a .safetensors file (or .safetensors.zst) or a Hugging Face model folder
+    (shards named by model.safetensors.index.json, or one model.safetensors; tensors matched by
+    name across shards): torch tensors when torch is imported (framework="torch"), else numpy
+    arrays; each tensor owns its slice of the file's bytes, read once.
+
+    metadata=True also returns the __metadata__ dict (of a folder: the pairs every shard has,
+    the others as "__shard__/<file>/<key>"); files=True also returns the folder's other files as
+    {relative path: bytes} (config.json, tokenizer files, ...; not the index, which save writes).
+    Returns state, or a tuple (state, metadata?, files?) in that order."""
     items, meta = _pulse.load(os.fspath(path))
+    other = {name[len(FILE_PREFIX):]: bytes(data) for name, _, _, data in items if name.startswith(FILE_PREFIX)}
+    items = [item for item in items if not item[0].startswith(FILE_PREFIX)]
+    other.pop(INDEX_NAME, None)
     state = state_from_entries(items, framework or ("torch" if _state_torch() else "numpy"))
-    return (state, meta) if metadata else state
+    out = (state,) + ((meta,) if metadata else ()) + ((other,) if files else ())
+    return out if len(out) > 1 else state
 
 
-def save(state, path, *, metadata=None):
-    """Writes state to a .safetensors file atomically (tensors in dict order)."""
-    if os.path.isdir(path):
-        return _save_folder(state, path, metadata=metadata)
-    _pulse.save(entries(state), os.fspath(path), metadata or {})
+def save(state, path, *, metadata=None, files=None, max_shard_bytes=None, shards=None):
+    """Writes state atomically (tensors in dict order) to a .safetensors file, or to a Hugging
+    Face model folder when path is an existing folder or files, max_shard_bytes or shards is
+    given.
+
+    A folder gets shards as save_pretrained writes them: model-0000k-of-0000n.safetensors, at
+    most max_shard_bytes each (a larger tensor gets a shard of its own) or `shards` files of
+    about equal size, and model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"});
+    one shard is model.safetensors without an index. metadata goes into every shard. files is
+    {relative path: bytes or str} (e.g. load(..., files=True)'s); without it, an existing
+    folder keeps its other files. The folder is written whole beside the old one and swapped in,
+    so it holds either its old content or all of the new."""
+    path = os.fspath(path)
+    if files is None and max_shard_bytes is None and shards is None and not os.path.isdir(path):
+        _pulse.save(entries(state), path, metadata or {})
+        return
+    if files is None:
+        files = _other_files(path) if os.path.isdir(path) and _holds_model(path) else {}
+    flat = entries(state)
+    for name, _, _, _ in flat:
+        if name.startswith(FILE_PREFIX) or name.startswith("__shard__/"):
+            raise Error(f"tensor {name}: the prefixes {FILE_PREFIX} and __shard__/ are reserved for model folders")
+    groups = _shard_groups(flat, max_shard_bytes, shards)
+    carried = {}
+    for rel, data in files.items():
+        if rel == INDEX_NAME or ("/" not in rel and rel.endswith(".safetensors")):
+            raise Error(f"files: {rel} is written by pulse.save from the state, not passed in files")
+        carried[rel] = data.encode() if isinstance(data, str) else bytes(data)
+    if len(groups) > 1:
+        weight_map = {}
+        for k, group in enumerate(groups):
+            weight_map.update({name: f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for name, _, _, _ in group})
+        total = sum(_nbytes(e) for e in flat)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        carried[INDEX_NAME] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+    for rel, data in sorted(carried.items()):
+        array = np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, np.uint8)
+        flat.append((FILE_PREFIX + rel, "U8", (len(data),), array))
+    _pulse.save_folder(flat, path, metadata or {})
 
 
-def _load_folder(path, **kwargs):
-    # Seam for Hugging Face model folders (sharded safetensors + index), which pulse's C++
-    # library does not read yet.
-    raise Error(f"{path} is a folder; pulse.load reads single .safetensors files")
+def _nbytes(entry):
+    return int(entry[3].nbytes)
 
 
-def _save_folder(state, path, **kwargs):
-    raise Error(f"{path} is a folder; pulse.save writes single .safetensors files")
+def _shard_groups(flat, max_shard_bytes, shards):
+    """Tensors in dict order into shards: a new shard when the next tensor would pass
+    max_shard_bytes, or `shards` groups of about equal bytes."""
+    if max_shard_bytes is not None and shards is not None:
+        raise Error("save: give max_shard_bytes or shards, not both")
+    groups = [[]]
+    if max_shard_bytes is not None:
+        if max_shard_bytes <= 0:
+            raise Error(f"save: max_shard_bytes must be positive, not {max_shard_bytes}")
+        size = 0
+        for e in flat:
+            if groups[-1] and size + _nbytes(e) > max_shard_bytes:
+                groups.append([])
+                size = 0
+            groups[-1].append(e)
+            size += _nbytes(e)
+    elif shards is not None:
+        if shards < 1:
+            raise Error(f"save: shards must be at least 1, not {shards}")
+        total = sum(_nbytes(e) for e in flat) or 1
+        groups = [[] for _ in range(shards)]
+        acc = 0
+        for e in flat:
+            groups[min(shards - 1, acc * shards // total)].append(e)
+            acc += _nbytes(e)
+        groups = [g for g in groups if g] or [[]]
+    else:
+        groups = [flat[:]]
+    return groups
+
+
+def _holds_model(path):
+    return any(f.endswith(".safetensors") for f in os.listdir(path))
+
+
+def _other_files(folder):
+    """A model folder's files but its top-level shards and index, as load(files=True) gives them."""
+    out = {}
+    for root, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if rel != INDEX_NAME and not ("/" not in rel and rel.endswith(".safetensors")):
+                with open(os.path.join(root, name), "rb") as f:
+                    out[rel] = f.read()
+    return out
 
 
 def _state_torch():

@@ -2,6 +2,7 @@
 // safetensors files. Every call that touches tensor bytes releases the GIL while it works.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <optional>
@@ -332,6 +333,18 @@ void bind_sync(py::module_& m) {
     for (const auto& t : s.refs) tensors.push_back({t.name, io::parse_dtype(t.dtype), t.shape, t.data, t.bytes});
     py::gil_scoped_release release;
     io::write_safetensors(path, tensors, metadata);
+  });
+
+  // A flat state (tensors, the folder's files as __file__/ U8 tensors, the index among them)
+  // written as a model folder: planned and checked first, written whole, swapped in.
+  m.def("save_folder", [](const py::list& state, const std::string& path, const std::map<std::string, std::string>& metadata) {
+    struct stat st {};
+    PULSE_CHECK(::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode), path + " is a file; a model folder cannot replace it");
+    Checkpoint c = checkpoint_copy(state_buffers(state, false));
+    c.metadata = metadata;
+    c.folder = true;
+    py::gil_scoped_release release;
+    save_state(path, c);
   });
 
   py::class_<Receiver>(m, "Receiver")

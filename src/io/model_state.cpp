@@ -95,6 +95,18 @@ SafetensorsIndex parse_safetensors_index(const std::string& text, const std::str
   return index;
 }
 
+std::string choose_index(const std::vector<std::string>& top_level_names, const std::string& where) {
+  std::vector<std::string> indexes;
+  for (const std::string& name : top_level_names)
+    if (name.find('/') == std::string::npos && ends_with(name, kIndexSuffix)) indexes.push_back(name);
+  if (std::count(indexes.begin(), indexes.end(), kIndexName)) return kIndexName;
+  if (indexes.size() == 1) return indexes[0];
+  if (indexes.size() > 1)
+    fail(where, "holds " + std::to_string(indexes.size()) + " *" + kIndexSuffix +
+                    " files and no model.safetensors.index.json to choose");
+  return "";
+}
+
 std::string describe_non_safetensors(const std::string& path) {
   const std::string name = lower(fs::path(path).filename().string());
   if (ends_with(name, ".index.json")) return "a safetensors index, not a checkpoint (pass the folder that holds it)";
@@ -138,14 +150,7 @@ ModelState ModelState::open(const std::string& path, const SafetensorsLimits& li
     state.is_folder_ = true;
     const FolderListing listing = list_folder(path);
     state.other_files_ = listing.files;
-    std::string index_name;
-    if (std::count(listing.indexes.begin(), listing.indexes.end(), kIndexName))
-      index_name = kIndexName;
-    else if (listing.indexes.size() == 1)
-      index_name = listing.indexes[0];
-    else if (listing.indexes.size() > 1)
-      fail(path, "holds " + std::to_string(listing.indexes.size()) + " *" + kIndexSuffix +
-                     " files and no model.safetensors.index.json to choose");
+    const std::string index_name = choose_index(listing.indexes, path);
     if (!index_name.empty()) {
       index_path = (fs::path(path) / index_name).string();
       index = read_index(index_path);

@@ -68,6 +68,11 @@ struct SafetensorsIndex {
 };
 SafetensorsIndex parse_safetensors_index(const std::string& text, const std::string& source);
 
+// The index among a folder's top-level file names: model.safetensors.index.json when present,
+// else the only *.safetensors.index.json, else "" (no index). Throws pulse::Error naming `where`
+// when several are present and none is model.safetensors.index.json.
+std::string choose_index(const std::vector<std::string>& top_level_names, const std::string& where);
+
 // What a file that is not safetensors is, from its name and first bytes ("a PyTorch pickle
 // checkpoint", "a safetensors index", ...), or "" when it may be safetensors. For messages.
 std::string describe_non_safetensors(const std::string& path);

@@ -1,11 +1,15 @@
 #include "sync/checkpoint.hpp"
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
+#include "io/folder_swap.hpp"
 #include "sync/compress.hpp"
 
 namespace pulse::sync {
@@ -69,14 +73,23 @@ Checkpoint load_compressed(const std::string& path) {
 
 }  // namespace
 
+OpenState open_state(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) io::recover_folder_swap(path);
+  io::ModelState model = io::ModelState::open(path);
+  FlatFolder flat = flatten(model);  // views stay valid when both move
+  return {std::move(model), std::move(flat)};
+}
+
 Checkpoint load_checkpoint(const std::string& path) {
   if (is_zstd_path(path)) return load_compressed(path);
-  const auto file = io::SafetensorsFile::open(path);
+  const OpenState state = open_state(path);
   Checkpoint c;
-  c.metadata = file.metadata();
-  c.layout = tensor_refs(file);
+  c.metadata = state.flat.metadata;
+  c.layout = state.flat.tensors;
+  c.folder = state.folder();
   for (const auto& t : c.layout) c.data.emplace_back(t.data, t.data + t.bytes);
-  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();  // the map closes
+  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();  // the files close
   return c;
 }
 
@@ -97,6 +110,49 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
   std::remove(plain.c_str());
   const auto coded = compress(Compressor::zstd, zstd_level, raw);
   write_file_atomically(path, coded.data(), coded.size());
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// An existing folder is replaced only when it is empty or opens as a model state.
+void check_replaceable(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_empty(path, ec) && !ec) return;
+  try {
+    io::ModelState::open(path, {}, io::ShardBytes::header_only);
+  } catch (const Error& e) {
+    throw Error(path + ": refusing to replace a folder that does not hold a model (" + e.what() + ")");
+  }
+}
+
+}  // namespace
+
+bool save_state(const std::string& path, const Checkpoint& checkpoint) {
+  std::error_code ec;
+  const bool exists = fs::exists(path, ec);
+  const bool named_as_file = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+  const bool folder = exists ? fs::is_directory(path, ec)
+                             : !named_as_file && (checkpoint.folder || carries_files(checkpoint.layout) ||
+                                                  (!path.empty() && path.back() == '/'));
+  if (!folder) {
+    for (const auto& t : checkpoint.layout)
+      PULSE_CHECK(!is_file_tensor(t.name), path + ": the state is a model folder (it carries " + t.name.substr(9) +
+                                               "); write it to a folder, not a file");
+    save_checkpoint(path, checkpoint);
+    return false;
+  }
+  const FolderPlan plan = plan_folder(checkpoint.layout, checkpoint.metadata, path);
+  if (exists) check_replaceable(path);
+  const Digest expected = state_digest(checkpoint.layout, checkpoint.metadata);
+  io::replace_folder(path, [&](const std::string& folder_path) {
+    write_planned_folder(folder_path, plan, checkpoint.layout);
+    const OpenState back = open_state(folder_path);
+    PULSE_CHECK(state_digest(back.flat.tensors, back.flat.metadata) == expected,
+                path + ": the folder written does not read back as the state (not written)");
+  });
+  return true;
 }
 
 }  // namespace pulse::sync

@@ -1,11 +1,14 @@
 #pragma once
-// Model states for pulse-sync, from and to safetensors files: read-only memory maps for
-// diffing and encoding, and in-memory copies (tensor order and metadata kept) for applying.
+// Model states for pulse-sync, from and to safetensors files and Hugging Face model folders
+// (in their flat form, sync/model_folder.hpp): read-only views for diffing and encoding, and
+// in-memory copies (tensor order and metadata kept) for applying.
 #include <map>
 #include <string>
 #include <vector>
 
+#include "io/model_state.hpp"
 #include "io/safetensors.hpp"
+#include "sync/model_folder.hpp"
 #include "sync/patch.hpp"
 
 namespace pulse::sync {
@@ -13,10 +16,20 @@ namespace pulse::sync {
 // The tensors of a mapped file as patch tensors; they live as long as the file object.
 std::vector<TensorRef> tensor_refs(const io::SafetensorsFile& file);
 
+// A model state opened read-only: a .safetensors file, or a model folder in flat form.
+struct OpenState {
+  io::ModelState model;
+  FlatFolder flat;  // tensors (views into model and flat.file_bytes) and metadata
+  bool folder() const { return model.is_folder(); }
+};
+// Puts back a folder left missing by an interrupted two-rename swap first (io/folder_swap.hpp).
+OpenState open_state(const std::string& path);
+
 struct Checkpoint {
   std::vector<TensorRef> layout;  // names, dtypes, shapes; data points into `data`
   std::vector<std::vector<std::byte>> data;
   std::map<std::string, std::string> metadata;
+  bool folder = false;  // read from a model folder
 
   std::vector<MutableTensor> mutables();
 };
@@ -25,10 +38,20 @@ struct Checkpoint {
 // tensors, added ones at the end) and its metadata; transactional as apply_patch.
 std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint);
 
-// A path ending in ".zst" holds a zstd-compressed safetensors file (relay anchors may be).
+// A .safetensors file or a model folder; a path ending in ".zst" holds a zstd-compressed
+// safetensors file (relay anchors may be).
 Checkpoint load_checkpoint(const std::string& path);
 // Atomic: the file at path holds either its old content or all of the new one; a path ending
 // in ".zst" is written zstd-compressed at zstd_level.
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
+
+// Writes a state where pulse-sync's users name it: a model folder when path is an existing
+// folder, or does not exist, does not end in ".safetensors" and the state is a folder (read
+// from one, or carrying files; a path ending in '/' too); a .safetensors file otherwise (a state
+// carrying files is refused there). A folder is written whole next to the old
+// one, read back and checked against the state's digest, then swapped into place
+// (io/folder_swap.hpp): on any failure the old folder stays exactly as it was. An existing
+// folder is replaced only when it is empty or holds a model. Returns true for a folder.
+bool save_state(const std::string& path, const Checkpoint& checkpoint);
 
 }  // namespace pulse::sync

@@ -192,6 +192,15 @@ std::optional<RelayHead> Relay::head(const PublicKey* public_key) const {
 
 void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, const std::vector<TensorRef>* previous,
                     const PublishOptions& options) {
+  const Metadata none;
+  publish(version, state, none, previous, previous ? &none : nullptr, options);
+}
+
+void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, const Metadata& metadata,
+                    const std::vector<TensorRef>* previous, const Metadata* previous_metadata,
+                    const PublishOptions& options) {
+  const Metadata no_metadata;
+  if (!previous_metadata) previous_metadata = &no_metadata;
   PULSE_CHECK(options.anchor_every >= 1 && options.keep_anchors >= 1, "relay: anchor_every and keep_anchors must be >= 1");
   PublishLock lock(path(kRelayLockName));
   remove_temporary_files();  // with the lock held, every writer of these is gone
@@ -201,20 +210,21 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
   const SecretKey* key = options.encode.signing_key;
   bool wrote_patch = false;
   if (current && previous && current->version + 1 == version) {
-    PULSE_CHECK(state_digest(*previous) == current->state,
+    PULSE_CHECK(state_digest(*previous, *previous_metadata) == current->state,
                 "relay: the previous weights given are not the relay's head version " + std::to_string(current->version));
     EncodeOptions enc = options.encode;
     enc.base_version = current->version;
     enc.target_version = version;
-    const auto patch = encode_patch(*previous, state, enc);
+    const auto patch = encode_patch(*previous, state, enc, nullptr, nullptr, *previous_metadata, metadata);
     lock.confirm();
     write_file_atomically(patch_path(current->version, version), patch.data(), patch.size());
     wrote_patch = true;
   }
-  const Digest digest = state_digest(state);
+  const Digest digest = state_digest(state, metadata);
   if (!wrote_patch || version % options.anchor_every == 0 || anchor_versions().empty()) {
     Checkpoint anchor;
     anchor.layout = state;
+    anchor.metadata = metadata;
     for (const auto& t : state) anchor.data.emplace_back(t.data, t.data + t.bytes);
     lock.confirm();
     save_checkpoint(path(anchor_file_name(version, options.compress_anchors)), anchor, options.anchor_level);
@@ -268,7 +278,7 @@ void follow_patches(const Relay& relay, Checkpoint& state, std::uint64_t from, c
     apply_to_checkpoint(p, state);  // tensors, layout and metadata
     ++result.patches_applied;
   }
-  PULSE_CHECK(state_digest(state.layout) == head.state,
+  PULSE_CHECK(state_digest(state.layout, state.metadata) == head.state,
               "relay: the weights reached do not match HEAD's digest for version " + std::to_string(head.version));
 }
 
@@ -309,7 +319,7 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
         PULSE_CHECK(record->version == *it, "relay: " + record_path + " names version " + std::to_string(record->version));
       }
       result.state = load_checkpoint(anchor_path(*it));
-      PULSE_CHECK(!record || state_digest(result.state.layout) == record->state,
+      PULSE_CHECK(!record || state_digest(result.state.layout, result.state.metadata) == record->state,
                   "relay: " + anchor_path(*it) + " does not match the digest its record names");
       follow_patches(*this, result.state, *it, *h, options, result);
       result.anchor = *it;

@@ -57,6 +57,10 @@ class Relay {
   // publish.lock throughout; a second publisher gets a one-line error naming the holder.
   void publish(std::uint64_t version, const std::vector<TensorRef>& state, const std::vector<TensorRef>* previous,
                const PublishOptions& options);
+  // The same for a state with metadata (a checkpoint's __metadata__; a model folder in flat
+  // form, whose anchor is one safetensors file holding its files as U8 tensors, see FORMAT.md).
+  void publish(std::uint64_t version, const std::vector<TensorRef>& state, const Metadata& metadata,
+               const std::vector<TensorRef>* previous, const Metadata* previous_metadata, const PublishOptions& options);
 
   // Brings a receiver to the head version: from `have` (at have_version) by patches (fast path),
   // and if that fails from the newest anchor at or before the head, then each older one (slow

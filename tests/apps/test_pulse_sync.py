@@ -389,6 +389,21 @@ def main():
         expect(r.returncode == 0 and "fast path, 1 patches" in r.stdout and same_tensors(p("fast.safetensors"), v13),
                f"fast path: {r.stdout}{r.stderr}")
 
+        # A file's __metadata__ is part of the state the relay carries: HEAD names the digest
+        # verify prints, and a reader gets the metadata by patch and from an anchor.
+        mrelay = p("mrelay")
+        safetensors_ref.write(p("m1.safetensors"), versions[1], {"format": "pt"})
+        safetensors_ref.write(p("m2.safetensors"), versions[2], {"format": "pt", "step": "2"})
+        run(app, "publish", "--relay", mrelay, "--version", 1, p("m1.safetensors"))
+        r = run(app, "publish", "--relay", mrelay, "--version", 2, p("m2.safetensors"), "--previous", p("m1.safetensors"))
+        head = dict(line.split(" ", 1) for line in open(os.path.join(mrelay, "HEAD")).read().splitlines()[1:])
+        expect(r.returncode == 0 and head["state"] == run(app, "verify", p("m2.safetensors")).stdout.split()[0],
+               f"HEAD's digest includes the metadata: {r.stderr}")
+        for extra in ([], ["--have", p("m1.safetensors"), "--have-version", 1]):
+            r = run(app, "pull", "--relay", mrelay, "-o", p("m.safetensors"), *extra)
+            expect(r.returncode == 0 and safetensors_ref.read(p("m.safetensors"))[1] == {"format": "pt", "step": "2"},
+                   f"pull {extra} carries the metadata: {r.stderr}")
+
         # zstd-compressed anchors: the same chain, anchors as .safetensors.zst.
         zrelay = p("zrelay")
         for v in range(1, 7):

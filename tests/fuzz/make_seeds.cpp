@@ -1,5 +1,6 @@
 // Writes a few small valid safetensors files into the folder given as argument: the seed
-// corpus of fuzz_safetensors_header, and a model.safetensors.index.json for fuzz_safetensors_index.
+// corpus of fuzz_safetensors_header and fuzz_model_folder (folder.safetensors: a model folder in
+// flat form), and a model.safetensors.index.json for fuzz_safetensors_index.
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -30,6 +31,19 @@ int main(int argc, char** argv) {
                                   {"s", DType::F64, {}, &scalar, 8},
                                   {"b", DType::U8, {5, 1}, u8.data(), 5}});
     pulse::io::write_safetensors(dir + "/none.safetensors", {});
+    // A model folder in flat form (a relay anchor): two shards named by the carried index, a
+    // config file, metadata common to both shards and one shard's own key.
+    const std::string index =
+        R"({"metadata": {"total_size": 24}, "weight_map": {"a": "model-00001-of-00002.safetensors", )"
+        R"("b": "model-00002-of-00002.safetensors"}})";
+    const std::string config = R"({"hidden_size": 3})";
+    pulse::io::write_safetensors(
+        dir + "/folder.safetensors",
+        {{"a", DType::F32, {3}, f32.data(), 12},
+         {"b", DType::BF16, {6}, bf16.data(), 12},
+         {"__file__/model.safetensors.index.json", DType::U8, {std::int64_t(index.size())}, index.data(), index.size()},
+         {"__file__/sub/config.json", DType::U8, {std::int64_t(config.size())}, config.data(), config.size()}},
+        {{"format", "pt"}, {"__shard__/model-00002-of-00002.safetensors/step", "7"}});
     std::ofstream(dir + "/model.safetensors.index.json")
         << R"({"metadata": {"total_size": 24}, "weight_map": {"a": "model-00001-of-00002.safetensors", )"
         << R"("b": "model-00002-of-00002.safetensors"}})";

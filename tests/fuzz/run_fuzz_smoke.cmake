@@ -2,7 +2,8 @@
 # write seed files, and fuzz each target for FUZZ_SECONDS.
 #   cmake -DFUZZ_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCLANGXX=... [-DFUZZ_SECONDS=20]
 #         [-DFUZZ_SET=safetensors|patch|relay|train] -P run_fuzz_smoke.cmake
-# FUZZ_SET safetensors (default): parse_header and parse_safetensors_index. patch: parse_patch +
+# FUZZ_SET safetensors (default): parse_header, parse_safetensors_index and plan_folder (a model
+# folder's flat form). patch: parse_patch +
 # apply_patch, as the checksummed input and with the checksum rewritten over each mutated input.
 # relay: HEAD and anchor records, and relay file names. train: pulse-train's config parser and its
 # rank checkpoint reader (also with the checksum rewritten).
@@ -19,7 +20,7 @@ if(NOT FUZZ_SET)
 endif()
 if(FUZZ_SET STREQUAL "safetensors")
   set(seeder fuzz_safetensors_seeds)
-  set(fuzzers fuzz_safetensors_header fuzz_safetensors_index)
+  set(fuzzers fuzz_safetensors_header fuzz_safetensors_index fuzz_model_folder)
   set(dict safetensors.dict)
 elseif(FUZZ_SET STREQUAL "patch")
   set(seeder fuzz_patch_seeds)

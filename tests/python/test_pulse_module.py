@@ -2,6 +2,7 @@
 steps, bytes equal to pulse-sync's, relay, and the GIL released while encoding.
 Run: test_pulse_module.py --app build/apps/pulse-sync (PYTHONPATH=build/python)."""
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -231,8 +232,56 @@ def test_load_save_round_trip(tmp_path):
     assert_same(back, state)
     assert isinstance(back["torch.bfloat16"], torch.Tensor) and back["torch.bfloat16"].dtype == torch.bfloat16
     assert pulse.digest(back) == pulse.digest(state)
-    with pytest.raises(pulse.Error, match="folder"):
-        pulse.load(tmp_path)
+    with pytest.raises(pulse.Error, match="model.safetensors"):
+        pulse.load(tmp_path)  # a folder whose one file is not model.safetensors: its name would not travel
+
+
+def hf_reader():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "apps"))
+    import hf_folder_ref
+    return hf_folder_ref
+
+
+def test_model_folder_save_load(tmp_path):
+    """save writes Hugging Face shards + index (checked by a pure-Python reader), load reads
+    them back with the metadata and the other files; an existing folder keeps its files."""
+    hf = hf_reader()
+    state = hf.llama_state(32, 2, 128, 64, seed=4)
+    files = {"config.json": '{"hidden_size": 32}', "tokenizer.model": bytes(range(256)) * 3,
+             "sub/notes.txt": b"kept"}
+    folder = tmp_path / "model"
+    pulse.save(state, folder, max_shard_bytes=20000, files=files, metadata={"format": "pt"})
+    tensors, shard_meta, other = hf.read_folder(folder)
+    index = json.loads(other.pop("model.safetensors.index.json"))
+    shard_names = sorted(shard_meta)
+    assert len(shard_names) > 2 and shard_names[0] == f"model-00001-of-{len(shard_names):05d}.safetensors"
+    assert all(os.path.getsize(folder / n) < 20000 + 4096 for n in shard_names)
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in state.values())
+    assert set(index["weight_map"]) == set(state) and set(index["weight_map"].values()) == set(shard_names)
+    assert all(m == {"format": "pt"} for m in shard_meta.values())
+    assert other == {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
+    for name, t in state.items():
+        assert tensors[name][2] == hf.to_bytes(t), name
+    back, meta, got_files = pulse.load(folder, metadata=True, files=True)
+    assert meta == {"format": "pt"} and got_files == other and list(back) != [] and set(back) == set(state)
+    assert all(torch.equal(back[n].view(torch.uint8) if back[n].dim() else back[n], state[n].view(torch.uint8))
+               for n in state)
+    # shards=3 re-shards the same folder (files kept), then one shard is model.safetensors alone
+    pulse.save(back, folder, shards=3)
+    tensors3, meta3, other3 = hf.read_folder(folder)
+    assert sorted(meta3) == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)] and tensors3 == tensors
+    assert all(m == {} for m in meta3.values())
+    assert {k: v for k, v in other3.items() if k != "model.safetensors.index.json"} == other
+    pulse.save(back, folder)
+    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors", "sub", "tokenizer.model"]
+    # a folder torch wrote (hf_folder_ref) loads as the same tensors
+    hf.write_folder(tmp_path / "torch", state, 2, {"format": "pt"}, {"config.json": b"{}"})
+    loaded = pulse.load(tmp_path / "torch")
+    assert all(torch.equal(loaded[n].view(torch.uint8), state[n].view(torch.uint8)) for n in state)
+    with pytest.raises(pulse.Error, match="written by pulse.save"):
+        pulse.save(back, tmp_path / "x", files={"model.safetensors.index.json": b"{}"})
+    with pytest.raises(pulse.Error, match="reserved"):
+        pulse.save({"__file__/a": torch.zeros(2)}, tmp_path / "y", shards=1)
 
 
 def test_relay_publish_pull(tmp_path):
