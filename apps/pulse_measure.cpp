@@ -24,6 +24,7 @@
 #include <cerrno>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -36,9 +37,11 @@
 #include "core/version.hpp"
 #include "io/model_state.hpp"
 #include "io/stats_file.hpp"
+#include "measure/compare.hpp"
+#include "measure/patch_size.hpp"
+#include "measure/share_reader.hpp"
 #include "measure/tensor_kind.hpp"
 #include "measure/work_split.hpp"
-#include "sync/patch.hpp"
 
 using namespace pulse;
 using measure::MeasuredTensor;
@@ -177,24 +180,8 @@ void check_series(const std::vector<std::pair<std::int64_t, std::string>>& serie
   }
 }
 
-// Elements whose bits differ; a plain loop over lanes, which the compiler vectorises.
-template <class Word>
-std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n) {
-  std::uint32_t count = 0;  // n <= kBlockElements
-  for (std::size_t i = 0; i < n; ++i) {
-    Word x, y;
-    std::memcpy(&x, a + i * sizeof(Word), sizeof(Word));
-    std::memcpy(&y, b + i * sizeof(Word), sizeof(Word));
-    count += x != y;
-  }
-  return count;
-}
-
-std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes) {
-  return element_bytes == 4 ? count_differing<std::uint32_t>(a, b, n) : count_differing<std::uint16_t>(a, b, n);
-}
-
-// Elements compared per block: small enough for the block of every version to stay in L2.
+// Elements compared per block: small enough for the block of the checkpoint being measured to
+// stay in L1 while every version the row needs is compared with it.
 constexpr std::size_t kBlockElements = 8192;
 
 double cpu_seconds() {
@@ -221,51 +208,10 @@ std::string clock_text(double s) {
   return out;
 }
 
-// Memory for one version of a share, not zero-filled: it is overwritten whole. (Huge pages
-// were tried: the kernel's compaction made filling slower, not faster.)
-class ShareBuffer {
- public:
-  explicit ShareBuffer(std::size_t bytes) : data_(new std::byte[std::max<std::size_t>(bytes, 1)]) {}
-  std::byte* data() { return data_.get(); }
-  const std::byte* data() const { return data_.get(); }
-
- private:
-  std::unique_ptr<std::byte[]> data_;
-};
-
-// pread() of byte ranges of a checkpoint's shard files, each opened once.
-class ShardReader {
- public:
-  ShardReader() = default;
-  ShardReader(const ShardReader&) = delete;
-  ShardReader& operator=(const ShardReader&) = delete;
-  ~ShardReader() {
-    for (const auto& [path, fd] : fds_) ::close(fd);
-  }
-  void read(const std::string& path, std::uint64_t offset, std::byte* out, std::size_t bytes) {
-    auto it = fds_.find(path);
-    if (it == fds_.end()) {
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-      it = fds_.emplace(path, fd).first;
-    }
-    while (bytes > 0) {
-      const ssize_t got = ::pread(it->second, out, bytes, off_t(offset));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) throw Error(path + ": cannot read " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
-                                (got < 0 ? std::string(": ") + std::strerror(errno) : std::string(": file shrank")));
-      out += got, offset += std::uint64_t(got), bytes -= std::size_t(got);
-    }
-  }
-
- private:
-  std::map<std::string, int> fds_;
-};
-
 // One version of this rank's share: its pieces' bytes, concatenated in unit order.
 struct Version {
   std::int64_t step;
-  ShareBuffer bytes;
+  measure::ShareBuffer bytes;
 };
 
 class Measurement {
@@ -279,7 +225,6 @@ class Measurement {
       if (k <= o.max_k) ks_.push_back(k);
     units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
-    unit_digests_.resize(last_unit_ - first_unit_);
     for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
     for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
   }
@@ -289,8 +234,15 @@ class Measurement {
                                              o_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create);
     declare();
     const auto t0 = std::chrono::steady_clock::now();
+    start_reading(0);
     for (std::size_t i = 0; i < series_.size(); ++i) {
-      measure_checkpoint(i);
+      const auto row_t0 = std::chrono::steady_clock::now();
+      const double cpu0 = cpu_seconds();
+      reading_.get();  // rethrows the reader's error
+      measure::ShareBuffer now = std::move(*read_into_);
+      read_into_.reset();
+      if (i + 1 < series_.size()) start_reading(i + 1);
+      measure_checkpoint(i, std::move(now), row_t0, cpu0);
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
         const double gb = double(dense_bytes_) * double(i + 1) / 1e9;
@@ -303,6 +255,16 @@ class Measurement {
   }
 
  private:
+  // Reads checkpoint i's share on a second thread into a buffer no comparison uses: the
+  // version the ring dropped last, or a new one.
+  void start_reading(std::size_t i) {
+    read_into_.emplace(spare_ ? std::move(*spare_) : measure::ShareBuffer(share_bytes_));
+    spare_.reset();
+    reading_ = std::async(std::launch::async, [this, i, out = read_into_->data()] {
+      measure::read_share(series_[i].second, tensors_, units_, first_unit_, last_unit_, out);
+    });
+  }
+
   void declare() {
     using io::SeriesType;
     auto& s = *stats_;
@@ -392,65 +354,64 @@ class Measurement {
     return nullptr;
   }
 
-  void measure_checkpoint(std::size_t i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double cpu0 = cpu_seconds();
+  // Compares checkpoint i's share (now) with the versions the row needs, block by block, each
+  // distinct version once, and sizes the patch from the previous checkpoint as it goes.
+  void measure_checkpoint(std::size_t i, measure::ShareBuffer now, std::chrono::steady_clock::time_point t0,
+                          double cpu0) {
     const std::int64_t step = series_[i].first;
-    const io::ModelState state = io::ModelState::open(series_[i].second, {}, io::ShardBytes::header_only);
     const std::size_t nt = tensors_.size(), nk = ks_.size();
     const Version* prev = ring_.empty() ? nullptr : &ring_.front();
-    std::vector<const Version*> back(nk);
-    for (std::size_t k = 0; k < nk; ++k) back[k] = held(step - ks_[k]);
-    ShareBuffer next = spare_ ? std::move(*spare_) : ShareBuffer(share_bytes_);
-    ShardReader files;
-    spare_.reset();
+    // The distinct versions compared with: the previous checkpoint (slot 0, when there is one)
+    // and the ones k steps back (often the same); slot_of_k[k] is k's, or none.
+    constexpr std::size_t none = std::size_t(-1);
+    std::vector<const std::byte*> versions;
+    if (prev) versions.push_back(prev->bytes.data());
+    std::vector<std::size_t> slot_of_k(nk, none);
+    for (std::size_t k = 0; k < nk; ++k)
+      if (const Version* v = held(step - ks_[k])) {
+        const auto it = std::find(versions.begin(), versions.end(), v->bytes.data());
+        slot_of_k[k] = std::size_t(it - versions.begin());
+        if (it == versions.end()) versions.push_back(v->bytes.data());
+      }
+    std::vector<std::uint64_t> block_counts(versions.size());
 
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
     std::size_t offset = 0;
     for (std::size_t u = first_unit_; u < last_unit_; ++u) {
-      std::vector<sync::TensorRef> base, target;
+      patch_.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
-        const io::StateTensor* found = state.find(t.name);
-        PULSE_CHECK(found != nullptr, series_[i].second + ": lacks tensor " + t.name);
-        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin), bytes = n * esz;
-        // Read straight into the history (one copy, as read() costs; no page faults on a map),
-        // then compare it, block by block while in cache, with every version the row needs.
-        files.read(state.shards()[found->shard].path(), found->file_offset + std::uint64_t(p.begin) * esz,
-                   next.data() + offset, bytes);
-        const std::byte* now = next.data() + offset;
-        for (std::size_t b = 0; b < n; b += kBlockElements) {
-          const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
-          if (prev) sums[p.tensor] += std::int64_t(count_differing(now + b * esz, prev->bytes.data() + at, m, esz));
-          for (std::size_t k = 0; k < nk; ++k)
-            if (back[k]) sums[nt + k] += std::int64_t(count_differing(now + b * esz, back[k]->bytes.data() + at, m, esz));
-        }
+        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin);
         if (prev) {
           const bool whole = p.begin == 0 && p.end == t.numel;
-          const std::string name = whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]";
-          const std::vector<std::int64_t> shape = whole ? t.shape : std::vector<std::int64_t>{std::int64_t(n)};
-          base.push_back({name, t.dtype, shape, prev->bytes.data() + offset, bytes});
-          target.push_back({name, t.dtype, shape, next.data() + offset, bytes});
+          patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
+                            t.dtype, n);
         }
-        offset += bytes;
+        for (std::size_t b = 0; b < n; b += kBlockElements) {
+          const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
+          std::size_t v = 0;
+          if (prev) {  // the changes since the previous checkpoint: counted, and sized as a patch
+            const auto e0 = std::chrono::steady_clock::now();
+            block_counts[v] = measure::add_changes(now.data() + at, versions[v] + at, m, esz, b, patch_);
+            encode_s += seconds_since(e0);
+            sums[p.tensor] += std::int64_t(block_counts[v++]);
+          }
+          for (; v < versions.size(); ++v)
+            block_counts[v] = measure::count_differing(now.data() + at, versions[v] + at, m, esz);
+          for (std::size_t k = 0; k < nk; ++k)
+            if (slot_of_k[k] != none) sums[nt + k] += std::int64_t(block_counts[slot_of_k[k]]);
+        }
+        offset += n * esz;
       }
       if (prev) {
         const auto e0 = std::chrono::steady_clock::now();
-        sync::EncodeOptions options;
-        options.level = o_.level;
-        // The previous row's target digests are this row's base digests: the base is not hashed again.
-        sync::StateDigests& digests = unit_digests_[u - first_unit_];
-        const bool known = !digests.tensors.empty();
-        sync::StateDigests target_digests;
-        sums[nt + nk] +=
-            std::int64_t(sync::encode_patch(base, target, options, known ? &digests : nullptr, &target_digests).size());
-        digests = std::move(target_digests);
+        sums[nt + nk] += std::int64_t(patch_.bytes(o_.level));
         encode_s += seconds_since(e0);
       }
     }
-    remember(step, std::move(next));
+    remember(step, std::move(now));
     const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
 
     std::vector<std::int64_t> total(sums.size(), 0);
@@ -511,7 +472,7 @@ class Measurement {
 
   // Puts this checkpoint's share first in the ring and drops the versions no k reaches any more;
   // one dropped buffer is kept for the next checkpoint.
-  void remember(std::int64_t step, ShareBuffer share) {
+  void remember(std::int64_t step, measure::ShareBuffer share) {
     ring_.push_front({step, std::move(share)});
     const std::int64_t oldest_needed = step + 1 - ks_.back();
     while (ring_.back().step < oldest_needed) {
@@ -530,9 +491,11 @@ class Measurement {
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
-  std::vector<sync::StateDigests> unit_digests_;  // of this rank's units as the ring's newest version holds them
   std::deque<Version> ring_;     // newest first
-  std::optional<ShareBuffer> spare_;
+  std::optional<measure::ShareBuffer> spare_;
+  std::optional<measure::ShareBuffer> read_into_;  // the next checkpoint's share, while reading_
+  std::future<void> reading_;
+  measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
 };
 
