@@ -5,10 +5,9 @@
 // output is pulse-train's statistics schema (apps/pulse_train.cpp, src/io/stats_file.hpp) with
 // the datasets the weights alone determine; row i compares checkpoint i + 1 with the ones before.
 // Ranks split the model by bytes (src/measure/work_split.hpp); each reads (pread) only its share of
-// each checkpoint, straight into its history of that share, which the k-step comparisons use.
-#include <fcntl.h>
+// each checkpoint, straight into its history of that share, which the k-step comparisons use,
+// while the kernel reads the next checkpoint's share ahead (src/measure/checkpoint_reader.hpp).
 #include <glob.h>
-#include <unistd.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -24,7 +23,6 @@
 #include <cerrno>
 #include <deque>
 #include <filesystem>
-#include <future>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -37,9 +35,9 @@
 #include "core/version.hpp"
 #include "io/model_state.hpp"
 #include "io/stats_file.hpp"
+#include "measure/checkpoint_reader.hpp"
 #include "measure/compare.hpp"
 #include "measure/patch_size.hpp"
-#include "measure/share_reader.hpp"
 #include "measure/tensor_kind.hpp"
 #include "measure/work_split.hpp"
 
@@ -183,6 +181,20 @@ void check_series(const std::vector<std::pair<std::int64_t, std::string>>& serie
 // Elements compared per block: small enough for the block of the checkpoint being measured to
 // stay in L1 while every version the row needs is compared with it.
 constexpr std::size_t kBlockElements = 8192;
+// Elements read per pread(): a chunk the blocks then find in L2 (a multiple of kBlockElements).
+constexpr std::size_t kChunkElements = 16 * kBlockElements;
+
+// Memory for one version of a share, not zero-filled: it is overwritten whole. (Huge pages
+// were tried: the kernel's compaction made filling slower, not faster.)
+class ShareBuffer {
+ public:
+  explicit ShareBuffer(std::size_t bytes) : data_(new std::byte[std::max<std::size_t>(bytes, 1)]) {}
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+};
 
 double cpu_seconds() {
   rusage usage{};
@@ -211,7 +223,7 @@ std::string clock_text(double s) {
 // One version of this rank's share: its pieces' bytes, concatenated in unit order.
 struct Version {
   std::int64_t step;
-  measure::ShareBuffer bytes;
+  ShareBuffer bytes;
 };
 
 class Measurement {
@@ -234,15 +246,16 @@ class Measurement {
                                              o_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create);
     declare();
     const auto t0 = std::chrono::steady_clock::now();
-    start_reading(0);
+    auto next = std::make_unique<measure::CheckpointReader>(series_[0].second);
     for (std::size_t i = 0; i < series_.size(); ++i) {
       const auto row_t0 = std::chrono::steady_clock::now();
       const double cpu0 = cpu_seconds();
-      reading_.get();  // rethrows the reader's error
-      measure::ShareBuffer now = std::move(*read_into_);
-      read_into_.reset();
-      if (i + 1 < series_.size()) start_reading(i + 1);
-      measure_checkpoint(i, std::move(now), row_t0, cpu0);
+      std::unique_ptr<measure::CheckpointReader> current = std::move(next);
+      if (i + 1 < series_.size()) {
+        next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
+        next->read_ahead(tensors_, units_, first_unit_, last_unit_);
+      }
+      measure_checkpoint(i, *current, row_t0, cpu0);
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
         const double gb = double(dense_bytes_) * double(i + 1) / 1e9;
@@ -255,16 +268,6 @@ class Measurement {
   }
 
  private:
-  // Reads checkpoint i's share on a second thread into a buffer no comparison uses: the
-  // version the ring dropped last, or a new one.
-  void start_reading(std::size_t i) {
-    read_into_.emplace(spare_ ? std::move(*spare_) : measure::ShareBuffer(share_bytes_));
-    spare_.reset();
-    reading_ = std::async(std::launch::async, [this, i, out = read_into_->data()] {
-      measure::read_share(series_[i].second, tensors_, units_, first_unit_, last_unit_, out);
-    });
-  }
-
   void declare() {
     using io::SeriesType;
     auto& s = *stats_;
@@ -354,11 +357,14 @@ class Measurement {
     return nullptr;
   }
 
-  // Compares checkpoint i's share (now) with the versions the row needs, block by block, each
-  // distinct version once, and sizes the patch from the previous checkpoint as it goes.
-  void measure_checkpoint(std::size_t i, measure::ShareBuffer now, std::chrono::steady_clock::time_point t0,
+  // Reads checkpoint i's share into the history a chunk at a time and, while the chunk is in
+  // cache, compares it block by block with each distinct version the row needs, sizing the patch
+  // from the previous checkpoint as it goes.
+  void measure_checkpoint(std::size_t i, measure::CheckpointReader& checkpoint, std::chrono::steady_clock::time_point t0,
                           double cpu0) {
     const std::int64_t step = series_[i].first;
+    ShareBuffer now = spare_ ? std::move(*spare_) : ShareBuffer(share_bytes_);
+    spare_.reset();
     const std::size_t nt = tensors_.size(), nk = ks_.size();
     const Version* prev = ring_.empty() ? nullptr : &ring_.front();
     // The distinct versions compared with: the previous checkpoint (slot 0, when there is one)
@@ -390,6 +396,9 @@ class Measurement {
                             t.dtype, n);
         }
         for (std::size_t b = 0; b < n; b += kBlockElements) {
+          if (b % kChunkElements == 0)
+            checkpoint.read(t, p.begin + std::int64_t(b), p.begin + std::int64_t(std::min(n, b + kChunkElements)),
+                            now.data() + offset + b * esz);
           const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
           std::size_t v = 0;
           if (prev) {  // the changes since the previous checkpoint: counted, and sized as a patch
@@ -472,7 +481,7 @@ class Measurement {
 
   // Puts this checkpoint's share first in the ring and drops the versions no k reaches any more;
   // one dropped buffer is kept for the next checkpoint.
-  void remember(std::int64_t step, measure::ShareBuffer share) {
+  void remember(std::int64_t step, ShareBuffer share) {
     ring_.push_front({step, std::move(share)});
     const std::int64_t oldest_needed = step + 1 - ks_.back();
     while (ring_.back().step < oldest_needed) {
@@ -492,9 +501,7 @@ class Measurement {
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
   std::deque<Version> ring_;     // newest first
-  std::optional<measure::ShareBuffer> spare_;
-  std::optional<measure::ShareBuffer> read_into_;  // the next checkpoint's share, while reading_
-  std::future<void> reading_;
+  std::optional<ShareBuffer> spare_;
   measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
 };
