@@ -35,6 +35,7 @@
 #include "core/version.hpp"
 #include "io/model_state.hpp"
 #include "io/stats_file.hpp"
+#include "measure/change_log.hpp"
 #include "measure/checkpoint_reader.hpp"
 #include "measure/compare.hpp"
 #include "measure/patch_size.hpp"
@@ -220,12 +221,6 @@ std::string clock_text(double s) {
   return out;
 }
 
-// One version of this rank's share: its pieces' bytes, concatenated in unit order.
-struct Version {
-  std::int64_t step;
-  ShareBuffer bytes;
-};
-
 class Measurement {
  public:
   Measurement(const Options& o, std::vector<std::pair<std::int64_t, std::string>> series,
@@ -238,6 +233,8 @@ class Measurement {
     units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
     for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
+    prev_ = ShareBuffer(share_bytes_);
+    next_ = ShareBuffer(share_bytes_);
     for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
   }
 
@@ -350,77 +347,91 @@ class Measurement {
     s.set_attribute("trainer_sync", std::string("unknown"));  // the report would assume ddp
   }
 
-  // The version of the ring with this step, or nullptr.
-  const Version* held(std::int64_t step) const {
-    for (const Version& v : ring_)
-      if (v.step == step) return &v;
-    return nullptr;
+  // The changes of a block (at element b of the piece) to the unit's patch size.
+  template <class Word>
+  void add_changes(const std::vector<std::uint16_t>& changed, std::size_t b, const std::byte* now, const std::byte* before) {
+    for (const std::uint16_t c : changed) {
+      Word x, y;
+      std::memcpy(&x, now + std::size_t(c) * sizeof(Word), sizeof(Word));
+      std::memcpy(&y, before + std::size_t(c) * sizeof(Word), sizeof(Word));
+      patch_.add_change(b + c, x, y);
+    }
   }
 
-  // Reads checkpoint i's share into the history a chunk at a time and, while the chunk is in
-  // cache, compares it block by block with each distinct version the row needs, sizing the patch
-  // from the previous checkpoint as it goes.
+  // Reads checkpoint i's share a chunk at a time into a buffer (the next row's previous version)
+  // and, while the chunk is in cache, block by block: records the changes since the previous
+  // checkpoint in a new log (counted, and sized as a patch), then reverts a copy of the block with
+  // the logs, newest first, comparing it with the block at each step k back.
   void measure_checkpoint(std::size_t i, measure::CheckpointReader& checkpoint, std::chrono::steady_clock::time_point t0,
                           double cpu0) {
     const std::int64_t step = series_[i].first;
-    ShareBuffer now = spare_ ? std::move(*spare_) : ShareBuffer(share_bytes_);
-    spare_.reset();
     const std::size_t nt = tensors_.size(), nk = ks_.size();
-    const Version* prev = ring_.empty() ? nullptr : &ring_.front();
-    // The distinct versions compared with: the previous checkpoint (slot 0, when there is one)
-    // and the ones k steps back (often the same); slot_of_k[k] is k's, or none.
+    const bool has_prev = i > 0;
+    // The logs the row reverts with: those from checkpoints at most the largest k back.
+    while (!logs_.empty() && logs_.back().base_step() < step - ks_.back()) {
+      spare_logs_.push_back(std::move(logs_.back()));
+      logs_.pop_back();
+    }
+    if (has_prev) {
+      logs_.emplace_front();
+      if (!spare_logs_.empty()) logs_.front() = std::move(spare_logs_.back()), spare_logs_.pop_back();
+      logs_.front().clear(series_[i - 1].first);
+    }
+    // k_of_log[l]: the k whose version reverting with logs 0..l gives, or none.
     constexpr std::size_t none = std::size_t(-1);
-    std::vector<const std::byte*> versions;
-    if (prev) versions.push_back(prev->bytes.data());
-    std::vector<std::size_t> slot_of_k(nk, none);
-    for (std::size_t k = 0; k < nk; ++k)
-      if (const Version* v = held(step - ks_[k])) {
-        const auto it = std::find(versions.begin(), versions.end(), v->bytes.data());
-        slot_of_k[k] = std::size_t(it - versions.begin());
-        if (it == versions.end()) versions.push_back(v->bytes.data());
-      }
-    std::vector<std::uint64_t> block_counts(versions.size());
+    std::vector<std::size_t> k_of_log(logs_.size(), none);
+    for (std::size_t l = 0; l < logs_.size(); ++l)
+      for (std::size_t k = 0; k < nk; ++k)
+        if (step - ks_[k] == logs_[l].base_step()) k_of_log[l] = k;
 
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
-    std::size_t offset = 0;
+    std::size_t offset = 0, block = 0;
     for (std::size_t u = first_unit_; u < last_unit_; ++u) {
       patch_.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
         const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin);
-        if (prev) {
+        if (has_prev) {
           const bool whole = p.begin == 0 && p.end == t.numel;
           patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
                             t.dtype, n);
         }
-        for (std::size_t b = 0; b < n; b += kBlockElements) {
+        for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
           if (b % kChunkElements == 0)
             checkpoint.read(t, p.begin + std::int64_t(b), p.begin + std::int64_t(std::min(n, b + kChunkElements)),
-                            now.data() + offset + b * esz);
+                            next_.data() + offset + b * esz);
+          if (!has_prev) continue;
           const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
-          std::size_t v = 0;
-          if (prev) {  // the changes since the previous checkpoint: counted, and sized as a patch
-            const auto e0 = std::chrono::steady_clock::now();
-            block_counts[v] = measure::add_changes(now.data() + at, versions[v] + at, m, esz, b, patch_);
-            encode_s += seconds_since(e0);
-            sums[p.tensor] += std::int64_t(block_counts[v++]);
+          const std::byte* now = next_.data() + at;
+          const std::byte* before = prev_.data() + at;
+          const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
+          sums[p.tensor] += std::int64_t(changed.size());
+          const auto e0 = std::chrono::steady_clock::now();
+          if (esz == 4)
+            add_changes<std::uint32_t>(changed, b, now, before);
+          else
+            add_changes<std::uint16_t>(changed, b, now, before);
+          encode_s += seconds_since(e0);
+          if (k_of_log[0] != none) sums[nt + k_of_log[0]] += std::int64_t(changed.size());  // before's block
+          if (logs_.size() == 1) continue;
+          std::memcpy(scratch_.data(), before, m * esz);
+          for (std::size_t l = 1; l < logs_.size(); ++l) {
+            logs_[l].revert(block, scratch_.data(), m, esz);  // now the checkpoint of logs_[l].base_step()
+            if (k_of_log[l] != none)
+              sums[nt + k_of_log[l]] += std::int64_t(measure::count_differing(now, scratch_.data(), m, esz));
           }
-          for (; v < versions.size(); ++v)
-            block_counts[v] = measure::count_differing(now.data() + at, versions[v] + at, m, esz);
-          for (std::size_t k = 0; k < nk; ++k)
-            if (slot_of_k[k] != none) sums[nt + k] += std::int64_t(block_counts[slot_of_k[k]]);
         }
         offset += n * esz;
       }
-      if (prev) {
+      if (has_prev) {
         const auto e0 = std::chrono::steady_clock::now();
         sums[nt + nk] += std::int64_t(patch_.bytes(o_.level));
         encode_s += seconds_since(e0);
       }
     }
-    remember(step, std::move(now));
+    std::swap(prev_, next_);
     const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
 
     std::vector<std::int64_t> total(sums.size(), 0);
@@ -479,17 +490,6 @@ class Measurement {
     return false;
   }
 
-  // Puts this checkpoint's share first in the ring and drops the versions no k reaches any more;
-  // one dropped buffer is kept for the next checkpoint.
-  void remember(std::int64_t step, ShareBuffer share) {
-    ring_.push_front({step, std::move(share)});
-    const std::int64_t oldest_needed = step + 1 - ks_.back();
-    while (ring_.back().step < oldest_needed) {
-      spare_.emplace(std::move(ring_.back().bytes));
-      ring_.pop_back();
-    }
-  }
-
   Options o_;
   std::vector<std::pair<std::int64_t, std::string>> series_;
   std::vector<MeasuredTensor> tensors_;
@@ -500,8 +500,10 @@ class Measurement {
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
-  std::deque<Version> ring_;     // newest first
-  std::optional<ShareBuffer> spare_;
+  ShareBuffer prev_{0}, next_{0};  // the previous checkpoint's share, the one read now
+  std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
+  std::vector<measure::ChangeLog> spare_logs_;           // dropped, with their buffers
+  std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted
   measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
 };

@@ -1,7 +1,10 @@
 #include "measure/compare.hpp"
 
+#include "core/error.hpp"
+
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #if defined(__AVX512BW__)
 #include <immintrin.h>
@@ -60,28 +63,21 @@ std::uint32_t differing_lanes(const std::byte* a, const std::byte* b) {
 }
 
 template <class Word>
-std::uint64_t add_changes_of(const std::byte* now, const std::byte* before, std::size_t n, std::uint64_t first_index,
-                             UnitPatchSize& patch) {
+std::uint64_t find_changes_of(const std::byte* now, const std::byte* before, std::size_t n,
+                              std::vector<std::uint16_t>& positions) {
   constexpr std::size_t lanes = 64 / sizeof(Word);  // a cache line: one mask of lanes, vectorised
-  std::uint64_t count = 0;
-  auto load = [](const std::byte* p, std::size_t i) {
-    Word w;
-    std::memcpy(&w, p + i * sizeof(Word), sizeof(Word));
-    return w;
-  };
+  const std::size_t first = positions.size();
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     __builtin_prefetch(before + i * sizeof(Word) + kPrefetchBytes);
-    std::uint32_t differ = differing_lanes<Word>(now + i * sizeof(Word), before + i * sizeof(Word));
-    count += std::uint64_t(__builtin_popcount(differ));
-    for (; differ; differ &= differ - 1) {
-      const std::size_t at = i + std::size_t(__builtin_ctz(differ));
-      patch.add_change(first_index + at, load(now, at), load(before, at));
-    }
+    for (std::uint32_t differ = differing_lanes<Word>(now + i * sizeof(Word), before + i * sizeof(Word)); differ;
+         differ &= differ - 1)
+      positions.push_back(std::uint16_t(i + std::size_t(__builtin_ctz(differ))));
   }
   for (; i < n; ++i)
-    if (load(now, i) != load(before, i)) ++count, patch.add_change(first_index + i, load(now, i), load(before, i));
-  return count;
+    if (std::memcmp(now + i * sizeof(Word), before + i * sizeof(Word), sizeof(Word)) != 0)
+      positions.push_back(std::uint16_t(i));
+  return positions.size() - first;
 }
 
 }  // namespace
@@ -90,10 +86,11 @@ std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_
   return element_bytes == 4 ? count_differing_of<std::uint32_t>(a, b, n) : count_differing_of<std::uint16_t>(a, b, n);
 }
 
-std::uint64_t add_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
-                          std::uint64_t first_index, UnitPatchSize& patch) {
-  return element_bytes == 4 ? add_changes_of<std::uint32_t>(now, before, n, first_index, patch)
-                            : add_changes_of<std::uint16_t>(now, before, n, first_index, patch);
+std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
+                           std::vector<std::uint16_t>& positions) {
+  PULSE_CHECK(n <= kMaxFindElements, "find_changes: " + std::to_string(n) + " elements, more than 16-bit positions hold");
+  return element_bytes == 4 ? find_changes_of<std::uint32_t>(now, before, n, positions)
+                            : find_changes_of<std::uint16_t>(now, before, n, positions);
 }
 
 }  // namespace pulse::measure
