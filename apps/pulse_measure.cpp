@@ -5,8 +5,10 @@
 // output is pulse-train's statistics schema (apps/pulse_train.cpp, src/io/stats_file.hpp) with
 // the datasets the weights alone determine; row i compares checkpoint i + 1 with the ones before.
 // Ranks split the model by bytes (src/measure/work_split.hpp); each reads (pread) only its share of
-// each checkpoint, straight into its history of that share, which the k-step comparisons use,
-// while the kernel reads the next checkpoint's share ahead (src/measure/checkpoint_reader.hpp).
+// each checkpoint, a chunk at a time, compared while in cache with the previous checkpoint's share;
+// earlier versions are rebuilt block by block from logs of the changes between checkpoints
+// (src/measure/change_log.hpp), so memory per rank is two shares plus the logs. The kernel reads
+// the next checkpoint's share ahead meanwhile (src/measure/checkpoint_reader.hpp).
 #include <glob.h>
 #include <sys/resource.h>
 
@@ -531,7 +533,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.001, 1e6))
         ->capture_default_str();
     app.add_option("--max-k", o.max_k, "largest k of the k-step sparsity (k = 1, 2, 4, ..., 32); the history holds "
-                                       "max-k versions of each rank's share")
+                                       "the changes of the last max-k checkpoints of each rank's share")
         ->check(CLI::Range(1, 32))
         ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
