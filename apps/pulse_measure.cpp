@@ -184,21 +184,6 @@ void check_series(const std::vector<std::pair<std::int64_t, std::string>>& serie
 // Elements compared per block: small enough for the block of the checkpoint being measured to
 // stay in L1 while every version the row needs is compared with it.
 constexpr std::size_t kBlockElements = 8192;
-// Elements read per pread(): a chunk the blocks then find in L2 (a multiple of kBlockElements).
-constexpr std::size_t kChunkElements = 16 * kBlockElements;
-
-// Memory for one version of a share, not zero-filled: it is overwritten whole. (Huge pages
-// were tried: the kernel's compaction made filling slower, not faster.)
-class ShareBuffer {
- public:
-  explicit ShareBuffer(std::size_t bytes) : data_(new std::byte[std::max<std::size_t>(bytes, 1)]) {}
-  std::byte* data() { return data_.get(); }
-  const std::byte* data() const { return data_.get(); }
-
- private:
-  std::unique_ptr<std::byte[]> data_;
-};
-
 double cpu_seconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -235,8 +220,6 @@ class Measurement {
     units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
     for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
-    prev_ = ShareBuffer(share_bytes_);
-    next_ = ShareBuffer(share_bytes_);
     for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
   }
 
@@ -246,6 +229,7 @@ class Measurement {
     declare();
     const auto t0 = std::chrono::steady_clock::now();
     auto next = std::make_unique<measure::CheckpointReader>(series_[0].second);
+    std::unique_ptr<measure::CheckpointReader> previous;
     for (std::size_t i = 0; i < series_.size(); ++i) {
       const auto row_t0 = std::chrono::steady_clock::now();
       const double cpu0 = cpu_seconds();
@@ -254,7 +238,8 @@ class Measurement {
         next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
         next->read_ahead(tensors_, units_, first_unit_, last_unit_);
       }
-      measure_checkpoint(i, *current, row_t0, cpu0);
+      measure_checkpoint(i, *current, previous.get(), row_t0, cpu0);
+      previous = std::move(current);
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
         const double gb = double(dense_bytes_) * double(i + 1) / 1e9;
@@ -360,15 +345,15 @@ class Measurement {
     }
   }
 
-  // Reads checkpoint i's share a chunk at a time into a buffer (the next row's previous version)
-  // and, while the chunk is in cache, block by block: records the changes since the previous
-  // checkpoint in a new log (counted, and sized as a patch), then reverts a copy of the block with
-  // the logs, newest first, comparing it with the block at each step k back.
-  void measure_checkpoint(std::size_t i, measure::CheckpointReader& checkpoint, std::chrono::steady_clock::time_point t0,
-                          double cpu0) {
+  // Compares checkpoint i's share with the previous checkpoint's block by block, as mapped from
+  // the page cache: records the changes in a new log (counted, and sized as a patch), then reverts
+  // a copy of the previous block with the older logs, newest first, comparing it with the block
+  // at each step k back.
+  void measure_checkpoint(std::size_t i, measure::CheckpointReader& checkpoint, measure::CheckpointReader* previous,
+                          std::chrono::steady_clock::time_point t0, double cpu0) {
     const std::int64_t step = series_[i].first;
     const std::size_t nt = tensors_.size(), nk = ks_.size();
-    const bool has_prev = i > 0;
+    const bool has_prev = previous != nullptr;
     // The logs the row reverts with: those from checkpoints at most the largest k back.
     while (!logs_.empty() && logs_.back().base_step() < step - ks_.back()) {
       spare_logs_.push_back(std::move(logs_.back()));
@@ -389,25 +374,22 @@ class Measurement {
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
-    std::size_t offset = 0, block = 0;
+    std::size_t block = 0;
     for (std::size_t u = first_unit_; u < last_unit_; ++u) {
       patch_.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
         const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin);
-        if (has_prev) {
-          const bool whole = p.begin == 0 && p.end == t.numel;
-          patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
-                            t.dtype, n);
-        }
+        const std::byte* piece = checkpoint.data(t, p.begin, p.end);
+        if (!has_prev) continue;
+        const std::byte* piece_before = previous->data(t, p.begin, p.end);
+        const bool whole = p.begin == 0 && p.end == t.numel;
+        patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
+                          t.dtype, n);
         for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
-          if (b % kChunkElements == 0)
-            checkpoint.read(t, p.begin + std::int64_t(b), p.begin + std::int64_t(std::min(n, b + kChunkElements)),
-                            next_.data() + offset + b * esz);
-          if (!has_prev) continue;
-          const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
-          const std::byte* now = next_.data() + at;
-          const std::byte* before = prev_.data() + at;
+          const std::size_t m = std::min(kBlockElements, n - b);
+          const std::byte* now = piece + b * esz;
+          const std::byte* before = piece_before + b * esz;
           const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
           sums[p.tensor] += std::int64_t(changed.size());
           const auto e0 = std::chrono::steady_clock::now();
@@ -425,7 +407,6 @@ class Measurement {
               sums[nt + k_of_log[l]] += std::int64_t(measure::count_differing(now, scratch_.data(), m, esz));
           }
         }
-        offset += n * esz;
       }
       if (has_prev) {
         const auto e0 = std::chrono::steady_clock::now();
@@ -433,7 +414,6 @@ class Measurement {
         encode_s += seconds_since(e0);
       }
     }
-    std::swap(prev_, next_);
     const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
 
     std::vector<std::int64_t> total(sums.size(), 0);
@@ -502,7 +482,6 @@ class Measurement {
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
-  ShareBuffer prev_{0}, next_{0};  // the previous checkpoint's share, the one read now
   std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
   std::vector<measure::ChangeLog> spare_logs_;           // dropped, with their buffers
   std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted

@@ -1,6 +1,8 @@
 #include "measure/checkpoint_reader.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,35 +16,44 @@ CheckpointReader::CheckpointReader(const std::string& path)
     : path_(path), state_(io::ModelState::open(path, {}, io::ShardBytes::header_only)) {}
 
 CheckpointReader::~CheckpointReader() {
-  for (const auto& [shard, fd] : fds_) ::close(fd);
+  for (const auto& [shard, f] : files_) {
+    if (f.map) ::munmap(const_cast<std::byte*>(f.map), f.bytes);
+    ::close(f.fd);
+  }
 }
 
-CheckpointReader::Location CheckpointReader::locate(const MeasuredTensor& t, std::int64_t begin) {
+CheckpointReader::File& CheckpointReader::file_of(std::size_t shard) {
+  auto it = files_.find(shard);
+  if (it != files_.end()) return it->second;
+  const std::string& name = state_.shards()[shard].path();
+  File f;
+  f.fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw Error(name + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) {
+    const int e = errno;
+    ::close(f.fd);
+    throw Error(name + ": cannot stat: " + std::strerror(e));
+  }
+  f.bytes = std::uint64_t(st.st_size);
+  return files_.emplace(shard, f).first->second;
+}
+
+const std::byte* CheckpointReader::data(const MeasuredTensor& t, std::int64_t begin, std::int64_t end) {
   const io::StateTensor* found = state_.find(t.name);
   PULSE_CHECK(found != nullptr, path_ + ": lacks tensor " + t.name);
-  auto it = fds_.find(found->shard);
-  if (it == fds_.end()) {
-    const std::string& file = state_.shards()[found->shard].path();
-    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw Error(file + ": cannot open: " + std::strerror(errno));
-    it = fds_.emplace(found->shard, fd).first;
+  File& f = file_of(found->shard);
+  const std::string& name = state_.shards()[found->shard].path();
+  const std::uint64_t first = found->file_offset + std::uint64_t(begin) * t.element_bytes;
+  const std::uint64_t last = found->file_offset + std::uint64_t(end) * t.element_bytes;
+  if (last > f.bytes) throw Error(name + ": holds " + std::to_string(f.bytes) + " bytes, tensor " + t.name + " ends at " +
+                                  std::to_string(last) + " (file shrank)");
+  if (!f.map) {
+    void* m = ::mmap(nullptr, f.bytes, PROT_READ, MAP_SHARED, f.fd, 0);
+    if (m == MAP_FAILED) throw Error(name + ": cannot map: " + std::strerror(errno));
+    f.map = static_cast<const std::byte*>(m);
   }
-  return {it->second, found->file_offset + std::uint64_t(begin) * t.element_bytes};
-}
-
-void CheckpointReader::read(const MeasuredTensor& t, std::int64_t begin, std::int64_t end, std::byte* out) {
-  Location at = locate(t, begin);
-  std::size_t bytes = std::size_t(end - begin) * t.element_bytes;
-  while (bytes > 0) {
-    const ssize_t got = ::pread(at.fd, out, bytes, off_t(at.offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      const std::string& file = state_.shards()[state_.find(t.name)->shard].path();
-      throw Error(file + ": cannot read " + std::to_string(bytes) + " bytes at " + std::to_string(at.offset) +
-                  (got < 0 ? std::string(": ") + std::strerror(errno) : std::string(": file shrank")));
-    }
-    out += got, at.offset += std::uint64_t(got), bytes -= std::size_t(got);
-  }
+  return f.map + first;
 }
 
 void CheckpointReader::read_ahead(const std::vector<MeasuredTensor>& tensors, const std::vector<Unit>& units,
@@ -50,9 +61,11 @@ void CheckpointReader::read_ahead(const std::vector<MeasuredTensor>& tensors, co
   for (std::size_t u = first; u < last; ++u)
     for (const Piece& p : units[u].pieces) {
       const MeasuredTensor& t = tensors[p.tensor];
-      const Location at = locate(t, p.begin);
-      ::posix_fadvise(at.fd, off_t(at.offset), off_t(std::uint64_t(p.end - p.begin) * t.element_bytes),
-                      POSIX_FADV_WILLNEED);
+      const io::StateTensor* found = state_.find(t.name);
+      if (!found) continue;  // data() reports it
+      const File& f = file_of(found->shard);
+      ::posix_fadvise(f.fd, off_t(found->file_offset + std::uint64_t(p.begin) * t.element_bytes),
+                      off_t(std::uint64_t(p.end - p.begin) * t.element_bytes), POSIX_FADV_WILLNEED);
     }
 }
 
