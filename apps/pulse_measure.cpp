@@ -10,6 +10,8 @@
 // (src/measure/change_log.hpp), so memory per rank is two shares plus the logs. The kernel reads
 // the next checkpoint's share ahead meanwhile (src/measure/checkpoint_reader.hpp).
 #include <glob.h>
+#include <signal.h>
+#include <unistd.h>
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
@@ -489,10 +491,21 @@ class Measurement {
   std::unique_ptr<io::StatsFile> stats_;
 };
 
+// A checkpoint file cut short while mapped (rewritten in place during the run) raises SIGBUS at
+// the first access past its new end: one line and exit 1, not a crash report.
+extern "C" void file_cut_short(int) {
+  static const char message[] = "pulse-measure: a checkpoint file was cut short while being measured (SIGBUS)\n";
+  (void)!::write(STDERR_FILENO, message, sizeof message - 1);
+  ::_exit(1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  struct sigaction on_bus {};
+  on_bus.sa_handler = file_cut_short;
+  sigaction(SIGBUS, &on_bus, nullptr);  // after MPI_Init, which installs its own
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
