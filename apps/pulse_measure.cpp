@@ -236,11 +236,8 @@ class Measurement {
       const auto row_t0 = std::chrono::steady_clock::now();
       const double cpu0 = cpu_seconds();
       std::unique_ptr<measure::CheckpointReader> current = std::move(next);
-      if (i + 1 < series_.size()) {
-        next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
-        next->read_ahead(tensors_, units_, first_unit_, last_unit_);
-      }
-      measure_checkpoint(i, *current, previous.get(), row_t0, cpu0);
+      if (i + 1 < series_.size()) next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
+      measure_checkpoint(i, *current, previous.get(), next.get(), row_t0, cpu0);
       previous = std::move(current);
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
@@ -350,9 +347,10 @@ class Measurement {
   // Compares checkpoint i's share with the previous checkpoint's block by block, as mapped from
   // the page cache: records the changes in a new log (counted, and sized as a patch), then reverts
   // a copy of the previous block with the older logs, newest first, comparing it with the block
-  // at each step k back.
+  // at each step k back. Meanwhile the kernel reads the next checkpoint's unit ahead, unit by
+  // unit (a window of one share, not a second share at once).
   void measure_checkpoint(std::size_t i, measure::CheckpointReader& checkpoint, measure::CheckpointReader* previous,
-                          std::chrono::steady_clock::time_point t0, double cpu0) {
+                          measure::CheckpointReader* next, std::chrono::steady_clock::time_point t0, double cpu0) {
     const std::int64_t step = series_[i].first;
     const std::size_t nt = tensors_.size(), nk = ks_.size();
     const bool has_prev = previous != nullptr;
@@ -378,6 +376,7 @@ class Measurement {
     double encode_s = 0;
     std::size_t block = 0;
     for (std::size_t u = first_unit_; u < last_unit_; ++u) {
+      if (next) next->read_ahead(tensors_, units_[u]);
       patch_.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];

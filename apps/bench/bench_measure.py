@@ -12,9 +12,9 @@ then, side by side in one run:
   (/ranks/max_rss_bytes, VmHWM) against the share it reads. Rates are over the rows after the
   history is full (checkpoint max-k + 2 on), when there are any: the steady state of a long
   series, without the first touch of each history buffer.
-Prints a table and writes it all as JSON (--json).
+Prints a table and writes it all as JSON (--json, runs/bench/measure.json by default).
     python3 apps/bench/bench_measure.py --app build/apps/pulse-measure [--baseline-app OLD] [--size-mb 32]
-        [--checkpoints 48] [--np 1,2] [--max-k 1,32] [--repeat 1] [--json runs/bench/measure.json]
+        [--checkpoints 48] [--np 1,2] [--max-k 1,32] [--repeat 1] [--json FILE]
 """
 import argparse
 import json
@@ -119,7 +119,7 @@ def main():
     parser.add_argument("--unit-mb", default="4", help="pulse-measure --unit-mb")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; the best rates count")
     parser.add_argument("--dir", help="folder for the checkpoints (default: a temporary one)")
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--json", default=os.path.join("runs", "bench", "measure.json"), help="write the results here")
     args = parser.parse_args()
     apps = [("app", args.app)] + ([("baseline", args.baseline_app)] if args.baseline_app else [])
     load_before = os.getloadavg()
@@ -157,7 +157,7 @@ def main():
               "series": {"checkpoints": args.checkpoints, "size_mb": args.size_mb, "unit_mb": float(args.unit_mb),
                          "changed_per_step": 0.01, "dtype": "BF16"},
               "reference": ref, "runs": runs}
-    if args.json:
+    if args.json:  # "" writes none
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

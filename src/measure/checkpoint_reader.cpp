@@ -56,17 +56,15 @@ const std::byte* CheckpointReader::data(const MeasuredTensor& t, std::int64_t be
   return f.map + first;
 }
 
-void CheckpointReader::read_ahead(const std::vector<MeasuredTensor>& tensors, const std::vector<Unit>& units,
-                                  std::size_t first, std::size_t last) {
-  for (std::size_t u = first; u < last; ++u)
-    for (const Piece& p : units[u].pieces) {
-      const MeasuredTensor& t = tensors[p.tensor];
-      const io::StateTensor* found = state_.find(t.name);
-      if (!found) continue;  // data() reports it
-      const File& f = file_of(found->shard);
-      ::posix_fadvise(f.fd, off_t(found->file_offset + std::uint64_t(p.begin) * t.element_bytes),
-                      off_t(std::uint64_t(p.end - p.begin) * t.element_bytes), POSIX_FADV_WILLNEED);
-    }
+void CheckpointReader::read_ahead(const std::vector<MeasuredTensor>& tensors, const Unit& unit) {
+  for (const Piece& p : unit.pieces) {
+    const MeasuredTensor& t = tensors[p.tensor];
+    const io::StateTensor* found = state_.find(t.name);
+    if (!found) continue;  // data() reports it
+    const File& f = file_of(found->shard);
+    ::posix_fadvise(f.fd, off_t(found->file_offset + std::uint64_t(p.begin) * t.element_bytes),
+                    off_t(std::uint64_t(p.end - p.begin) * t.element_bytes), POSIX_FADV_WILLNEED);
+  }
 }
 
 }  // namespace pulse::measure

@@ -2,7 +2,7 @@
 // The bytes of one checkpoint that a rank measures, where they lie: each shard file mapped
 // read-only, so comparisons read the page cache directly (no copy into the rank's memory: at
 // most a third of the time a read() into a buffer takes, measured); and, for the checkpoint after
-// the one being measured, a request to the kernel to start reading the rank's pieces into the
+// the one being measured, requests to the kernel to start reading the rank's pieces into the
 // page cache (posix_fadvise WILLNEED, which returns at once), so reading from disk overlaps the
 // comparisons. A file cut short while mapped raises SIGBUS, which pulse-measure turns into a
 // one-line error.
@@ -29,9 +29,8 @@ class CheckpointReader {
   // the file when the checkpoint lacks the tensor or the file cannot be mapped or is too short.
   const std::byte* data(const MeasuredTensor& t, std::int64_t begin, std::int64_t end);
 
-  // Asks the kernel to read the pieces of units [first, last) ahead (no error if it cannot).
-  void read_ahead(const std::vector<MeasuredTensor>& tensors, const std::vector<Unit>& units, std::size_t first,
-                  std::size_t last);
+  // Asks the kernel to read the unit's pieces ahead (no error if it cannot).
+  void read_ahead(const std::vector<MeasuredTensor>& tensors, const Unit& unit);
 
  private:
   struct File {
