@@ -9,9 +9,9 @@ then, side by side in one run:
   per rank, checkpoint bytes read / seconds spent on them (/ranks/read_bytes over
   /ranks/measure_s, and over /ranks/cpu_s, which a machine shared with other jobs does not
   inflate), the ratio to the read() rate, and the peak resident memory per rank
-  (/ranks/max_rss_bytes, VmHWM) against the share it reads. Rates are over the rows after the
-  history is full (checkpoint max-k + 2 on), when there are any: the steady state of a long
-  series, without the first touch of each history buffer.
+  (/ranks/max_rss_bytes, VmHWM: the rank's memory and the page-cache pages it maps) against the
+  share it reads. Rates are over the rows after the history is full (checkpoint max-k + 2 on),
+  when there are any: the steady state of a long series.
 Prints a table and writes it all as JSON (--json, runs/bench/measure.json by default).
     python3 apps/bench/bench_measure.py --app build/apps/pulse-measure [--baseline-app OLD] [--size-mb 32]
         [--checkpoints 48] [--np 1,2] [--max-k 1,32] [--repeat 1] [--json FILE]

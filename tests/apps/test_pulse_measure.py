@@ -5,6 +5,7 @@ weight_map; config and tokenizer files; BF16, F16 and F32 tensors and an I64 buf
   independent pure-Python reader (safetensors_ref): changed counts per step, per tensor and per
   tensor kind, sparsity, k-step sparsity (NaN where no checkpoint is k steps back), dense bytes;
 - np 1, 2 and 4 write identical datasets (patch bytes included: units do not depend on np);
+- --max-k 5 over a series with gaps (its k-step history rebuilt from change logs) equals numpy;
 - with one unit, patch_bytes equals the size of `pulse-sync encode` between the same files;
 - `python3 -m pulse_analysis report` reads the file, and jobs/measure-checkpoints.sbatch (run
   without Slurm) writes the same rows and the report;
