@@ -14,7 +14,7 @@ namespace pulse::measure {
 
 namespace {
 
-// How far ahead the version compared with is fetched from memory: the hardware prefetcher stops
+// How far ahead the blocks compared are fetched from memory: the hardware prefetcher stops
 // at each 4 KiB page.
 constexpr std::size_t kPrefetchBytes = 4096;
 
@@ -78,6 +78,7 @@ std::uint64_t find_changes_of(const std::byte* now, const std::byte* before, std
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     __builtin_prefetch(before + i * sizeof(Word) + kPrefetchBytes);
+    __builtin_prefetch(now + i * sizeof(Word) + kPrefetchBytes);
     for (std::uint32_t differ = differing_lanes<Word>(now + i * sizeof(Word), before + i * sizeof(Word)); differ;
          differ &= differ - 1)
       positions.push_back(std::uint16_t(i + std::size_t(__builtin_ctz(differ))));
