@@ -269,7 +269,8 @@ class Measurement {
               "PULSESync patch from the previous checkpoint: sum of one patch per unit (root attribute unit_bytes)");
     s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes sent densely");
     s.declare("/steps/bits_per_changed", SeriesType::float64, 0, "bits", "8 patch_bytes / changed (NaN if none changed)");
-    s.declare("/steps/encode_s", SeriesType::float64, 0, "s", "time to size the patches (index and value streams coded and compressed, no digests), slowest rank");
+    s.declare("/steps/encode_s", SeriesType::float64, 0, "s",
+              "time to size the patches (index and value streams coded and compressed), slowest rank");
     s.declare("/steps/measure_s", SeriesType::float64, 0, "s", "time to read and measure the checkpoint, slowest rank");
     s.declare("/kstep/sparsity", SeriesType::float64, int(ks_.size()), "1",
               "fraction of weights equal to the checkpoint k steps back (NaN when no checkpoint has that step)");
