@@ -4,11 +4,11 @@
 // Each checkpoint is a .safetensors file or a Hugging Face folder (src/io/model_state.hpp). The
 // output is pulse-train's statistics schema (apps/pulse_train.cpp, src/io/stats_file.hpp) with
 // the datasets the weights alone determine; row i compares checkpoint i + 1 with the ones before.
-// Ranks split the model by bytes (src/measure/work_split.hpp); each reads (pread) only its share of
-// each checkpoint, a chunk at a time, compared while in cache with the previous checkpoint's share;
-// earlier versions are rebuilt block by block from logs of the changes between checkpoints
-// (src/measure/change_log.hpp), so memory per rank is two shares plus the logs. The kernel reads
-// the next checkpoint's share ahead meanwhile (src/measure/checkpoint_reader.hpp).
+// Ranks split the model by bytes (src/measure/work_split.hpp); each reads only its share of each
+// checkpoint, where the page cache holds it (mapped, not copied: src/measure/checkpoint_reader.hpp),
+// comparing it block by block with the previous checkpoint's; earlier versions are rebuilt block by
+// block from logs of the changes between checkpoints (src/measure/change_log.hpp), so memory per
+// rank is the two checkpoints' mapped pages plus the logs. The kernel reads the next one ahead.
 #include <glob.h>
 #include <signal.h>
 #include <unistd.h>
