@@ -4,10 +4,13 @@
 // Each checkpoint is a .safetensors file or a Hugging Face folder (src/io/model_state.hpp). The
 // output is pulse-train's statistics schema (apps/pulse_train.cpp, src/io/stats_file.hpp) with
 // the datasets the weights alone determine; row i compares checkpoint i + 1 with the ones before.
-// Ranks split the model by bytes (src/measure/work_split.hpp); each reads (pread) only its share of
-// each checkpoint, straight into its history of that share, which the k-step comparisons use.
-#include <fcntl.h>
+// Ranks split the model by bytes (src/measure/work_split.hpp); each reads only its share of each
+// checkpoint, where the page cache holds it (mapped, not copied: src/measure/checkpoint_reader.hpp),
+// comparing it block by block with the previous checkpoint's; earlier versions are rebuilt block by
+// block from logs of the changes between checkpoints (src/measure/change_log.hpp), so memory per
+// rank is the two checkpoints' mapped pages plus the logs. The kernel reads the next one ahead.
 #include <glob.h>
+#include <signal.h>
 #include <unistd.h>
 #include <sys/resource.h>
 
@@ -37,9 +40,12 @@
 #include "core/version.hpp"
 #include "io/model_state.hpp"
 #include "io/stats_file.hpp"
+#include "measure/change_log.hpp"
+#include "measure/checkpoint_reader.hpp"
+#include "measure/compare.hpp"
+#include "measure/patch_size.hpp"
 #include "measure/tensor_kind.hpp"
 #include "measure/work_split.hpp"
-#include "sync/patch.hpp"
 
 using namespace pulse;
 using measure::MeasuredTensor;
@@ -178,26 +184,9 @@ void check_series(const std::vector<std::pair<std::int64_t, std::string>>& serie
   }
 }
 
-// Elements whose bits differ; a plain loop over lanes, which the compiler vectorises.
-template <class Word>
-std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n) {
-  std::uint32_t count = 0;  // n <= kBlockElements
-  for (std::size_t i = 0; i < n; ++i) {
-    Word x, y;
-    std::memcpy(&x, a + i * sizeof(Word), sizeof(Word));
-    std::memcpy(&y, b + i * sizeof(Word), sizeof(Word));
-    count += x != y;
-  }
-  return count;
-}
-
-std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes) {
-  return element_bytes == 4 ? count_differing<std::uint32_t>(a, b, n) : count_differing<std::uint16_t>(a, b, n);
-}
-
-// Elements compared per block: small enough for the block of every version to stay in L2.
+// Elements compared per block: small enough for the block of the checkpoint being measured to
+// stay in L1 while every version the row needs is compared with it.
 constexpr std::size_t kBlockElements = 8192;
-
 double cpu_seconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -222,53 +211,6 @@ std::string clock_text(double s) {
   return out;
 }
 
-// Memory for one version of a share, not zero-filled: it is overwritten whole. (Huge pages
-// were tried: the kernel's compaction made filling slower, not faster.)
-class ShareBuffer {
- public:
-  explicit ShareBuffer(std::size_t bytes) : data_(new std::byte[std::max<std::size_t>(bytes, 1)]) {}
-  std::byte* data() { return data_.get(); }
-  const std::byte* data() const { return data_.get(); }
-
- private:
-  std::unique_ptr<std::byte[]> data_;
-};
-
-// pread() of byte ranges of a checkpoint's shard files, each opened once.
-class ShardReader {
- public:
-  ShardReader() = default;
-  ShardReader(const ShardReader&) = delete;
-  ShardReader& operator=(const ShardReader&) = delete;
-  ~ShardReader() {
-    for (const auto& [path, fd] : fds_) ::close(fd);
-  }
-  void read(const std::string& path, std::uint64_t offset, std::byte* out, std::size_t bytes) {
-    auto it = fds_.find(path);
-    if (it == fds_.end()) {
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-      it = fds_.emplace(path, fd).first;
-    }
-    while (bytes > 0) {
-      const ssize_t got = ::pread(it->second, out, bytes, off_t(offset));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) throw Error(path + ": cannot read " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
-                                (got < 0 ? std::string(": ") + std::strerror(errno) : std::string(": file shrank")));
-      out += got, offset += std::uint64_t(got), bytes -= std::size_t(got);
-    }
-  }
-
- private:
-  std::map<std::string, int> fds_;
-};
-
-// One version of this rank's share: its pieces' bytes, concatenated in unit order.
-struct Version {
-  std::int64_t step;
-  ShareBuffer bytes;
-};
-
 class Measurement {
  public:
   Measurement(const Options& o, std::vector<std::pair<std::int64_t, std::string>> series,
@@ -280,7 +222,6 @@ class Measurement {
       if (k <= o.max_k) ks_.push_back(k);
     units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
-    unit_digests_.resize(last_unit_ - first_unit_);
     for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
     for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
   }
@@ -290,8 +231,15 @@ class Measurement {
                                              o_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create);
     declare();
     const auto t0 = std::chrono::steady_clock::now();
+    auto next = std::make_unique<measure::CheckpointReader>(series_[0].second);
+    std::unique_ptr<measure::CheckpointReader> previous;
     for (std::size_t i = 0; i < series_.size(); ++i) {
-      measure_checkpoint(i);
+      const auto row_t0 = std::chrono::steady_clock::now();
+      const double cpu0 = cpu_seconds();
+      std::unique_ptr<measure::CheckpointReader> current = std::move(next);
+      if (i + 1 < series_.size()) next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
+      measure_checkpoint(i, *current, previous.get(), next.get(), row_t0, cpu0);
+      previous = std::move(current);
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
         const double gb = double(dense_bytes_) * double(i + 1) / 1e9;
@@ -322,7 +270,8 @@ class Measurement {
               "PULSESync patch from the previous checkpoint: sum of one patch per unit (root attribute unit_bytes)");
     s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes sent densely");
     s.declare("/steps/bits_per_changed", SeriesType::float64, 0, "bits", "8 patch_bytes / changed (NaN if none changed)");
-    s.declare("/steps/encode_s", SeriesType::float64, 0, "s", "patch encode time, slowest rank");
+    s.declare("/steps/encode_s", SeriesType::float64, 0, "s",
+              "time to size the patches (index and value streams coded and compressed), slowest rank");
     s.declare("/steps/measure_s", SeriesType::float64, 0, "s", "time to read and measure the checkpoint, slowest rank");
     s.declare("/kstep/sparsity", SeriesType::float64, int(ks_.size()), "1",
               "fraction of weights equal to the checkpoint k steps back (NaN when no checkpoint has that step)");
@@ -386,72 +335,88 @@ class Measurement {
     s.set_attribute("trainer_sync", std::string("unknown"));  // the report would assume ddp
   }
 
-  // The version of the ring with this step, or nullptr.
-  const Version* held(std::int64_t step) const {
-    for (const Version& v : ring_)
-      if (v.step == step) return &v;
-    return nullptr;
+  // The changes of a block (at element b of the piece) to the unit's patch size.
+  template <class Word>
+  void add_changes(const std::vector<std::uint16_t>& changed, std::size_t b, const std::byte* now, const std::byte* before) {
+    for (const std::uint16_t c : changed) {
+      Word x, y;
+      std::memcpy(&x, now + std::size_t(c) * sizeof(Word), sizeof(Word));
+      std::memcpy(&y, before + std::size_t(c) * sizeof(Word), sizeof(Word));
+      patch_.add_change(b + c, x, y);
+    }
   }
 
-  void measure_checkpoint(std::size_t i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double cpu0 = cpu_seconds();
+  // Compares checkpoint i's share with the previous checkpoint's block by block, as mapped from
+  // the page cache: records the changes in a new log (counted, and sized as a patch), then reverts
+  // a copy of the previous block with the older logs, newest first, comparing it with the block
+  // at each step k back. Meanwhile the kernel reads the next checkpoint's unit ahead, unit by
+  // unit (a window of one share, not a second share at once).
+  void measure_checkpoint(std::size_t i, measure::CheckpointReader& checkpoint, measure::CheckpointReader* previous,
+                          measure::CheckpointReader* next, std::chrono::steady_clock::time_point t0, double cpu0) {
     const std::int64_t step = series_[i].first;
-    const io::ModelState state = io::ModelState::open(series_[i].second, {}, io::ShardBytes::header_only);
     const std::size_t nt = tensors_.size(), nk = ks_.size();
-    const Version* prev = ring_.empty() ? nullptr : &ring_.front();
-    std::vector<const Version*> back(nk);
-    for (std::size_t k = 0; k < nk; ++k) back[k] = held(step - ks_[k]);
-    ShareBuffer next = spare_ ? std::move(*spare_) : ShareBuffer(share_bytes_);
-    ShardReader files;
-    spare_.reset();
+    const bool has_prev = previous != nullptr;
+    // The logs the row reverts with: those from checkpoints at most the largest k back.
+    while (!logs_.empty() && logs_.back().base_step() < step - ks_.back()) {
+      spare_logs_.push_back(std::move(logs_.back()));
+      logs_.pop_back();
+    }
+    if (has_prev) {
+      logs_.emplace_front();
+      if (!spare_logs_.empty()) logs_.front() = std::move(spare_logs_.back()), spare_logs_.pop_back();
+      logs_.front().clear(series_[i - 1].first);
+    }
+    // k_of_log[l]: the k whose version reverting with logs 0..l gives, or none.
+    constexpr std::size_t none = std::size_t(-1);
+    std::vector<std::size_t> k_of_log(logs_.size(), none);
+    for (std::size_t l = 0; l < logs_.size(); ++l)
+      for (std::size_t k = 0; k < nk; ++k)
+        if (step - ks_[k] == logs_[l].base_step()) k_of_log[l] = k;
 
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
-    std::size_t offset = 0;
+    std::size_t block = 0;
     for (std::size_t u = first_unit_; u < last_unit_; ++u) {
-      std::vector<sync::TensorRef> base, target;
+      if (next) next->read_ahead(tensors_, units_[u]);
+      patch_.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
-        const io::StateTensor* found = state.find(t.name);
-        PULSE_CHECK(found != nullptr, series_[i].second + ": lacks tensor " + t.name);
-        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin), bytes = n * esz;
-        // Read straight into the history (one copy, as read() costs; no page faults on a map),
-        // then compare it, block by block while in cache, with every version the row needs.
-        files.read(state.shards()[found->shard].path(), found->file_offset + std::uint64_t(p.begin) * esz,
-                   next.data() + offset, bytes);
-        const std::byte* now = next.data() + offset;
-        for (std::size_t b = 0; b < n; b += kBlockElements) {
-          const std::size_t m = std::min(kBlockElements, n - b), at = offset + b * esz;
-          if (prev) sums[p.tensor] += std::int64_t(count_differing(now + b * esz, prev->bytes.data() + at, m, esz));
-          for (std::size_t k = 0; k < nk; ++k)
-            if (back[k]) sums[nt + k] += std::int64_t(count_differing(now + b * esz, back[k]->bytes.data() + at, m, esz));
+        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin);
+        const std::byte* piece = checkpoint.data(t, p.begin, p.end);
+        if (!has_prev) continue;
+        const std::byte* piece_before = previous->data(t, p.begin, p.end);
+        const bool whole = p.begin == 0 && p.end == t.numel;
+        patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
+                          t.dtype, n);
+        for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
+          const std::size_t m = std::min(kBlockElements, n - b);
+          const std::byte* now = piece + b * esz;
+          const std::byte* before = piece_before + b * esz;
+          const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
+          sums[p.tensor] += std::int64_t(changed.size());
+          const auto e0 = std::chrono::steady_clock::now();
+          if (esz == 4)
+            add_changes<std::uint32_t>(changed, b, now, before);
+          else
+            add_changes<std::uint16_t>(changed, b, now, before);
+          encode_s += seconds_since(e0);
+          if (k_of_log[0] != none) sums[nt + k_of_log[0]] += std::int64_t(changed.size());  // before's block
+          if (logs_.size() == 1) continue;
+          std::memcpy(scratch_.data(), before, m * esz);
+          for (std::size_t l = 1; l < logs_.size(); ++l) {
+            logs_[l].revert(block, scratch_.data(), m, esz);  // now the checkpoint of logs_[l].base_step()
+            if (k_of_log[l] != none)
+              sums[nt + k_of_log[l]] += std::int64_t(measure::count_differing(now, scratch_.data(), m, esz));
+          }
         }
-        if (prev) {
-          const bool whole = p.begin == 0 && p.end == t.numel;
-          const std::string name = whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]";
-          const std::vector<std::int64_t> shape = whole ? t.shape : std::vector<std::int64_t>{std::int64_t(n)};
-          base.push_back({name, t.dtype, shape, prev->bytes.data() + offset, bytes});
-          target.push_back({name, t.dtype, shape, next.data() + offset, bytes});
-        }
-        offset += bytes;
       }
-      if (prev) {
+      if (has_prev) {
         const auto e0 = std::chrono::steady_clock::now();
-        sync::EncodeOptions options;
-        options.level = o_.level;
-        // The previous row's target digests are this row's base digests: the base is not hashed again.
-        sync::StateDigests& digests = unit_digests_[u - first_unit_];
-        const bool known = !digests.tensors.empty();
-        sync::StateDigests target_digests;
-        sums[nt + nk] +=
-            std::int64_t(sync::encode_patch(base, target, options, known ? &digests : nullptr, &target_digests).size());
-        digests = std::move(target_digests);
+        sums[nt + nk] += std::int64_t(patch_.bytes(o_.level));
         encode_s += seconds_since(e0);
       }
     }
-    remember(step, std::move(next));
     const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
 
     std::vector<std::int64_t> total(sums.size(), 0);
@@ -510,17 +475,6 @@ class Measurement {
     return false;
   }
 
-  // Puts this checkpoint's share first in the ring and drops the versions no k reaches any more;
-  // one dropped buffer is kept for the next checkpoint.
-  void remember(std::int64_t step, ShareBuffer share) {
-    ring_.push_front({step, std::move(share)});
-    const std::int64_t oldest_needed = step + 1 - ks_.back();
-    while (ring_.back().step < oldest_needed) {
-      spare_.emplace(std::move(ring_.back().bytes));
-      ring_.pop_back();
-    }
-  }
-
   Options o_;
   std::vector<std::pair<std::int64_t, std::string>> series_;
   std::vector<MeasuredTensor> tensors_;
@@ -531,16 +485,28 @@ class Measurement {
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
-  std::vector<sync::StateDigests> unit_digests_;  // of this rank's units as the ring's newest version holds them
-  std::deque<Version> ring_;     // newest first
-  std::optional<ShareBuffer> spare_;
+  std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
+  std::vector<measure::ChangeLog> spare_logs_;           // dropped, with their buffers
+  std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted
+  measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
 };
+
+// A checkpoint file cut short while mapped (rewritten in place during the run) raises SIGBUS at
+// the first access past its new end: one line and exit 1, not a crash report.
+extern "C" void file_cut_short(int) {
+  static const char message[] = "pulse-measure: a checkpoint file was cut short while being measured (SIGBUS)\n";
+  (void)!::write(STDERR_FILENO, message, sizeof message - 1);
+  ::_exit(1);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  struct sigaction on_bus {};
+  on_bus.sa_handler = file_cut_short;
+  sigaction(SIGBUS, &on_bus, nullptr);  // after MPI_Init, which installs its own
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
@@ -560,7 +526,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.001, 1e6))
         ->capture_default_str();
     app.add_option("--max-k", o.max_k, "largest k of the k-step sparsity (k = 1, 2, 4, ..., 32); the history holds "
-                                       "max-k versions of each rank's share")
+                                       "the changes of the last max-k checkpoints of each rank's share")
         ->check(CLI::Range(1, 32))
         ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();

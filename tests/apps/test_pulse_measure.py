@@ -5,6 +5,7 @@ weight_map; config and tokenizer files; BF16, F16 and F32 tensors and an I64 buf
   independent pure-Python reader (safetensors_ref): changed counts per step, per tensor and per
   tensor kind, sparsity, k-step sparsity (NaN where no checkpoint is k steps back), dense bytes;
 - np 1, 2 and 4 write identical datasets (patch bytes included: units do not depend on np);
+- --max-k 5 over a series with gaps (its k-step history rebuilt from change logs) equals numpy;
 - with one unit, patch_bytes equals the size of `pulse-sync encode` between the same files;
 - `python3 -m pulse_analysis report` reads the file, and jobs/measure-checkpoints.sbatch (run
   without Slurm) writes the same rows and the report;
@@ -247,6 +248,23 @@ def check_series(args, mpi, tmp):
         expect(outs[np_]["ranks/read_bytes"].shape[1] == np_, f"np {np_}: ranks/read_bytes columns")
         expect(np.all(outs[np_]["ranks/read_bytes"].sum(axis=1) == outs[np_]["steps/dense_bytes"]),
                f"np {np_}: the ranks' shares do not add up to the model")
+
+    # A shorter history (--max-k 5: k = 1, 2, 4), every other checkpoint from the 5th on (gaps in
+    # the history it reverts through): the same rows as the numpy recomputation, and the same
+    # k = 1, 2, 4 columns as the full run where the steps are all there.
+    some = paths[:5] + paths[5::2]
+    some_steps = list(range(5)) + list(range(5, 35, 2))
+    out = os.path.join(tmp, "max_k5.h5")
+    code, o, e = run(mpi + ["-n", "2", args.app, "--quiet", "--out", out, "--unit-mb", "0.004", "--max-k", "5",
+                            "--steps", ",".join(map(str, some_steps))] + some)
+    expect(code == 0, f"max-k 5: exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        data, _, _ = read_h5(out)
+        _, rows = expected_rows(some, some_steps)
+        expect(same_nan(data["kstep/sparsity"], np.array(rows["kstep"])[:, :3], 1e-12),
+               f"max-k 5: kstep\n{data['kstep/sparsity']}\n{np.array(rows['kstep'])[:, :3]}")
+        expect(list(data["steps/changed"]) == rows["changed"], "max-k 5: changed")
+        expect(same_nan(data["kstep/sparsity"][:3], outs[1]["kstep/sparsity"][:3, :3]), "max-k 5: differs from max-k 32")
 
     # Every other checkpoint, with their steps: k = 1 has no partner (NaN), k = 2 has.
     every_other = paths[::2]

@@ -1,0 +1,83 @@
+#include "measure/change_log.hpp"
+
+#include <cstring>
+
+#include "measure/compare.hpp"
+
+namespace pulse::measure {
+
+namespace {
+
+constexpr std::size_t kPrefetchLines = 4;  // of each of a block's positions and old bits
+
+// Element copies of a width known at compile time (a memcpy call each otherwise).
+template <class Word>
+void gather(const std::byte* from, const std::vector<std::uint16_t>& positions, std::byte* out) {
+  for (std::size_t c = 0; c < positions.size(); ++c)
+    std::memcpy(out + c * sizeof(Word), from + std::size_t(positions[c]) * sizeof(Word), sizeof(Word));
+}
+
+template <class Word>
+void scatter(const std::byte* values, const std::uint16_t* positions, std::size_t count, std::byte* to) {
+  for (std::size_t c = 0; c < count; ++c)
+    std::memcpy(to + std::size_t(positions[c]) * sizeof(Word), values + c * sizeof(Word), sizeof(Word));
+}
+
+}  // namespace
+
+void ChangeLog::clear(std::int64_t base_step) {
+  base_step_ = base_step;
+  blocks_.clear();
+  positions_.clear();
+  old_bits_.clear();
+}
+
+const std::vector<std::uint16_t>& ChangeLog::record(const std::byte* now, const std::byte* before, std::size_t m,
+                                                    std::size_t element_bytes) {
+  found_.clear();
+  const std::size_t count = find_changes(now, before, m, element_bytes, found_);
+  Block block{positions_.size(), old_bits_.size(), std::uint32_t(count), false};
+  if (count * (sizeof(std::uint16_t) + element_bytes) >= m * element_bytes) {
+    block.whole = true;
+    old_bits_.insert(old_bits_.end(), before, before + m * element_bytes);
+  } else {
+    positions_.insert(positions_.end(), found_.begin(), found_.end());
+    old_bits_.resize(old_bits_.size() + count * element_bytes);
+    std::byte* out = old_bits_.data() + block.first_value;
+    if (element_bytes == 4)
+      gather<std::uint32_t>(before, found_, out);
+    else
+      gather<std::uint16_t>(before, found_, out);
+  }
+  blocks_.push_back(block);
+  return found_;
+}
+
+void ChangeLog::revert(std::size_t b, std::byte* block, std::size_t m, std::size_t element_bytes) const {
+  // The next block's entries are fetched now: blocks are reverted in order, each log's few
+  // hundred bytes at a time, too short a run for the hardware prefetcher.
+  if (b + 1 < blocks_.size()) {
+    const Block& next = blocks_[b + 1];
+    for (std::size_t line = 0; line < kPrefetchLines; ++line) {
+      __builtin_prefetch(reinterpret_cast<const char*>(positions_.data() + next.first_position) + 64 * line);
+      __builtin_prefetch(reinterpret_cast<const char*>(old_bits_.data() + next.first_value) + 64 * line);
+    }
+  }
+  const Block& r = blocks_[b];
+  const std::byte* old = old_bits_.data() + r.first_value;
+  if (r.whole) {
+    std::memcpy(block, old, m * element_bytes);
+    return;
+  }
+  const std::uint16_t* positions = positions_.data() + r.first_position;
+  if (element_bytes == 4)
+    scatter<std::uint32_t>(old, positions, r.count, block);
+  else
+    scatter<std::uint16_t>(old, positions, r.count, block);
+}
+
+std::size_t ChangeLog::bytes() const {
+  return blocks_.capacity() * sizeof(Block) + positions_.capacity() * sizeof(std::uint16_t) + old_bits_.capacity();
+}
+
+}  // namespace pulse::measure

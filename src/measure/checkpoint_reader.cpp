@@ -1,0 +1,70 @@
+#include "measure/checkpoint_reader.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace pulse::measure {
+
+CheckpointReader::CheckpointReader(const std::string& path)
+    : path_(path), state_(io::ModelState::open(path, {}, io::ShardBytes::header_only)) {}
+
+CheckpointReader::~CheckpointReader() {
+  for (const auto& [shard, f] : files_) {
+    if (f.map) ::munmap(const_cast<std::byte*>(f.map), f.bytes);
+    ::close(f.fd);
+  }
+}
+
+CheckpointReader::File& CheckpointReader::file_of(std::size_t shard) {
+  auto it = files_.find(shard);
+  if (it != files_.end()) return it->second;
+  const std::string& name = state_.shards()[shard].path();
+  File f;
+  f.fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) throw Error(name + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) {
+    const int e = errno;
+    ::close(f.fd);
+    throw Error(name + ": cannot stat: " + std::strerror(e));
+  }
+  f.bytes = std::uint64_t(st.st_size);
+  return files_.emplace(shard, f).first->second;
+}
+
+const std::byte* CheckpointReader::data(const MeasuredTensor& t, std::int64_t begin, std::int64_t end) {
+  const io::StateTensor* found = state_.find(t.name);
+  PULSE_CHECK(found != nullptr, path_ + ": lacks tensor " + t.name);
+  File& f = file_of(found->shard);
+  const std::string& name = state_.shards()[found->shard].path();
+  const std::uint64_t first = found->file_offset + std::uint64_t(begin) * t.element_bytes;
+  const std::uint64_t last = found->file_offset + std::uint64_t(end) * t.element_bytes;
+  if (last > f.bytes) throw Error(name + ": holds " + std::to_string(f.bytes) + " bytes, tensor " + t.name + " ends at " +
+                                  std::to_string(last) + " (file shrank)");
+  if (!f.map) {
+    void* m = ::mmap(nullptr, f.bytes, PROT_READ, MAP_SHARED, f.fd, 0);
+    if (m == MAP_FAILED) throw Error(name + ": cannot map: " + std::strerror(errno));
+    f.map = static_cast<const std::byte*>(m);
+  }
+  return f.map + first;
+}
+
+void CheckpointReader::read_ahead(const std::vector<MeasuredTensor>& tensors, const Unit& unit) {
+  for (const Piece& p : unit.pieces) {
+    const MeasuredTensor& t = tensors[p.tensor];
+    const io::StateTensor* found = state_.find(t.name);
+    if (!found) continue;  // data() reports it
+    const File& f = file_of(found->shard);
+    ::posix_fadvise(f.fd, off_t(found->file_offset + std::uint64_t(p.begin) * t.element_bytes),
+                    off_t(std::uint64_t(p.end - p.begin) * t.element_bytes), POSIX_FADV_WILLNEED);
+  }
+}
+
+}  // namespace pulse::measure

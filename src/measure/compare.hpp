@@ -1,0 +1,22 @@
+#pragma once
+// The element comparisons of pulse-measure: bits differ or not, for 2- and 4-byte elements.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace pulse::measure {
+
+// Elements (of element_bytes 2 or 4) whose bits differ between a and b; a plain loop over
+// lanes, which the compiler vectorises.
+std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes);
+
+// The most elements find_changes takes at once: its positions are 16-bit.
+constexpr std::size_t kMaxFindElements = std::size_t(1) << 16;
+
+// Appends the positions (0-based, increasing) of the elements of now that differ from before to
+// positions, and returns their number; n <= kMaxFindElements. A cache line at a time: a
+// vectorised mask of the lanes that differ, then its set bits.
+std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
+                           std::vector<std::uint16_t>& positions);
+
+}  // namespace pulse::measure
