@@ -1,6 +1,7 @@
 // PULSESync benchmarks: patch size in bits per changed element for dense BF16, dense BF16 +
-// zstd, the paper's format and pulse's codings, and encode/apply throughput in GB/s of BF16
-// weights scanned. Steps follow the absorption rule: weights ~ N(0, 0.02), updates lr * N(0, 1)
+// zstd, the paper's format and pulse's codings beside the change's empirical entropy (with and
+// without the exponent-class context, src/sync/change_entropy.hpp), and encode/apply throughput
+// in GB/s of BF16 weights scanned for the default coding and expclass. Steps follow the absorption rule: weights ~ N(0, 0.02), updates lr * N(0, 1)
 // with lr calibrated to the target sparsity, and an element changes where bf16(w + u) differs.
 //   pulse-bench-sync --benchmark_format=json
 #include <benchmark/benchmark.h>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "kernels/bf16.hpp"
+#include "sync/change_entropy.hpp"
 #include "sync/patch.hpp"
 
 using namespace pulse;
@@ -92,17 +94,30 @@ std::size_t paper_format_size(const Step& s) {
   return zstd1_size(raw.data(), raw.size());
 }
 
+// The coding a benchmark argument names: 0 the default (keydiff, gap-varint, zstd-3), 2 expclass.
+EncodeOptions coding(std::int64_t id) {
+  EncodeOptions opt;
+  if (id == 2) {
+    opt.values = ValueCoding::exponent_class;
+    opt.indices = IndexCoding::exponent_class;
+    opt.compressor = Compressor::none;  // range-coded streams do not compress further
+  }
+  return opt;
+}
+
 void BM_PatchSize(benchmark::State& state) {
   const std::size_t n = std::size_t(1) << 24;
   const double sparsity = state.range(0) / 1000.0;
   const Step& s = step_at(n, sparsity);
-  std::size_t ours = 0, ours_raw = 0;
+  std::size_t ours = 0, ours_raw = 0, ours_expclass = 0;
   for (auto _ : state) {
     EncodeOptions opt;
     ours = encode_patch(as_state(s.base), as_state(s.target), opt).size();
     opt.values = ValueCoding::raw;
     ours_raw = encode_patch(as_state(s.base), as_state(s.target), opt).size();
+    ours_expclass = encode_patch(as_state(s.base), as_state(s.target), coding(2)).size();
   }
+  const ChangeEntropy entropy = change_entropy(as_state(s.base), as_state(s.target));
   const double bits = 8.0 / double(s.changed);
   state.counters["sparsity"] = 1.0 - double(s.changed) / n;
   state.counters["bits_dense_bf16"] = 2.0 * n * bits;
@@ -112,6 +127,14 @@ void BM_PatchSize(benchmark::State& state) {
   state.counters["bits_pulse_default"] = ours * bits;
   state.counters["paper_over_default"] = double(paper_format_size(s)) / ours;
   state.counters["dense_over_default"] = 2.0 * n / ours;
+  state.counters["bits_pulse_expclass"] = ours_expclass * bits;
+  state.counters["paper_over_expclass"] = double(paper_format_size(s)) / ours_expclass;
+  state.counters["dense_over_expclass"] = 2.0 * n / ours_expclass;
+  state.counters["bits_entropy_exponent_class"] = entropy.bits() / double(s.changed);
+  state.counters["bits_entropy_positions_exponent_class"] = entropy.position_bits / double(s.changed);
+  state.counters["bits_entropy_values_exponent_class"] = entropy.value_bits / double(s.changed);
+  state.counters["bits_entropy_no_context"] = entropy.bits_no_context() / double(s.changed);
+  state.counters["expclass_over_entropy"] = 8.0 * ours_expclass / entropy.bits();
 }
 
 // The same change pattern in every sparse-coded float dtype: weights ~ N(0, 0.02), 1% of the
@@ -168,7 +191,7 @@ void BM_Encode(benchmark::State& state) {
   for (auto _ : state) {
     StateDigests target_digests;
     Kokkos::Timer timer;
-    bytes = encode_patch(as_state(s.base), as_state(s.target), {}, &base_digests, &target_digests).size();
+    bytes = encode_patch(as_state(s.base), as_state(s.target), coding(state.range(2)), &base_digests, &target_digests).size();
     state.SetIterationTime(timer.seconds());
   }
   state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
@@ -179,7 +202,7 @@ void BM_Encode(benchmark::State& state) {
 void BM_Apply(benchmark::State& state) {
   const std::size_t n = std::size_t(state.range(0));
   const Step& s = step_at(n, state.range(1) / 1000.0);
-  const auto patch = encode_patch(as_state(s.base), as_state(s.target), {});
+  const auto patch = encode_patch(as_state(s.base), as_state(s.target), coding(state.range(2)));
   const StateDigests base_digests = compute_digests(as_state(s.base));
   std::vector<bf16_bits> receiver(n);
   for (auto _ : state) {
@@ -198,8 +221,9 @@ BENCHMARK(BM_PatchSize)->Arg(990)->Arg(999)->Iterations(1)->Unit(benchmark::kMil
 BENCHMARK(BM_PatchSizeBF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF32)->Iterations(1)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Encode)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Apply)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
+// Arguments: elements, sparsity in thousandths, coding (0 default, 2 expclass).
+BENCHMARK(BM_Encode)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Apply)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -47,28 +47,29 @@ struct ClassChanges {
   const std::int64_t* steps;         // class-major key differences
 };
 
-template <class T>
+// Shift and mask are constants for the common dtypes (kShift > 31: take them from the format).
+template <class T, unsigned kShift = 32, unsigned kMask = 0>
 std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::uint64_t n, const ClassChanges& c,
                              std::uint64_t total, std::uint64_t* indices, std::uint8_t* new_values,
                              const std::string& context) {
   std::uint64_t left[kMaxClasses], taken[kMaxClasses] = {};
   const unsigned classes = f.classes();
   for (unsigned k = 0; k < classes; ++k) left[k] = c.count[k] ? c.gaps[c.first[k]] : UINT64_MAX;
-  const unsigned shift = f.mantissa_bits, mask = classes - 1;
+  const unsigned shift = kShift < 32 ? kShift : f.mantissa_bits, mask = kShift < 32 ? kMask : classes - 1;
   const std::int64_t key_max = std::int64_t(f.mask());
   std::uint64_t found = 0;
-  for (std::uint64_t i = 0; i < n && found < total; ++i) {
+  for (std::uint64_t i = 0; i < n; ++i) {
     const T bits = load<T>(data, i);
     const unsigned k = (bits >> shift) & mask;
-    if (left[k]-- != 0) continue;
+    if (__builtin_expect(left[k]-- != 0, 1)) continue;
     const std::uint64_t at = c.first[k] + taken[k]++;
     const std::int64_t key = std::int64_t(f.key(bits)) + c.steps[at];
     PULSE_CHECK(key >= 0 && key <= key_max, "patch value out of range" + context);
     const T new_bits = static_cast<T>(f.from_key(std::uint64_t(key)));
     indices[found] = i;
     std::memcpy(new_values + sizeof(T) * found, &new_bits, sizeof(T));
-    ++found;
     left[k] = taken[k] < c.count[k] ? c.gaps[at + 1] : UINT64_MAX;
+    if (++found == total) break;
   }
   return found;
 }
@@ -178,7 +179,10 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   c.steps = steps.data();
   std::uint64_t found = 0;
   if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context);
-  if (f.bytes == 2) found = locate_changes<std::uint16_t>(f, old_data, n, c, count, indices, new_values, context);
+  if (f.bytes == 2 && f.mantissa_bits == 7)  // BF16
+    found = locate_changes<std::uint16_t, 7, 0xFF>(f, old_data, n, c, count, indices, new_values, context);
+  else if (f.bytes == 2)
+    found = locate_changes<std::uint16_t>(f, old_data, n, c, count, indices, new_values, context);
   if (f.bytes == 4) found = locate_changes<std::uint32_t>(f, old_data, n, c, count, indices, new_values, context);
   PULSE_CHECK(found == count, "patch index out of range" + context);
 }
