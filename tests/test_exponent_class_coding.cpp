@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
 #include "sync/change_entropy.hpp"
+#include "sync/codec_choice.hpp"
 #include "sync/patch.hpp"
 #include "sync/range_coder.hpp"
 
@@ -164,4 +165,28 @@ TEST(ExponentClassCoding, IsChosenForIndicesAndValuesTogether) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expclass coding for only one"), std::string::npos) << e.what();
   }
+}
+
+TEST(ExponentClassCoding, CodecChoiceWeighsItAgainstTheOthers) {
+  // On a slow link the smallest patch wins, and on a training step that is an expclass one; the
+  // candidates report the sizes encode_patch gives.
+  std::mt19937 rng(4);
+  std::normal_distribution<float> weight(0.0f, 0.02f), update(0.0f, 1e-4f);
+  const std::size_t n = 1 << 16;
+  std::vector<bf16_bits> base(n), target(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float w = weight(rng);
+    base[i] = float_to_bf16(w);
+    target[i] = float_to_bf16(w + update(rng));
+  }
+  const auto measured = measure_codecs(one_tensor(base), one_tensor(target));
+  std::size_t expclass_candidates = 0;
+  for (const auto& m : measured) {
+    EXPECT_EQ(m.patch_bytes, encode_patch(one_tensor(base), one_tensor(target), m.options).size()) << m.name;
+    expclass_candidates += m.options.values == ValueCoding::exponent_class;
+  }
+  EXPECT_EQ(expclass_candidates, 2u);
+  const auto& slow = measured[best_codec(measured, 1e3)];
+  EXPECT_EQ(slow.options.values, ValueCoding::exponent_class) << slow.name;
+  for (const auto& m : measured) EXPECT_LE(slow.patch_bytes, m.patch_bytes) << m.name;
 }
