@@ -206,6 +206,14 @@ IndexCoding parse_index_coding(const std::string& name) {
   throw_error(__FILE__, __LINE__, "unknown index coding '" + name + "' (gap-fixed, gap-varint, expclass)");
 }
 
+EncodeOptions exponent_class_options() {
+  EncodeOptions options;
+  options.values = ValueCoding::exponent_class;
+  options.indices = IndexCoding::exponent_class;
+  options.compressor = Compressor::none;  // range-coded streams do not compress further
+  return options;
+}
+
 StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata) {
   StateDigests out;
   std::vector<Digest> digests;

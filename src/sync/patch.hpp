@@ -54,6 +54,9 @@ struct EncodeOptions {
   const SecretKey* signing_key = nullptr;  // sign when set
 };
 
+// The exponent-class coding with uncompressed streams: the smallest patches of training steps.
+EncodeOptions exponent_class_options();
+
 // Every size a patch declares is checked against these before anything is allocated.
 struct PatchLimits {
   std::uint64_t max_patch_bytes = std::uint64_t(1) << 40;
