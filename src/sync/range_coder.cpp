@@ -30,16 +30,15 @@ void RangeEncoder::shift_low() {
   low_ = (low_ & 0x00FFFFFFu) << 8;
 }
 
+// Both coders select with arithmetic instead of branches: the bits of a good model are the ones
+// a branch predictor cannot guess.
 void RangeEncoder::encode(BitModel& model, int bit) {
   const std::uint32_t bound = (range_ >> kProbBits) * model.p0;
-  if (bit == 0) {
-    range_ = bound;
-    model.p0 += ((1u << kProbBits) - model.p0) >> kAdaptShift;
-  } else {
-    low_ += bound;
-    range_ -= bound;
-    model.p0 -= model.p0 >> kAdaptShift;
-  }
+  const std::uint32_t one = 0u - std::uint32_t(bit != 0);  // all ones for bit 1
+  low_ += bound & one;
+  range_ = (bound & ~one) | ((range_ - bound) & one);
+  const std::uint32_t p0 = model.p0;
+  model.p0 = static_cast<std::uint16_t>(bit ? p0 - (p0 >> kAdaptShift) : p0 + (((1u << kProbBits) - p0) >> kAdaptShift));
   while (range_ < kTop) {
     range_ <<= 8;
     shift_low();
@@ -47,9 +46,12 @@ void RangeEncoder::encode(BitModel& model, int bit) {
 }
 
 void RangeEncoder::encode_even(std::uint64_t value, int bits) {
-  while (bits-- > 0) {
-    range_ >>= 1;
-    if ((value >> bits) & 1) low_ += range_;
+  // Up to 8 bits at a time: the range keeps at least 2^16 of precision.
+  while (bits > 0) {
+    const int take = std::min(bits, 8);
+    bits -= take;
+    range_ >>= take;
+    low_ += std::uint64_t(range_) * ((value >> bits) & ((1u << take) - 1));
     while (range_ < kTop) {
       range_ <<= 8;
       shift_low();
@@ -85,17 +87,12 @@ std::uint8_t RangeDecoder::next_byte() {
 
 int RangeDecoder::decode(BitModel& model) {
   const std::uint32_t bound = (range_ >> kProbBits) * model.p0;
-  int bit;
-  if (code_ < bound) {
-    range_ = bound;
-    model.p0 += ((1u << kProbBits) - model.p0) >> kAdaptShift;
-    bit = 0;
-  } else {
-    code_ -= bound;
-    range_ -= bound;
-    model.p0 -= model.p0 >> kAdaptShift;
-    bit = 1;
-  }
+  const int bit = code_ >= bound;
+  const std::uint32_t one = 0u - std::uint32_t(bit);
+  code_ -= bound & one;
+  range_ = (bound & ~one) | ((range_ - bound) & one);
+  const std::uint32_t p0 = model.p0;
+  model.p0 = static_cast<std::uint16_t>(bit ? p0 - (p0 >> kAdaptShift) : p0 + (((1u << kProbBits) - p0) >> kAdaptShift));
   while (range_ < kTop) {
     range_ <<= 8;
     code_ = (code_ << 8) | next_byte();
@@ -105,11 +102,15 @@ int RangeDecoder::decode(BitModel& model) {
 
 std::uint64_t RangeDecoder::decode_even(int bits) {
   std::uint64_t value = 0;
-  while (bits-- > 0) {
-    range_ >>= 1;
-    const std::uint32_t bit = code_ >= range_;
-    code_ -= range_ & (0u - bit);
-    value = (value << 1) | bit;
+  while (bits > 0) {
+    const int take = std::min(bits, 8);
+    bits -= take;
+    range_ >>= take;
+    // code < range << take always holds, so the quotient fits in take bits; a corrupt stream
+    // gives some value, which later checks bound.
+    const std::uint32_t digit = std::min<std::uint32_t>(code_ / range_, (1u << take) - 1);
+    code_ -= digit * range_;
+    value = (value << take) | digit;
     while (range_ < kTop) {
       range_ <<= 8;
       code_ = (code_ << 8) | next_byte();
