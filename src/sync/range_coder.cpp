@@ -8,7 +8,15 @@ namespace pulse::sync {
 
 namespace {
 constexpr int kProbBits = 12;
-constexpr int kAdaptShift = 5;
+constexpr std::uint8_t kSettled = 24;
+
+// The model after coding `bit`.
+void adapt(BitModel& model, int bit) {
+  const int shift = 2 + model.seen / 8;
+  const std::uint32_t p0 = model.p0;
+  model.p0 = static_cast<std::uint16_t>(bit ? p0 - (p0 >> shift) : p0 + (((1u << kProbBits) - p0) >> shift));
+  model.seen += model.seen < kSettled;
+}
 constexpr std::uint32_t kTop = 1u << 24;  // renormalise below this range
 
 int bit_length(std::uint64_t x) { return 64 - __builtin_clzll(x); }
@@ -37,8 +45,7 @@ void RangeEncoder::encode(BitModel& model, int bit) {
   const std::uint32_t one = 0u - std::uint32_t(bit != 0);  // all ones for bit 1
   low_ += bound & one;
   range_ = (bound & ~one) | ((range_ - bound) & one);
-  const std::uint32_t p0 = model.p0;
-  model.p0 = static_cast<std::uint16_t>(bit ? p0 - (p0 >> kAdaptShift) : p0 + (((1u << kProbBits) - p0) >> kAdaptShift));
+  adapt(model, bit);
   while (range_ < kTop) {
     range_ <<= 8;
     shift_low();
@@ -91,8 +98,7 @@ int RangeDecoder::decode(BitModel& model) {
   const std::uint32_t one = 0u - std::uint32_t(bit);
   code_ -= bound & one;
   range_ = (bound & ~one) | ((range_ - bound) & one);
-  const std::uint32_t p0 = model.p0;
-  model.p0 = static_cast<std::uint16_t>(bit ? p0 - (p0 >> kAdaptShift) : p0 + (((1u << kProbBits) - p0) >> kAdaptShift));
+  adapt(model, bit);
   while (range_ < kTop) {
     range_ <<= 8;
     code_ = (code_ << 8) | next_byte();

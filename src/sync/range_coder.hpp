@@ -11,9 +11,12 @@
 
 namespace pulse::sync {
 
-// Probability that the next bit is 0, in units of 2^-12; adapts by 1/32 of the error per bit.
+// Probability that the next bit is 0, in units of 2^-12. It moves by 1/4 of the error per bit
+// at first and by less as it sees more (1/8, 1/16, then 1/32 after 24 bits): small patches
+// need models that learn fast, large ones models that settle.
 struct BitModel {
   std::uint16_t p0 = 1u << 11;
+  std::uint8_t seen = 0;  // bits coded, up to 24
 };
 
 // Adaptive Elias-gamma of v + 1: the bit length of v + 1 in unary (one model per position),
