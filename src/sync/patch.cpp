@@ -297,16 +297,16 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
       if (exponent_class) {
         class_encoder.add(*format, b->data, indices.data(), values.data(), old_values.data(), indices.size());
       } else {
-      if (options.indices == IndexCoding::gap_fixed)
-        e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
-      encode_gaps(options.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
-      if (options.values == ValueCoding::raw) {
-        for (unsigned plane = 0; plane < format->bytes; ++plane)  // byte planes compress better
-          for (std::uint32_t v : values) value_stream.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
-      } else {
-        for (std::size_t k = 0; k < values.size(); ++k)
-          put_varint(value_stream, zigzag(std::int64_t(format->key(values[k])) - std::int64_t(format->key(old_values[k]))));
-      }
+        if (options.indices == IndexCoding::gap_fixed)
+          e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
+        encode_gaps(options.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
+        if (options.values == ValueCoding::raw) {
+          for (unsigned plane = 0; plane < format->bytes; ++plane)  // byte planes compress better
+            for (std::uint32_t v : values) value_stream.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
+        } else {
+          for (std::size_t k = 0; k < values.size(); ++k)
+            put_varint(value_stream, zigzag(std::int64_t(format->key(values[k])) - std::int64_t(format->key(old_values[k]))));
+        }
       }
     } else {
       if (b && !base_digests) base_digest = tensor_digest(*b);
