@@ -642,26 +642,28 @@ TEST(Patch, EverySingleByteCorruptionOfAFormatTwoPatchIsRejected) {
   State target = base;
   for (auto& t : target) t.bytes[3] ^= std::byte{1};
   target.push_back({"added", "U8", {2}, {std::byte{1}, std::byte{2}}});
-  const auto good = encode_patch(refs(base), refs(target), {}, nullptr, nullptr, {}, Metadata{{"k", "v"}});
-  State receiver = base;
-  Metadata metadata;
-  apply_whole(good, receiver, metadata);
-  expect_same_tensors(receiver, target);
-  std::size_t accepted = 0;
-  for (std::size_t at = 0; at < good.size(); ++at)
-    for (int delta = 1; delta < 256; ++delta) {
-      auto bad = good;
-      bad[at] = std::uint8_t(bad[at] + delta);
-      State r = base;
-      Metadata md;
-      try {
-        apply_whole(bad, r, md);
-        ++accepted;
-      } catch (const Error&) {
-        expect_equal_state(r, base);
+  for (const EncodeOptions& opt : {EncodeOptions{}, expclass()}) {
+    const auto good = encode_patch(refs(base), refs(target), opt, nullptr, nullptr, {}, Metadata{{"k", "v"}});
+    State receiver = base;
+    Metadata metadata;
+    apply_whole(good, receiver, metadata);
+    expect_same_tensors(receiver, target);
+    std::size_t accepted = 0;
+    for (std::size_t at = 0; at < good.size(); ++at)
+      for (int delta = 1; delta < 256; ++delta) {
+        auto bad = good;
+        bad[at] = std::uint8_t(bad[at] + delta);
+        State r = base;
+        Metadata md;
+        try {
+          apply_whole(bad, r, md);
+          ++accepted;
+        } catch (const Error&) {
+          expect_equal_state(r, base);
+        }
       }
-    }
-  EXPECT_EQ(accepted, 0u) << "of " << 255 * good.size() << " single-byte corruptions";
+    EXPECT_EQ(accepted, 0u) << value_coding_name(opt.values) << ": of " << 255 * good.size() << " single-byte corruptions";
+  }
 }
 
 TEST(Patch, ExpclassCorruptionsWithAValidChecksumAreRejectedOrExact) {
