@@ -199,7 +199,8 @@ int cmd_encode(const EncodeArgs& args) {
               "encode: the output " + args.out + " is the base or target checkpoint; write the patch elsewhere");
   EncodeOptions opt;
   opt.values = parse_value_coding(args.values);
-  opt.indices = parse_index_coding(args.indices);
+  // expclass codes indices and values together: naming it for the values is enough.
+  opt.indices = opt.values == ValueCoding::exponent_class ? IndexCoding::exponent_class : parse_index_coding(args.indices);
   opt.compressor = parse_compressor(args.compressor);
   opt.level = args.level;
   opt.base_version = args.base_version;
@@ -449,9 +450,9 @@ int main(int argc, char** argv) {
   encode->add_option("--base", enc.base, "base checkpoint (file or model folder)")->required()->check(kExistingState);
   encode->add_option("--target", enc.target, "target checkpoint (file or model folder)")->required()->check(kExistingState);
   encode->add_option("-o,--out", enc.out, "patch file to write")->required();
-  encode->add_option("--values", enc.values, "value coding")->check(CLI::IsMember({"keydiff", "raw"}))->capture_default_str();
+  encode->add_option("--values", enc.values, "value coding")->check(CLI::IsMember({"keydiff", "raw", "expclass"}))->capture_default_str();
   encode->add_option("--indices", enc.indices, "index coding")
-      ->check(CLI::IsMember({"gap-varint", "gap-fixed"}))
+      ->check(CLI::IsMember({"gap-varint", "gap-fixed", "expclass"}))
       ->capture_default_str();
   encode->add_option("--compressor", enc.compressor, "stream compressor")
       ->check(CLI::IsMember({"zstd", "lz4", "none"}))

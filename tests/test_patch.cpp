@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
@@ -85,6 +86,29 @@ void expect_equal_state(const State& a, const State& b) {
   }
 }
 
+// Every value coding with an index coding it can pair with (expclass codes both).
+std::vector<EncodeOptions> every_coding() {
+  std::vector<EncodeOptions> out;
+  for (auto values : {ValueCoding::raw, ValueCoding::keydiff})
+    for (auto indices : {IndexCoding::gap_fixed, IndexCoding::gap_varint}) {
+      out.emplace_back();
+      out.back().values = values;
+      out.back().indices = indices;
+    }
+  out.emplace_back();
+  out.back().values = ValueCoding::exponent_class;
+  out.back().indices = IndexCoding::exponent_class;
+  return out;
+}
+
+EncodeOptions expclass(Compressor compressor = Compressor::none) {
+  EncodeOptions opt;
+  opt.values = ValueCoding::exponent_class;
+  opt.indices = IndexCoding::exponent_class;
+  opt.compressor = compressor;
+  return opt;
+}
+
 std::uint64_t round_trip(const State& base, const State& target, const EncodeOptions& opt) {
   const auto patch = encode_patch(refs(base), refs(target), opt);
   const ParsedPatch parsed = parse_patch(patch.data(), patch.size());
@@ -104,17 +128,13 @@ TEST(Patch, RoundTripEveryCodingAndSparsity) {
     State target = step(base, rng, density);
     // carry the F32 tensor whole at one density
     if (density == 0.5) reinterpret_cast<float*>(target[2].bytes.data())[1] = 7.0f;
-    for (auto values : {ValueCoding::raw, ValueCoding::keydiff})
-      for (auto indices : {IndexCoding::gap_fixed, IndexCoding::gap_varint})
-        for (auto compressor : {Compressor::none, Compressor::zstd, Compressor::lz4}) {
-          EncodeOptions opt;
-          opt.values = values;
-          opt.indices = indices;
-          opt.compressor = compressor;
-          SCOPED_TRACE(std::string(value_coding_name(values)) + " " + index_coding_name(indices) + " " +
-                       compressor_name(compressor) + " density " + std::to_string(density));
-          round_trip(base, target, opt);
-        }
+    for (EncodeOptions opt : every_coding())
+      for (auto compressor : {Compressor::none, Compressor::zstd, Compressor::lz4}) {
+        opt.compressor = compressor;
+        SCOPED_TRACE(std::string(value_coding_name(opt.values)) + " " + index_coding_name(opt.indices) + " " +
+                     compressor_name(compressor) + " density " + std::to_string(density));
+        round_trip(base, target, opt);
+      }
   }
 }
 
@@ -123,11 +143,7 @@ TEST(Patch, SpecialValuesSurviveBitExactly) {
   const std::vector<bf16_bits> from{0x7FC1, 0x0000, 0x8000, 0x0001, 0x7F80, 0xFF80, 0x3F80, 0xFFFF, 0x0000};
   const std::vector<bf16_bits> to{0x7FC0, 0x8000, 0x0000, 0x8001, 0xFF80, 0x7F80, 0x7FFF, 0x0000, 0x0000};
   const State base{bf16_tensor("w", from)}, target{bf16_tensor("w", to)};
-  for (auto values : {ValueCoding::raw, ValueCoding::keydiff}) {
-    EncodeOptions opt;
-    opt.values = values;
-    EXPECT_EQ(round_trip(base, target, opt), 8u);
-  }
+  for (const EncodeOptions& opt : every_coding()) EXPECT_EQ(round_trip(base, target, opt), 8u);
 }
 
 TEST(Patch, EmptyOneElementAndManyTensors) {
@@ -330,9 +346,7 @@ TEST(Patch, EverySingleBitFlipAndTruncationIsRejected) {
   std::mt19937 rng(4);
   const State base = random_state(rng, 64);
   const State target = step(base, rng, 0.1);
-  for (auto values : {ValueCoding::raw, ValueCoding::keydiff}) {
-    EncodeOptions opt;
-    opt.values = values;
+  for (const EncodeOptions& opt : every_coding()) {
     const auto good = encode_patch(refs(base), refs(target), opt);
     ASSERT_FALSE(rejected_and_untouched(good, base));
     int accepted = 0;
@@ -498,11 +512,7 @@ TEST(Patch, EveryDtypeRoundTripsSparseWhereItCanAndWholeOtherwise) {
   // ~10% of the bytes of every tensor change (one element of a float by one step of its key).
   for (auto& t : target)
     for (std::size_t i = 0; i < t.bytes.size(); i += 10) t.bytes[i] ^= std::byte{1};
-  for (auto values : {ValueCoding::raw, ValueCoding::keydiff})
-    for (auto indices : {IndexCoding::gap_fixed, IndexCoding::gap_varint}) {
-      EncodeOptions opt;
-      opt.values = values;
-      opt.indices = indices;
+  for (const EncodeOptions& opt : every_coding()) {
       const auto bytes = encode_patch(refs(base), refs(target), opt);
       const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
       ASSERT_EQ(p.summary.size(), kEveryDtype.size());
@@ -552,11 +562,7 @@ TEST(Patch, FloatKeysStepAcrossZeroAndSignsExactly) {
   f.bytes = {std::byte{0xFF}, std::byte{0}, std::byte{0x80}, std::byte{1}};
   OwnedTensor g{"e4m3", "F8_E4M3", {3}, {std::byte{0x00}, std::byte{0x80}, std::byte{0x7F}}}, h = g;
   h.bytes = {std::byte{0x80}, std::byte{0x01}, std::byte{0xFF}};
-  for (auto values : {ValueCoding::raw, ValueCoding::keydiff}) {
-    EncodeOptions opt;
-    opt.values = values;
-    EXPECT_EQ(round_trip({a, c, e, g}, {b, d, f, h}, opt), 6u + 4u + 3u + 3u);
-  }
+  for (const EncodeOptions& opt : every_coding()) EXPECT_EQ(round_trip({a, c, e, g}, {b, d, f, h}, opt), 6u + 4u + 3u + 3u);
 }
 
 TEST(Patch, LayoutChangesAndMetadataTravelAndVerify) {
@@ -636,24 +642,91 @@ TEST(Patch, EverySingleByteCorruptionOfAFormatTwoPatchIsRejected) {
   State target = base;
   for (auto& t : target) t.bytes[3] ^= std::byte{1};
   target.push_back({"added", "U8", {2}, {std::byte{1}, std::byte{2}}});
-  const auto good = encode_patch(refs(base), refs(target), {}, nullptr, nullptr, {}, Metadata{{"k", "v"}});
-  State receiver = base;
-  Metadata metadata;
-  apply_whole(good, receiver, metadata);
-  expect_same_tensors(receiver, target);
-  std::size_t accepted = 0;
-  for (std::size_t at = 0; at < good.size(); ++at)
+  for (const EncodeOptions& opt : {EncodeOptions{}, expclass()}) {
+    const auto good = encode_patch(refs(base), refs(target), opt, nullptr, nullptr, {}, Metadata{{"k", "v"}});
+    State receiver = base;
+    Metadata metadata;
+    apply_whole(good, receiver, metadata);
+    expect_same_tensors(receiver, target);
+    std::size_t accepted = 0;
+    for (std::size_t at = 0; at < good.size(); ++at)
+      for (int delta = 1; delta < 256; ++delta) {
+        auto bad = good;
+        bad[at] = std::uint8_t(bad[at] + delta);
+        State r = base;
+        Metadata md;
+        try {
+          apply_whole(bad, r, md);
+          ++accepted;
+        } catch (const Error&) {
+          expect_equal_state(r, base);
+        }
+      }
+    EXPECT_EQ(accepted, 0u) << value_coding_name(opt.values) << ": of " << 255 * good.size() << " single-byte corruptions";
+  }
+}
+
+TEST(Patch, ExpclassCorruptionsWithAValidChecksumAreRejectedOrExact) {
+  // The checksum stops random corruption; this reaches the range decoder: every byte of an
+  // expclass patch (BF16, F16, F32 and FP8 changes) replaced by each of its 255 other values,
+  // checksum rewritten. Each is rejected with the weights untouched, or decodes to exactly the
+  // target, never to anything else. Exact ones may only come from the version numbers (offsets
+  // 16-31, not part of the state) and the range coder's flush (a stream's last bytes).
+  std::mt19937 rng(14);
+  State base;
+  for (const char* dtype : {"BF16", "F16", "F32", "F8_E4M3"}) {
+    const unsigned bytes = std::string(dtype) == "F32" ? 4 : std::string(dtype) == "F8_E4M3" ? 1 : 2;
+    OwnedTensor t{std::string("w.") + dtype, dtype, {24}, std::vector<std::byte>(24 * bytes)};
+    for (auto& b : t.bytes) b = std::byte(rng() & 0x3F);
+    base.push_back(t);
+  }
+  State target = base;
+  for (auto& t : target)
+    for (std::size_t i = 1; i < t.bytes.size(); i += 7) t.bytes[i] ^= std::byte{1};
+  const auto good = encode_patch(refs(base), refs(target), expclass());
+  ASSERT_FALSE(rejected_and_untouched(good, base));
+  std::size_t rejected = 0, exact = 0;
+  std::set<std::size_t> exact_at;
+  for (std::size_t at = 0; at + 16 < good.size(); ++at)
     for (int delta = 1; delta < 256; ++delta) {
       auto bad = good;
       bad[at] = std::uint8_t(bad[at] + delta);
+      bad = rechecksummed(bad);
       State r = base;
-      Metadata md;
+      auto m = mutables(r);
       try {
-        apply_whole(bad, r, md);
-        ++accepted;
+        apply_patch(parse_patch(bad.data(), bad.size()), m);
+        for (std::size_t i = 0; i < r.size(); ++i) ASSERT_TRUE(r[i].bytes == target[i].bytes) << "byte " << at;
+        ++exact;
+        if (at < 16 || at >= 32) exact_at.insert(at);
       } catch (const Error&) {
         expect_equal_state(r, base);
+        ++rejected;
       }
     }
-  EXPECT_EQ(accepted, 0u) << "of " << 255 * good.size() << " single-byte corruptions";
+  EXPECT_EQ(rejected + exact, 255 * (good.size() - 16));
+  // Such corruptions must lie in the last 4 bytes of the index or value stream (the flush).
+  const ParsedPatch p = parse_patch(good.data(), good.size());
+  const std::size_t index_end = std::size_t(p.value_stream - good.data()), value_end = std::size_t(p.whole_stream - good.data());
+  for (std::size_t at : exact_at)
+    EXPECT_TRUE((at < index_end && at + 4 >= index_end) || (at < value_end && at + 4 >= value_end)) << at;
+}
+
+TEST(Patch, ExpclassDecodesOnlyAgainstTheOldWeightsItWasMadeFor) {
+  // The receiver's old weights are the coding's context: a receiver holding other weights is
+  // turned away by the base digest before anything is decoded, and with the digest check passed
+  // by a (forged) digest the located positions differ and the target digest restores it.
+  std::mt19937 rng(15);
+  const State base = random_state(rng, 4096);
+  const State target = step(base, rng, 0.02);
+  const auto good = encode_patch(refs(base), refs(target), expclass(Compressor::zstd));
+  State other = step(base, rng, 0.5);
+  auto m = mutables(other);
+  const State before = other;
+  EXPECT_THROW(apply_patch(parse_patch(good.data(), good.size()), m), Error);
+  expect_equal_state(other, before);
+  const StateDigests forged = compute_digests(refs(base));
+  EXPECT_THROW(apply_patch(parse_patch(good.data(), good.size()), m, {}, &forged), Error);
+  expect_equal_state(other, before);
+  EXPECT_EQ(round_trip(base, target, expclass(Compressor::zstd)) > 0, true);
 }

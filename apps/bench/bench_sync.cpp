@@ -1,18 +1,25 @@
 // PULSESync benchmarks: patch size in bits per changed element for dense BF16, dense BF16 +
-// zstd, the paper's format and pulse's codings, and encode/apply throughput in GB/s of BF16
-// weights scanned. Steps follow the absorption rule: weights ~ N(0, 0.02), updates lr * N(0, 1)
+// zstd, the paper's format and pulse's codings beside the change's empirical entropy (with and
+// without the exponent-class context, src/sync/change_entropy.hpp), and encode/apply throughput
+// in GB/s of BF16 weights scanned for the default coding and expclass. Steps follow the absorption rule: weights ~ N(0, 0.02), updates lr * N(0, 1)
 // with lr calibrated to the target sparsity, and an element changes where bf16(w + u) differs.
-//   pulse-bench-sync --benchmark_format=json
+// With --trace=DIR (a relay folder of a run, e.g. pulse-train --relay DIR --anchor-every 1000
+// --keep-anchors 1000), BM_Trace/DIR replays its versions from the oldest anchor and reports the
+// same sizes for each recorded step, summed over the run.
+//   pulse-bench-sync --benchmark_format=json [--trace=DIR ...]
 #include <benchmark/benchmark.h>
 #include <zstd.h>
 
 #include <Kokkos_Core.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <string>
 
 #include "kernels/bf16.hpp"
+#include "sync/change_entropy.hpp"
+#include "sync/checkpoint.hpp"
 #include "sync/patch.hpp"
 
 using namespace pulse;
@@ -75,43 +82,128 @@ std::size_t zstd1_size(const void* data, std::size_t bytes) {
   return ZSTD_compress(out.data(), out.size(), data, bytes, 1);
 }
 
-// The paper's representation: int32 gaps of the flat indices, then raw BF16 values, zstd-1.
-std::size_t paper_format_size(const Step& s) {
+// The paper's representation: int32 gaps of the flat indices (over the BF16 tensors in order),
+// then raw BF16 values, zstd-1.
+std::size_t paper_format_size(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target) {
   std::vector<std::int32_t> gaps;
   std::vector<bf16_bits> values;
-  std::int64_t prev = 0;
-  for (std::size_t i = 0; i < s.base.size(); ++i)
-    if (s.base[i] != s.target[i]) {
-      gaps.push_back(std::int32_t(i - prev));
-      prev = i;
-      values.push_back(s.target[i]);
-    }
+  std::int64_t prev = 0, flat = 0;
+  for (std::size_t t = 0; t < target.size(); ++t) {
+    if (target[t].dtype != "BF16") continue;
+    const auto* a = reinterpret_cast<const bf16_bits*>(base[t].data);
+    const auto* b = reinterpret_cast<const bf16_bits*>(target[t].data);
+    for (std::size_t i = 0; i < target[t].bytes / 2; ++i, ++flat)
+      if (a[i] != b[i]) {
+        gaps.push_back(std::int32_t(flat - prev));
+        prev = flat;
+        values.push_back(b[i]);
+      }
+  }
   std::vector<std::uint8_t> raw(gaps.size() * 4 + values.size() * 2);
   std::memcpy(raw.data(), gaps.data(), gaps.size() * 4);
   std::memcpy(raw.data() + gaps.size() * 4, values.data(), values.size() * 2);
   return zstd1_size(raw.data(), raw.size());
 }
 
+// The coding a benchmark argument names: 0 the default (keydiff, gap-varint, zstd-3), 2 expclass.
+EncodeOptions coding(std::int64_t id) {
+  EncodeOptions opt;
+  if (id == 2) {
+    opt.values = ValueCoding::exponent_class;
+    opt.indices = IndexCoding::exponent_class;
+    opt.compressor = Compressor::none;  // range-coded streams do not compress further
+  }
+  return opt;
+}
+
 void BM_PatchSize(benchmark::State& state) {
   const std::size_t n = std::size_t(1) << 24;
   const double sparsity = state.range(0) / 1000.0;
   const Step& s = step_at(n, sparsity);
-  std::size_t ours = 0, ours_raw = 0;
+  std::size_t ours = 0, ours_raw = 0, ours_expclass = 0;
   for (auto _ : state) {
     EncodeOptions opt;
     ours = encode_patch(as_state(s.base), as_state(s.target), opt).size();
     opt.values = ValueCoding::raw;
     ours_raw = encode_patch(as_state(s.base), as_state(s.target), opt).size();
+    ours_expclass = encode_patch(as_state(s.base), as_state(s.target), coding(2)).size();
   }
+  const ChangeEntropy entropy = change_entropy(as_state(s.base), as_state(s.target));
   const double bits = 8.0 / double(s.changed);
+  const std::size_t paper = paper_format_size(as_state(s.base), as_state(s.target));
   state.counters["sparsity"] = 1.0 - double(s.changed) / n;
   state.counters["bits_dense_bf16"] = 2.0 * n * bits;
   state.counters["bits_dense_bf16_zstd1"] = zstd1_size(s.target.data(), 2 * n) * bits;
-  state.counters["bits_paper_format"] = paper_format_size(s) * bits;
+  state.counters["bits_paper_format"] = paper * bits;
   state.counters["bits_pulse_raw_values"] = ours_raw * bits;
   state.counters["bits_pulse_default"] = ours * bits;
-  state.counters["paper_over_default"] = double(paper_format_size(s)) / ours;
+  state.counters["paper_over_default"] = double(paper) / ours;
   state.counters["dense_over_default"] = 2.0 * n / ours;
+  state.counters["bits_pulse_expclass"] = ours_expclass * bits;
+  state.counters["paper_over_expclass"] = double(paper) / ours_expclass;
+  state.counters["dense_over_expclass"] = 2.0 * n / ours_expclass;
+  state.counters["bits_entropy_exponent_class"] = entropy.bits() / double(s.changed);
+  state.counters["bits_entropy_positions_exponent_class"] = entropy.position_bits / double(s.changed);
+  state.counters["bits_entropy_values_exponent_class"] = entropy.value_bits / double(s.changed);
+  state.counters["bits_entropy_no_context"] = entropy.bits_no_context() / double(s.changed);
+  state.counters["expclass_over_entropy"] = 8.0 * ours_expclass / entropy.bits();
+}
+
+// A recorded run: the oldest anchor of a relay folder and the patches after it, each step coded
+// again with the default coding and expclass beside the paper's format and the entropy.
+void BM_Trace(benchmark::State& state, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::uint64_t oldest = UINT64_MAX;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("anchor-", 0) == 0 && name.size() > 19 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+      oldest = std::min<std::uint64_t>(oldest, std::stoull(name.substr(7, name.size() - 19)));
+  }
+  if (oldest == UINT64_MAX) return state.SkipWithError(("no anchor in " + dir).c_str());
+  Checkpoint current = load_checkpoint(dir + "/anchor-" + std::to_string(oldest) + ".safetensors");
+  double steps = 0, changes = 0, dense = 0, ours = 0, ours_expclass = 0, expclass_streams = 0, paper = 0, entropy = 0,
+         entropy_positions = 0, entropy_no_context = 0;
+  for (auto _ : state) {
+    for (std::uint64_t v = oldest;; ++v) {
+      const std::string path = dir + "/patch-" + std::to_string(v) + "-" + std::to_string(v + 1) + ".pulse";
+      if (!fs::exists(path)) break;
+      Checkpoint next = current;  // copies the bytes; layout points into them
+      for (std::size_t i = 0; i < next.layout.size(); ++i) next.layout[i].data = next.data[i].data();
+      std::vector<std::uint8_t> bytes(fs::file_size(path));
+      std::FILE* f = std::fopen(path.c_str(), "rb");
+      const bool read = f && std::fread(bytes.data(), 1, bytes.size(), f) == bytes.size();
+      if (f) std::fclose(f);
+      if (!read) return state.SkipWithError(("cannot read " + path).c_str());
+      apply_to_checkpoint(parse_patch(bytes.data(), bytes.size()), next);
+      const ChangeEntropy e = change_entropy(current.layout, next.layout);
+      const auto expclass = encode_patch(current.layout, next.layout, coding(2));
+      const ParsedPatch parsed = parse_patch(expclass.data(), expclass.size());
+      steps += 1;
+      changes += double(e.changes);
+      for (const auto& t : next.layout) dense += double(t.bytes);
+      ours += double(encode_patch(current.layout, next.layout, coding(0)).size());
+      ours_expclass += double(expclass.size());
+      expclass_streams += double(parsed.header.index_stream.coded + parsed.header.value_stream.coded);
+      paper += double(paper_format_size(current.layout, next.layout));
+      entropy += e.bits();
+      entropy_positions += e.position_bits;
+      entropy_no_context += e.bits_no_context();
+      current = std::move(next);
+    }
+  }
+  state.counters["steps"] = steps;
+  state.counters["changes_per_step"] = changes / steps;
+  state.counters["bits_paper_format"] = 8 * paper / changes;
+  state.counters["bits_pulse_default"] = 8 * ours / changes;
+  state.counters["bits_pulse_expclass"] = 8 * ours_expclass / changes;
+  state.counters["bits_pulse_expclass_streams"] = 8 * expclass_streams / changes;
+  state.counters["bits_entropy_exponent_class"] = entropy / changes;
+  state.counters["bits_entropy_positions_exponent_class"] = entropy_positions / changes;
+  state.counters["bits_entropy_no_context"] = entropy_no_context / changes;
+  state.counters["expclass_over_entropy"] = 8 * ours_expclass / entropy;
+  state.counters["paper_over_expclass"] = paper / ours_expclass;
+  state.counters["dense_over_default"] = dense / ours;
+  state.counters["dense_over_expclass"] = dense / ours_expclass;
 }
 
 // The same change pattern in every sparse-coded float dtype: weights ~ N(0, 0.02), 1% of the
@@ -168,7 +260,7 @@ void BM_Encode(benchmark::State& state) {
   for (auto _ : state) {
     StateDigests target_digests;
     Kokkos::Timer timer;
-    bytes = encode_patch(as_state(s.base), as_state(s.target), {}, &base_digests, &target_digests).size();
+    bytes = encode_patch(as_state(s.base), as_state(s.target), coding(state.range(2)), &base_digests, &target_digests).size();
     state.SetIterationTime(timer.seconds());
   }
   state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
@@ -179,7 +271,7 @@ void BM_Encode(benchmark::State& state) {
 void BM_Apply(benchmark::State& state) {
   const std::size_t n = std::size_t(state.range(0));
   const Step& s = step_at(n, state.range(1) / 1000.0);
-  const auto patch = encode_patch(as_state(s.base), as_state(s.target), {});
+  const auto patch = encode_patch(as_state(s.base), as_state(s.target), coding(state.range(2)));
   const StateDigests base_digests = compute_digests(as_state(s.base));
   std::vector<bf16_bits> receiver(n);
   for (auto _ : state) {
@@ -198,13 +290,25 @@ BENCHMARK(BM_PatchSize)->Arg(990)->Arg(999)->Iterations(1)->Unit(benchmark::kMil
 BENCHMARK(BM_PatchSizeBF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF32)->Iterations(1)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Encode)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_Apply)->Args({1 << 28, 990})->Args({1 << 28, 999})->UseManualTime()->Unit(benchmark::kMillisecond);
+// Arguments: elements, sparsity in thousandths, coding (0 default, 2 expclass).
+BENCHMARK(BM_Encode)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Apply)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--trace=", 0) == 0) {
+      const std::string dir = arg.substr(8);
+      benchmark::RegisterBenchmark(("BM_Trace/" + dir).c_str(), BM_Trace, dir)->Iterations(1)->Unit(benchmark::kMillisecond);
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

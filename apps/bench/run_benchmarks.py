@@ -18,6 +18,9 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--sizes", default=f"{1 << 24},{1 << 28}")
+    parser.add_argument("--trace", action="append", default=[],
+                        help="relay folder of a recorded run (pulse-train --relay DIR --anchor-every 1000 "
+                             "--keep-anchors 1000): PULSESync sizes of its steps, every coding side by side")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -30,7 +33,7 @@ def main():
                     "--sizes", args.sizes, "--out", torch_json], check=True)
     sync_json, torch_sync_json = os.path.join(args.out, "pulse_sync.json"), os.path.join(args.out, "torch_sync.json")
     subprocess.run([os.path.join(args.build, "apps", "bench", "pulse-bench-sync"), "--benchmark_out=" + sync_json,
-                    "--benchmark_out_format=json"], check=True)
+                    "--benchmark_out_format=json"] + ["--trace=" + t for t in args.trace], check=True)
     subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "torch_sync_peer.py"),
                     "--elements", str(1 << 28), "--out", torch_sync_json], check=True)
     ours = json.load(open(pulse_json))
@@ -66,15 +69,27 @@ def print_sync(ours, theirs):
               f"{b['bits_dense_bf16_zstd1']:.0f}, paper format {b['bits_paper_format']:.2f}, pulse raw values "
               f"{b['bits_pulse_raw_values']:.2f}, pulse default {b['bits_pulse_default']:.2f} "
               f"({b['paper_over_default']:.2f}x smaller than the paper's, {b['dense_over_default']:.0f}x than dense)")
+        print(f"    expclass {b['bits_pulse_expclass']:.2f} ({b['paper_over_expclass']:.2f}x smaller than the paper's, "
+              f"{b['dense_over_expclass']:.0f}x than dense); entropy given the exponent class "
+              f"{b['bits_entropy_exponent_class']:.2f}, without context {b['bits_entropy_no_context']:.2f} "
+              f"(expclass {b['expclass_over_entropy']:.2f}x the entropy)")
+    for name, b in by_name.items():
+        if name.startswith("BM_Trace/"):
+            print(f"  trace {name[9:]} ({b['steps']:.0f} steps, {b['changes_per_step']:.0f} changes per step): paper format "
+                  f"{b['bits_paper_format']:.2f}, pulse default {b['bits_pulse_default']:.2f}, expclass "
+                  f"{b['bits_pulse_expclass']:.2f}, entropy {b['bits_entropy_exponent_class']:.2f} "
+                  f"({b['expclass_over_entropy']:.2f}x); {b['dense_over_expclass']:.0f}x below dense BF16")
     print("PULSESync throughput, GB/s of BF16 weights (256M elements), against PyTorch + zstandard:")
     for s, t in zip((990, 999), theirs["results"]):
-        enc, app = by_name[f"BM_Encode/{1 << 28}/{s}"], by_name[f"BM_Apply/{1 << 28}/{s}"]
+        enc, app = by_name[f"BM_Encode/{1 << 28}/{s}/0"], by_name[f"BM_Apply/{1 << 28}/{s}/0"]
+        enc_x, app_x = by_name[f"BM_Encode/{1 << 28}/{s}/2"], by_name[f"BM_Apply/{1 << 28}/{s}/2"]
         gb = 2 * t["elements"] / 1e9
         ours_s = enc["real_time"] / 1e3 + app["real_time"] / 1e3
         theirs_s = t["encode_seconds"] + t["apply_seconds"]
         print(f"  sparsity {t['sparsity']:.4f}: encode {enc['bytes_per_second'] / 1e9:.2f} (PyTorch {gb / t['encode_seconds']:.2f}), "
               f"apply {app['bytes_per_second'] / 1e9:.2f} (PyTorch {gb / max(t['apply_seconds'], 1e-9):.2f}), "
-              f"end to end {theirs_s / ours_s:.1f}x PyTorch")
+              f"end to end {theirs_s / ours_s:.1f}x PyTorch; expclass encode {enc_x['bytes_per_second'] / 1e9:.2f}, "
+              f"apply {app_x['bytes_per_second'] / 1e9:.2f}")
 
 
 if __name__ == "__main__":

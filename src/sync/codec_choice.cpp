@@ -13,7 +13,7 @@ std::vector<CodecMeasurement> codec_candidates() {
     CodecMeasurement m;
     m.name = name;
     m.options.values = v;
-    m.options.indices = IndexCoding::gap_varint;
+    m.options.indices = v == ValueCoding::exponent_class ? IndexCoding::exponent_class : IndexCoding::gap_varint;
     m.options.compressor = c;
     m.options.level = level;
     return m;
@@ -23,7 +23,10 @@ std::vector<CodecMeasurement> codec_candidates() {
           make("keydiff+zstd-1", ValueCoding::keydiff, Compressor::zstd, 1),
           make("keydiff+zstd-3", ValueCoding::keydiff, Compressor::zstd, 3),
           make("keydiff+zstd-9", ValueCoding::keydiff, Compressor::zstd, 9),
-          make("raw+zstd-3", ValueCoding::raw, Compressor::zstd, 3)};
+          make("raw+zstd-3", ValueCoding::raw, Compressor::zstd, 3),
+          // Range-coded streams: only tensors carried whole would compress further.
+          make("expclass+none", ValueCoding::exponent_class, Compressor::none, 0),
+          make("expclass+zstd-3", ValueCoding::exponent_class, Compressor::zstd, 3)};
 }
 
 std::vector<CodecMeasurement> measure_codecs(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target) {

@@ -21,7 +21,8 @@ struct CodecMeasurement {
   }
 };
 
-// The candidates pulse offers, from fastest to smallest.
+// The candidates pulse offers: keydiff from fastest to smallest, raw values, and expclass (the
+// smallest on training steps).
 std::vector<CodecMeasurement> codec_candidates();
 
 // Encodes and applies (to a copy of base) the patch with every candidate, timing both.

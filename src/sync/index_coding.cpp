@@ -23,6 +23,7 @@ int fixed_gap_width(const index_t* sorted, std::size_t count, std::uint64_t base
 
 void encode_gaps(IndexCoding coding, int width, const index_t* sorted, std::size_t count, std::uint64_t base,
                  std::vector<std::uint8_t>& out) {
+  PULSE_CHECK(coding != IndexCoding::exponent_class, "encode_gaps does not code the exponent-class coding");
   for (std::size_t k = 0; k < count; ++k) {
     const std::uint64_t gap = std::uint64_t(sorted[k]) - (k ? std::uint64_t(sorted[k - 1]) + 1 : base);
     if (coding == IndexCoding::gap_varint) {
@@ -37,6 +38,7 @@ template <class Index>
 void decode_gaps(IndexCoding coding, int width, const std::uint8_t* data, std::size_t size, std::size_t& pos,
                  std::uint64_t count, std::uint64_t base, std::uint64_t end, Index* out, const char* stream,
                  const std::string& context) {
+  PULSE_CHECK(coding != IndexCoding::exponent_class, "decode_gaps does not read the exponent-class coding");
   std::uint64_t next = base;  // smallest index the next entry may take
   for (std::uint64_t k = 0; k < count; ++k) {
     std::uint64_t gap;

@@ -9,6 +9,8 @@
 #include "kernels/bf16.hpp"
 #include "kernels/sparsity.hpp"
 #include "io/safetensors.hpp"
+#include "sync/exponent_class_coding.hpp"
+#include "sync/sparse_format.hpp"
 #include "sync/varint.hpp"
 
 // The header implementation, compiled for this CPU (AVX2 where -march=native has it), is
@@ -78,39 +80,6 @@ std::string shape_string(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-// Element width and key of a sparse-coded dtype. The key of a sign-magnitude float is its
-// monotone integer order (as bf16_key); F8_E8M0 has no sign, its bits are its key.
-struct SparseFormat {
-  unsigned bytes;
-  bool sign_magnitude;
-  std::uint64_t sign() const { return std::uint64_t(1) << (8 * bytes - 1); }
-  std::uint64_t mask() const { return (std::uint64_t(1) << (8 * bytes)) - 1; }
-  std::uint64_t key(std::uint64_t bits) const {
-    if (!sign_magnitude) return bits;
-    return bits & sign() ? ~bits & mask() : bits | sign();
-  }
-  std::uint64_t from_key(std::uint64_t key) const {
-    if (!sign_magnitude) return key;
-    return key & sign() ? key ^ sign() : ~key & mask();
-  }
-  unsigned max_varint_bytes() const { return bytes == 1 ? 2 : bytes == 2 ? 3 : 5; }  // of zigzag(+-mask)
-};
-
-std::optional<SparseFormat> sparse_format(const std::string& dtype) {
-  if (dtype == "BF16" || dtype == "F16") return SparseFormat{2, true};
-  if (dtype == "F32") return SparseFormat{4, true};
-  if (dtype == "F8_E5M2" || dtype == "F8_E4M3" || dtype == "F8_E4M3FNUZ" || dtype == "F8_E5M2FNUZ")
-    return SparseFormat{1, true};
-  if (dtype == "F8_E8M0") return SparseFormat{1, false};
-  return std::nullopt;
-}
-
-std::uint64_t load_value(const std::byte* data, std::uint64_t i, unsigned bytes) {
-  std::uint64_t v = 0;
-  std::memcpy(&v, data + bytes * i, bytes);  // little-endian hosts, as safetensors
-  return v;
 }
 
 // Bytes a tensor of this dtype and shape holds; throws for an unknown dtype or a sub-byte
@@ -218,17 +187,31 @@ bool operator==(const DtypeSummary& a, const DtypeSummary& b) {
 
 bool is_sparse_dtype(const std::string& dtype) { return sparse_format(dtype).has_value(); }
 
-const char* value_coding_name(ValueCoding v) { return v == ValueCoding::raw ? "raw" : "keydiff"; }
+const char* value_coding_name(ValueCoding v) {
+  return v == ValueCoding::raw ? "raw" : v == ValueCoding::keydiff ? "keydiff" : "expclass";
+}
 ValueCoding parse_value_coding(const std::string& name) {
   if (name == "raw") return ValueCoding::raw;
   if (name == "keydiff") return ValueCoding::keydiff;
-  throw_error(__FILE__, __LINE__, "unknown value coding '" + name + "' (raw, keydiff)");
+  if (name == "expclass") return ValueCoding::exponent_class;
+  throw_error(__FILE__, __LINE__, "unknown value coding '" + name + "' (raw, keydiff, expclass)");
 }
-const char* index_coding_name(IndexCoding i) { return i == IndexCoding::gap_fixed ? "gap-fixed" : "gap-varint"; }
+const char* index_coding_name(IndexCoding i) {
+  return i == IndexCoding::gap_fixed ? "gap-fixed" : i == IndexCoding::gap_varint ? "gap-varint" : "expclass";
+}
 IndexCoding parse_index_coding(const std::string& name) {
   if (name == "gap-fixed") return IndexCoding::gap_fixed;
   if (name == "gap-varint") return IndexCoding::gap_varint;
-  throw_error(__FILE__, __LINE__, "unknown index coding '" + name + "' (gap-fixed, gap-varint)");
+  if (name == "expclass") return IndexCoding::exponent_class;
+  throw_error(__FILE__, __LINE__, "unknown index coding '" + name + "' (gap-fixed, gap-varint, expclass)");
+}
+
+EncodeOptions exponent_class_options() {
+  EncodeOptions options;
+  options.values = ValueCoding::exponent_class;
+  options.indices = IndexCoding::exponent_class;
+  options.compressor = Compressor::none;  // range-coded streams do not compress further
+  return options;
 }
 
 StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata) {
@@ -267,6 +250,9 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
                                        const EncodeOptions& options, const StateDigests* base_digests,
                                        StateDigests* target_digests, const Metadata& base_metadata,
                                        const Metadata& target_metadata) {
+  const bool exponent_class = options.values == ValueCoding::exponent_class;
+  PULSE_CHECK(exponent_class == (options.indices == IndexCoding::exponent_class),
+              "the expclass coding codes indices and values together: choose it for both");
   const auto base_by_name = by_name(base, "base"), target_by_name = by_name(target, "target");
   for (const auto* state : {&base, &target})
     for (const TensorRef& t : *state)
@@ -293,6 +279,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   std::map<std::string, Digest> base_digest_of, target_digest_of;
   std::vector<index_t> indices;
   std::vector<std::uint32_t> values, old_values;
+  ExponentClassEncoder class_encoder;
   for (const auto& [name, tp] : target_by_name) {
     const TensorRef& t = *tp;
     const auto it = base_by_name.find(name);
@@ -307,15 +294,19 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
       scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
                    indices, values, old_values);
       e.count = indices.size();
-      if (options.indices == IndexCoding::gap_fixed)
-        e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
-      encode_gaps(options.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
-      if (options.values == ValueCoding::raw) {
-        for (unsigned plane = 0; plane < format->bytes; ++plane)  // byte planes compress better
-          for (std::uint32_t v : values) value_stream.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
+      if (exponent_class) {
+        class_encoder.add(*format, b->data, indices.data(), values.data(), old_values.data(), indices.size());
       } else {
-        for (std::size_t k = 0; k < values.size(); ++k)
-          put_varint(value_stream, zigzag(std::int64_t(format->key(values[k])) - std::int64_t(format->key(old_values[k]))));
+        if (options.indices == IndexCoding::gap_fixed)
+          e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
+        encode_gaps(options.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
+        if (options.values == ValueCoding::raw) {
+          for (unsigned plane = 0; plane < format->bytes; ++plane)  // byte planes compress better
+            for (std::uint32_t v : values) value_stream.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
+        } else {
+          for (std::size_t k = 0; k < values.size(); ++k)
+            put_varint(value_stream, zigzag(std::int64_t(format->key(values[k])) - std::int64_t(format->key(old_values[k]))));
+        }
       }
     } else {
       if (b && !base_digests) base_digest = tensor_digest(*b);
@@ -350,6 +341,10 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     target_digests->state = target_state;
   }
 
+  if (exponent_class) {
+    index_stream = class_encoder.finish_indices();
+    value_stream = class_encoder.finish_values();
+  }
   const bool changes_layout = !removed.empty() || !added.empty();
   const bool changes_metadata = base_metadata != target_metadata;
   std::vector<std::uint8_t> table;
@@ -471,8 +466,9 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   h.changes_layout = flags & 2;
   h.changes_metadata = flags & 4;
   const auto values = r.get<std::uint8_t>(), indices = r.get<std::uint8_t>(), compressor = r.get<std::uint8_t>();
-  PULSE_CHECK(values <= 1 && indices <= 1 && compressor <= 2 && r.get<std::uint8_t>() == 0,
+  PULSE_CHECK(values <= 2 && indices <= 2 && compressor <= 2 && r.get<std::uint8_t>() == 0,
               "patch names an unknown coding or compressor");
+  PULSE_CHECK((values == 2) == (indices == 2), "patch uses the expclass coding for only one of indices and values");
   h.values = static_cast<ValueCoding>(values);
   h.indices = static_cast<IndexCoding>(indices);
   h.compressor = static_cast<Compressor>(compressor);
@@ -569,13 +565,23 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   // Raw stream sizes follow from the entries (exactly once the receiver's layout gives the
   // element widths); anything else is corrupt (or a decompression bomb).
   const std::uint64_t changed = h.total_changed;
-  if (h.indices == IndexCoding::gap_fixed)
-    PULSE_CHECK(h.index_stream.raw == fixed_index_bytes, "patch index stream size disagrees with its entries");
-  else
-    PULSE_CHECK(h.index_stream.raw >= changed && h.index_stream.raw <= 10 * changed,
-                "patch index stream size disagrees with its entries");
-  PULSE_CHECK(h.value_stream.raw >= changed && h.value_stream.raw <= 5 * changed,
-              "patch value stream size disagrees with its entries");
+  if (h.indices == IndexCoding::exponent_class) {
+    // A range code: at most 12 bits per binary decision (the least probability is 2^-12), a
+    // change takes fewer than 140 decisions (gap and value: 64-bit Elias-gamma each, sign) and a
+    // tensor fewer than 256 + 130 besides (a flag per class, a count per changed class).
+    const std::uint64_t bound = 16 + 256 * changed + 640 * num_entries;
+    PULSE_CHECK((changed == 0) == (h.index_stream.raw == 0) && h.index_stream.raw <= bound &&
+                    (changed == 0) == (h.value_stream.raw == 0) && h.value_stream.raw <= bound,
+                "patch index or value stream size disagrees with its entries");
+  } else {
+    if (h.indices == IndexCoding::gap_fixed)
+      PULSE_CHECK(h.index_stream.raw == fixed_index_bytes, "patch index stream size disagrees with its entries");
+    else
+      PULSE_CHECK(h.index_stream.raw >= changed && h.index_stream.raw <= 10 * changed,
+                  "patch index stream size disagrees with its entries");
+    PULSE_CHECK(h.value_stream.raw >= changed && h.value_stream.raw <= 5 * changed,
+                "patch value stream size disagrees with its entries");
+  }
 
   p.index_stream = bytes + kFixedHeaderBytes + table_bytes;
   p.value_stream = p.index_stream + h.index_stream.coded;
@@ -693,7 +699,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
               "patch dtype summary disagrees with its entries and the receiver's layout");
   if (h.values == ValueCoding::raw)
     PULSE_CHECK(h.value_stream.raw == value_bytes, "patch value stream size disagrees with its entries");
-  else
+  else if (h.values == ValueCoding::keydiff)
     PULSE_CHECK(h.value_stream.raw <= value_bytes_max, "patch value stream size disagrees with its entries");
   PULSE_CHECK(h.whole_stream.raw == whole_bytes, "patch whole-tensor stream size disagrees with its entries");
 
@@ -702,6 +708,9 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   const auto value_raw = decompress(h.compressor, patch.value_stream, h.value_stream.coded, h.value_stream.raw);
   const auto whole_raw = decompress(h.compressor, patch.whole_stream, h.whole_stream.coded, h.whole_stream.raw);
   std::size_t index_pos = 0, value_pos = 0, whole_pos = 0;
+  const bool exponent_class = h.values == ValueCoding::exponent_class;
+  ExponentClassDecoder class_decoder(index_raw.data(), exponent_class ? index_raw.size() : 0, value_raw.data(),
+                                     exponent_class ? value_raw.size() : 0, exponent_class ? h.total_changed : 0);
   std::vector<PlannedWrite> plan;
   std::vector<const std::uint8_t*> added_data(patch.added.size(), nullptr);
   for (std::size_t k = 0; k < order.size(); ++k) {
@@ -721,6 +730,12 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     MutableTensor& t = *target.kept;
     const SparseFormat format = *sparse_format(t.dtype);
     PlannedWrite w{&t, format.bytes, std::vector<std::uint64_t>(e.count), std::vector<std::uint8_t>(e.count * format.bytes)};
+    if (exponent_class) {
+      class_decoder.decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
+                           " in tensor '" + name + "'");
+      plan.push_back(std::move(w));
+      continue;
+    }
     decode_gaps(h.indices, e.index_width, index_raw.data(), index_raw.size(), index_pos, e.count, 0, numel_of(t.shape),
                 w.indices.data(), "patch", " in tensor '" + name + "'");
     if (h.values == ValueCoding::raw) {
@@ -741,6 +756,11 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
       }
     }
     plan.push_back(std::move(w));
+  }
+  if (exponent_class) {
+    class_decoder.check_consumed();
+    index_pos = index_raw.size();
+    value_pos = value_raw.size();
   }
   PULSE_CHECK(index_pos == index_raw.size() && value_pos == value_raw.size() && whole_pos == whole_raw.size(),
               "patch streams hold bytes no entry uses (corrupt patch)");

@@ -22,6 +22,9 @@ namespace pulse::sync {
 enum class ValueCoding : std::uint8_t {
   raw = 0,      // new bit patterns, split into byte planes
   keydiff = 1,  // zig-zag varint of key(new) - key(old): exact, usually one byte
+  // Positions and values coded in contexts of the receiver's old weights (exponent class of the
+  // old value), with IndexCoding::exponent_class; exponent_class_coding.hpp.
+  exponent_class = 2,
 };
 enum class EntryKind : std::uint8_t {
   sparse = 0,  // a sparse-coded dtype: changed indices + values
@@ -37,9 +40,9 @@ bool is_sparse_dtype(const std::string& dtype);
 using Metadata = std::map<std::string, std::string>;
 
 const char* value_coding_name(ValueCoding v);
-ValueCoding parse_value_coding(const std::string& name);  // "raw", "keydiff"
+ValueCoding parse_value_coding(const std::string& name);  // "raw", "keydiff", "expclass"
 const char* index_coding_name(IndexCoding i);
-IndexCoding parse_index_coding(const std::string& name);  // "gap-fixed", "gap-varint"
+IndexCoding parse_index_coding(const std::string& name);  // "gap-fixed", "gap-varint", "expclass"
 
 struct EncodeOptions {
   ValueCoding values = ValueCoding::keydiff;
@@ -50,6 +53,9 @@ struct EncodeOptions {
   std::uint64_t target_version = 1;
   const SecretKey* signing_key = nullptr;  // sign when set
 };
+
+// The exponent-class coding with uncompressed streams: the smallest patches of training steps.
+EncodeOptions exponent_class_options();
 
 // Every size a patch declares is checked against these before anything is allocated.
 struct PatchLimits {

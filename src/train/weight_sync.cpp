@@ -79,7 +79,7 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
   if (is_sender()) {
     PULSE_CHECK(previous != nullptr, "weight sync: the sender needs the previous version");
     Kokkos::Timer timer;
-    sync::EncodeOptions options;
+    sync::EncodeOptions options = sync::exponent_class_options();
     options.base_version = version - 1;
     options.target_version = version;
     sync::StateDigests target;

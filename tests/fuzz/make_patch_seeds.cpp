@@ -1,7 +1,7 @@
 // Writes valid PULSESync patches for the fixed receiver state of fuzz_patch_decoder into the
 // folder given as argument: target variants (no change, ~1 %, 50 % and 100 % of the BF16
 // elements changed, NaN payloads, +-0 flips, a changed F32 tensor) in every value coding x
-// index coding x compressor, and one signed patch.
+// index coding x compressor (expclass included), and one signed patch.
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -105,24 +105,28 @@ int main(int argc, char** argv) {
     }
     targets.emplace_back("f16-fp8", small_floats);
 
+    // Every value coding with each index coding it pairs with (expclass codes both).
+    std::vector<std::pair<ValueCoding, IndexCoding>> codings;
+    for (auto values : {ValueCoding::raw, ValueCoding::keydiff})
+      for (auto indices : {IndexCoding::gap_fixed, IndexCoding::gap_varint}) codings.emplace_back(values, indices);
+    codings.emplace_back(ValueCoding::exponent_class, IndexCoding::exponent_class);
     int written = 0;
     for (const auto& [name, target] : targets)
-      for (auto values : {ValueCoding::raw, ValueCoding::keydiff})
-        for (auto indices : {IndexCoding::gap_fixed, IndexCoding::gap_varint})
-          for (auto compressor : {Compressor::none, Compressor::zstd, Compressor::lz4}) {
-            EncodeOptions opt;
-            opt.values = values;
-            opt.indices = indices;
-            opt.compressor = compressor;
-            opt.base_version = 6;
-            opt.target_version = 7;
-            const auto bytes = encode_patch(pulse_fuzz::refs(base), pulse_fuzz::refs(target), opt);
-            check_applies(bytes, base, target);
-            write_file(dir + "/" + name + "-" + value_coding_name(values) + "-" + index_coding_name(indices) + "-" +
-                           compressor_name(compressor) + ".pulsepatch",
-                       bytes);
-            ++written;
-          }
+      for (const auto& [values, indices] : codings)
+        for (auto compressor : {Compressor::none, Compressor::zstd, Compressor::lz4}) {
+          EncodeOptions opt;
+          opt.values = values;
+          opt.indices = indices;
+          opt.compressor = compressor;
+          opt.base_version = 6;
+          opt.target_version = 7;
+          const auto bytes = encode_patch(pulse_fuzz::refs(base), pulse_fuzz::refs(target), opt);
+          check_applies(bytes, base, target);
+          write_file(dir + "/" + name + "-" + value_coding_name(values) + "-" + index_coding_name(indices) + "-" +
+                         compressor_name(compressor) + ".pulsepatch",
+                     bytes);
+          ++written;
+        }
     const KeyPair keys = pulse_fuzz::signing_keys();
     EncodeOptions opt;
     opt.signing_key = &keys.secret_key;

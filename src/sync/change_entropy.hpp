@@ -1,0 +1,29 @@
+#pragma once
+// Empirical entropy of the change from one state to the next, the floor a coding of positions and
+// values can approach (benchmarks compare patch sizes to it). Positions: each tensor's changed
+// elements as independent draws per context, sum of n H(m / n) over contexts of n elements of
+// which m change; values: the key difference key(new) - key(old) (sparse_format.hpp), sum of
+// -log2 of its empirical frequency within its context. Contexts are the exponent class of the old
+// value (per tensor for positions, per dtype for values: what the receiver can compute), or
+// none. Estimates exclude the cost of describing the distributions themselves.
+#include <cstdint>
+#include <vector>
+
+#include "sync/digest.hpp"
+
+namespace pulse::sync {
+
+struct ChangeEntropy {
+  std::uint64_t changes = 0;
+  double position_bits = 0;             // given tensor and exponent class
+  double value_bits = 0;                // given dtype and exponent class
+  double position_bits_no_context = 0;  // given the tensor only
+  double value_bits_no_context = 0;     // given the dtype only
+  double bits() const { return position_bits + value_bits; }
+  double bits_no_context() const { return position_bits_no_context + value_bits_no_context; }
+};
+
+// Over the tensors of sparse-coded dtypes that both states hold with the same dtype and shape.
+ChangeEntropy change_entropy(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target);
+
+}  // namespace pulse::sync

@@ -1,0 +1,198 @@
+#include "sync/exponent_class_coding.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace pulse::sync {
+
+namespace {
+
+constexpr unsigned kMaxClasses = 256;
+
+template <class T>
+T load(const std::byte* data, std::uint64_t i) {
+  T v;
+  std::memcpy(&v, data + sizeof(T) * i, sizeof(T));
+  return v;
+}
+
+// Adds the class counts of elements [begin, end) to two interleaved histograms (rows of
+// kMaxClasses): neighbours often share a class, and one histogram would make every increment
+// wait for the previous one (two measured faster than one or four).
+template <class T>
+void count_classes(const std::byte* data, std::uint64_t begin, std::uint64_t end, unsigned shift, unsigned class_mask,
+                   std::uint64_t* histograms) {
+  std::uint64_t i = begin;
+  for (; i + 2 <= end; i += 2) {
+    ++histograms[(load<T>(data, i) >> shift) & class_mask];
+    ++histograms[kMaxClasses + ((load<T>(data, i + 1) >> shift) & class_mask)];
+  }
+  for (; i < end; ++i) ++histograms[(load<T>(data, i) >> shift) & class_mask];
+}
+
+void count_classes(const SparseFormat& f, const std::byte* data, std::uint64_t begin, std::uint64_t end,
+                   std::uint64_t* histograms) {
+  const unsigned mask = f.classes() - 1;
+  if (f.bytes == 1) count_classes<std::uint8_t>(data, begin, end, f.mantissa_bits, mask, histograms);
+  if (f.bytes == 2 && f.mantissa_bits == 7)  // BF16, with constants
+    count_classes<std::uint16_t>(data, begin, end, 7, 0xFF, histograms);
+  else if (f.bytes == 2)
+    count_classes<std::uint16_t>(data, begin, end, f.mantissa_bits, mask, histograms);
+  if (f.bytes == 4) count_classes<std::uint32_t>(data, begin, end, f.mantissa_bits, mask, histograms);
+}
+
+// The receiver's pass: walks the old elements, counting down each class's gap to its next
+// change; where one reaches its change, that element's index and new value are known.
+struct ClassChanges {
+  std::vector<std::uint64_t> first;  // per class: its first change in the class-major lists
+  std::vector<std::uint64_t> count;  // per class
+  const std::uint64_t* gaps;         // class-major
+  const std::int64_t* steps;         // class-major key differences
+};
+
+// Shift and mask are constants for the common dtypes (kShift > 31: take them from the format).
+template <class T, unsigned kShift = 32, unsigned kMask = 0>
+std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::uint64_t n, const ClassChanges& c,
+                             std::uint64_t total, std::uint64_t* indices, std::uint8_t* new_values,
+                             const std::string& context) {
+  std::uint64_t left[kMaxClasses], taken[kMaxClasses] = {};
+  const unsigned classes = f.classes();
+  for (unsigned k = 0; k < classes; ++k) left[k] = c.count[k] ? c.gaps[c.first[k]] : UINT64_MAX;
+  const unsigned shift = kShift < 32 ? kShift : f.mantissa_bits, mask = kShift < 32 ? kMask : classes - 1;
+  const std::int64_t key_max = std::int64_t(f.mask());
+  std::uint64_t found = 0;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const T bits = load<T>(data, i);
+    const unsigned k = (bits >> shift) & mask;
+    if (__builtin_expect(left[k]-- != 0, 1)) continue;
+    const std::uint64_t at = c.first[k] + taken[k]++;
+    const std::int64_t key = std::int64_t(f.key(bits)) + c.steps[at];
+    PULSE_CHECK(key >= 0 && key <= key_max, "patch value out of range" + context);
+    const T new_bits = static_cast<T>(f.from_key(std::uint64_t(key)));
+    indices[found] = i;
+    std::memcpy(new_values + sizeof(T) * found, &new_bits, sizeof(T));
+    left[k] = taken[k] < c.count[k] ? c.gaps[at + 1] : UINT64_MAX;
+    if (++found == total) break;
+  }
+  return found;
+}
+
+}  // namespace
+
+ExponentClassEncoder::ExponentClassEncoder() : models_(kMaxClasses) {}
+
+void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data, const index_t* indices,
+                               const std::uint32_t* new_bits, const std::uint32_t* old_bits, std::size_t count) {
+  if (count == 0) return;
+  coded_ = true;
+  const unsigned classes = f.classes();
+  // Rank of each change among the elements of its class: class counts of the elements between
+  // changes (the tail after the last change is not needed).
+  thread_local std::vector<std::uint64_t> histograms, ranks;
+  histograms.assign(2 * kMaxClasses, 0);
+  ranks.resize(count);
+  std::vector<std::uint64_t> per_class(classes, 0);
+  std::uint64_t next = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    count_classes(f, old_data, next, std::uint64_t(indices[j]), histograms.data());
+    const unsigned k = f.exponent_class(old_bits[j]);
+    ranks[j] = histograms[k] + histograms[kMaxClasses + k];
+    ++histograms[k];
+    ++per_class[k];
+    next = std::uint64_t(indices[j]) + 1;
+  }
+  // Class-major order (stable, so ranks stay increasing within a class).
+  std::vector<std::uint64_t> first(classes, 0);
+  for (unsigned k = 1; k < classes; ++k) first[k] = first[k - 1] + per_class[k - 1];
+  thread_local std::vector<std::size_t> order;
+  order.resize(count);
+  {
+    std::vector<std::uint64_t> at = first;
+    for (std::size_t j = 0; j < count; ++j) order[at[f.exponent_class(old_bits[j])]++] = j;
+  }
+  std::uint64_t remaining = count;
+  for (unsigned k = 0; k < classes && remaining > 0; ++k) {
+    ExponentClassModel& m = models_[k];
+    indices_.encode(m.any, per_class[k] > 0);
+    if (per_class[k] == 0) continue;
+    indices_.encode_integer(m.count, per_class[k] - 1);
+    std::uint64_t next_rank = 0;
+    for (std::uint64_t c = first[k]; c < first[k] + per_class[k]; ++c) {
+      const std::size_t j = order[c];
+      indices_.encode_integer(m.gap, ranks[j] - next_rank);
+      next_rank = ranks[j] + 1;
+      const std::int64_t d = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
+      values_.encode(m.sign, d < 0);
+      values_.encode_integer(m.step, std::uint64_t(d < 0 ? -d : d) - 1);
+    }
+    remaining -= per_class[k];
+  }
+}
+
+std::vector<std::uint8_t> ExponentClassEncoder::finish_indices() { return coded_ ? indices_.finish() : std::vector<std::uint8_t>{}; }
+std::vector<std::uint8_t> ExponentClassEncoder::finish_values() { return coded_ ? values_.finish() : std::vector<std::uint8_t>{}; }
+
+ExponentClassDecoder::ExponentClassDecoder(const std::uint8_t* index_stream, std::size_t index_size,
+                                           const std::uint8_t* value_stream, std::size_t value_size,
+                                           std::uint64_t changes)
+    : models_(kMaxClasses) {
+  if (changes == 0) {
+    PULSE_CHECK(index_size == 0 && value_size == 0, "patch streams hold bytes no entry uses (corrupt patch)");
+    return;
+  }
+  indices_.emplace_back(index_stream, index_size, "patch index");
+  values_.emplace_back(value_stream, value_size, "patch value");
+}
+
+void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_data, std::uint64_t n,
+                                  std::uint64_t count, std::uint64_t* indices, std::uint8_t* new_values,
+                                  const std::string& context) {
+  if (count == 0) return;
+  PULSE_CHECK(!indices_.empty() && count <= n, "patch changes more elements than it declares" + context);
+  RangeDecoder& ix = indices_.front();
+  RangeDecoder& vx = values_.front();
+  const unsigned classes = f.classes();
+  ClassChanges c{std::vector<std::uint64_t>(classes, 0), std::vector<std::uint64_t>(classes, 0), nullptr, nullptr};
+  thread_local std::vector<std::uint64_t> gaps;
+  thread_local std::vector<std::int64_t> steps;
+  gaps.resize(count);
+  steps.resize(count);
+  std::uint64_t coded = 0;
+  for (unsigned k = 0; k < classes && coded < count; ++k) {
+    ExponentClassModel& m = models_[k];
+    c.first[k] = coded;
+    if (!ix.decode(m.any)) continue;
+    c.count[k] = ix.decode_integer(m.count, count - coded - 1) + 1;
+    std::uint64_t next_rank = 0;  // ranks are below n
+    for (std::uint64_t j = coded; j < coded + c.count[k]; ++j) {
+      PULSE_CHECK(next_rank < n, "patch index out of range" + context);
+      gaps[j] = ix.decode_integer(m.gap, n - 1 - next_rank);
+      next_rank += gaps[j] + 1;
+      const bool negative = vx.decode(m.sign);
+      const std::uint64_t step = vx.decode_integer(m.step, f.mask() - 1) + 1;
+      steps[j] = negative ? -std::int64_t(step) : std::int64_t(step);
+    }
+    coded += c.count[k];
+  }
+  PULSE_CHECK(coded == count, "patch codes fewer changes than its entry declares" + context);
+  for (unsigned k = 0; k < classes; ++k)
+    if (c.count[k] == 0) c.first[k] = 0;
+  c.gaps = gaps.data();
+  c.steps = steps.data();
+  std::uint64_t found = 0;
+  if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context);
+  if (f.bytes == 2 && f.mantissa_bits == 7)  // BF16
+    found = locate_changes<std::uint16_t, 7, 0xFF>(f, old_data, n, c, count, indices, new_values, context);
+  else if (f.bytes == 2)
+    found = locate_changes<std::uint16_t>(f, old_data, n, c, count, indices, new_values, context);
+  if (f.bytes == 4) found = locate_changes<std::uint32_t>(f, old_data, n, c, count, indices, new_values, context);
+  PULSE_CHECK(found == count, "patch index out of range" + context);
+}
+
+void ExponentClassDecoder::check_consumed() const {
+  PULSE_CHECK(indices_.empty() || (indices_.front().at_end() && values_.front().at_end()),
+              "patch streams hold bytes no entry uses (corrupt patch)");
+}
+
+}  // namespace pulse::sync

@@ -1,0 +1,66 @@
+#pragma once
+// An adaptive binary range coder (carry-propagating, 32-bit range, 12-bit probabilities) and an
+// adaptive Elias-gamma coding of integers on top of it: the entropy coder of the patch format's
+// exponent-class coding (FORMAT.md). Integer arithmetic only, so every platform codes the same
+// bytes. A coder's models start from "even odds" and learn as they code, so a stream needs
+// nothing but itself to decode.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace pulse::sync {
+
+// Probability that the next bit is 0, in units of 2^-12. It moves by 1/4 of the error per bit
+// at first and by less as it sees more (1/8, 1/16, then 1/32 after 24 bits): small patches
+// need models that learn fast, large ones models that settle.
+struct BitModel {
+  std::uint16_t p0 = 1u << 11;
+  std::uint8_t seen = 0;  // bits coded, up to 24
+};
+
+// Adaptive Elias-gamma of v + 1: the bit length of v + 1 in unary (one model per position),
+// the bit below the leading one with a model per length, the rest as even-odds bits.
+struct IntegerModel {
+  static constexpr int kContexts = 40;  // lengths beyond share the last model
+  BitModel length[kContexts];
+  BitModel top[kContexts];
+};
+
+class RangeEncoder {
+ public:
+  void encode(BitModel& model, int bit);
+  void encode_even(std::uint64_t value, int bits);  // the low `bits` bits, each at odds 1:1
+  void encode_integer(IntegerModel& model, std::uint64_t value);  // value < 2^63
+  // Flushes and returns the stream; the coder is spent.
+  std::vector<std::uint8_t> finish();
+
+ private:
+  void shift_low();
+  std::uint64_t low_ = 0;
+  std::uint32_t range_ = 0xFFFFFFFFu;
+  std::uint8_t cache_ = 0;
+  std::uint64_t pending_ = 1;  // bytes held back for a carry: cache_ and pending_ - 1 times 0xFF
+  std::vector<std::uint8_t> out_;
+};
+
+// Reads a stream of RangeEncoder; throws pulse::Error (naming `stream`) when it runs past the
+// end or a value exceeds its bound.
+class RangeDecoder {
+ public:
+  RangeDecoder(const std::uint8_t* data, std::size_t size, const char* stream);
+  int decode(BitModel& model);
+  std::uint64_t decode_even(int bits);
+  std::uint64_t decode_integer(IntegerModel& model, std::uint64_t max);  // throws above max
+  // True when every byte of the stream was read (a stream with bytes beyond its code is corrupt).
+  bool at_end() const { return pos_ == size_; }
+
+ private:
+  std::uint8_t next_byte();
+  const std::uint8_t* data_;
+  std::size_t size_, pos_ = 0;
+  const char* stream_;
+  std::uint32_t range_ = 0xFFFFFFFFu, code_ = 0;
+};
+
+}  // namespace pulse::sync

@@ -1,0 +1,192 @@
+// The exponent-class coding of PULSESync patches: its range coder (round trips, exact stream
+// ends, cost near the entropy of a skewed source), the entropy estimator the benchmarks compare
+// against (a hand-derived case), and the coding's size against the entropy and keydiff.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/error.hpp"
+#include "kernels/bf16.hpp"
+#include "sync/change_entropy.hpp"
+#include "sync/codec_choice.hpp"
+#include "sync/patch.hpp"
+#include "sync/range_coder.hpp"
+
+using namespace pulse;
+using namespace pulse::sync;
+
+namespace {
+
+std::vector<TensorRef> one_tensor(const std::vector<bf16_bits>& bits) {
+  return {{"w", "BF16", {std::int64_t(bits.size())}, reinterpret_cast<const std::byte*>(bits.data()), 2 * bits.size()}};
+}
+
+}  // namespace
+
+TEST(RangeCoder, BitsAndIntegersRoundTripWithExactStreamEnds) {
+  std::mt19937_64 rng(1);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int count = int(rng() % 300);
+    std::vector<int> bits(count);
+    std::vector<std::uint64_t> values(count);
+    std::vector<int> widths(count);
+    RangeEncoder enc;
+    BitModel bit_models[3];
+    IntegerModel int_model;
+    for (int i = 0; i < count; ++i) {
+      bits[i] = (rng() % 100) < std::uint64_t(trial % 100);  // skews from 0% to 99% ones
+      widths[i] = int(rng() % 63);
+      values[i] = widths[i] ? rng() >> (64 - widths[i]) : 0;
+      enc.encode(bit_models[i % 3], bits[i]);
+      enc.encode_integer(int_model, values[i]);
+      enc.encode_even(values[i], widths[i]);
+    }
+    const auto stream = enc.finish();
+    RangeDecoder dec(stream.data(), stream.size(), "test");
+    BitModel dec_models[3];
+    IntegerModel dec_int;
+    for (int i = 0; i < count; ++i) {
+      ASSERT_EQ(dec.decode(dec_models[i % 3]), bits[i]) << trial << " " << i;
+      ASSERT_EQ(dec.decode_integer(dec_int, UINT64_MAX >> 1), values[i]) << trial << " " << i;
+      ASSERT_EQ(dec.decode_even(widths[i]), values[i]) << trial << " " << i;
+    }
+    EXPECT_TRUE(dec.at_end()) << "trial " << trial << ": " << stream.size() << " bytes";
+  }
+}
+
+TEST(RangeCoder, DecoderRejectsValuesAboveTheirBoundAndStreamsThatEnd) {
+  RangeEncoder enc;
+  IntegerModel m;
+  enc.encode_integer(m, 1000);
+  const auto stream = enc.finish();
+  {
+    RangeDecoder dec(stream.data(), stream.size(), "test");
+    IntegerModel d;
+    EXPECT_THROW(dec.decode_integer(d, 999), Error);
+  }
+  {
+    RangeDecoder dec(stream.data(), stream.size(), "test");
+    IntegerModel d;
+    EXPECT_EQ(dec.decode_integer(d, 1000), 1000u);
+  }
+  EXPECT_THROW(RangeDecoder(stream.data(), 3, "test"), Error);
+  const std::uint8_t not_a_code[5] = {1, 0, 0, 0, 0};
+  EXPECT_THROW(RangeDecoder(not_a_code, 5, "test"), Error);
+}
+
+TEST(RangeCoder, SkewedBitsCostCloseToTheirEntropy) {
+  // 200,000 bits with P(1) = 0.05: entropy 0.2864 bits each; the adaptive model pays a little
+  // for its estimate's noise.
+  std::mt19937_64 rng(2);
+  RangeEncoder enc;
+  BitModel model;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) enc.encode(model, rng() % 100 < 5);
+  const double bits = 8.0 * double(enc.finish().size());
+  const double entropy = n * -(0.05 * std::log2(0.05) + 0.95 * std::log2(0.95));
+  EXPECT_LT(bits, 1.08 * entropy);
+  EXPECT_GT(bits, 0.97 * entropy);
+}
+
+TEST(ChangeEntropy, HandDerivedCase) {
+  // Four elements of exponent class 127 (1.0 = 0x3F80), four of class 120 (0x3C00).
+  // Class 127: two of four change, each by +1 key step: positions 4 H(1/2) = 4 bits, values 0.
+  // Class 120: one of four changes, by -1: positions 4 H(1/4) = 3.2451 bits, values 0.
+  // Without context: positions 8 H(3/8) = 7.6355 bits; values {+1, +1, -1}: 3 H(1/3) = 2.7549 bits.
+  const std::vector<bf16_bits> base{0x3F80, 0x3F81, 0x3F82, 0x3F83, 0x3C00, 0x3C01, 0x3C02, 0x3C03};
+  std::vector<bf16_bits> target = base;
+  target[1] = 0x3F82;  // key + 1 (positive: key = bits | 0x8000)
+  target[3] = 0x3F84;
+  target[6] = 0x3C01;  // key - 1
+  const ChangeEntropy e = change_entropy(one_tensor(base), one_tensor(target));
+  const double h14 = -(0.25 * std::log2(0.25) + 0.75 * std::log2(0.75));
+  const double h38 = -(0.375 * std::log2(0.375) + 0.625 * std::log2(0.625));
+  const double h13 = -(std::log2(1.0 / 3) / 3 + 2 * std::log2(2.0 / 3) / 3);
+  EXPECT_EQ(e.changes, 3u);
+  EXPECT_NEAR(e.position_bits, 4.0 + 4 * h14, 1e-9);
+  EXPECT_NEAR(e.value_bits, 0.0, 1e-12);
+  EXPECT_NEAR(e.position_bits_no_context, 8 * h38, 1e-9);
+  EXPECT_NEAR(e.value_bits_no_context, 3 * h13, 1e-9);
+  EXPECT_NEAR(4 * h14, 3.2451, 1e-4);  // the hand-derived numbers above
+  EXPECT_NEAR(8 * h38, 7.6355, 1e-4);
+  EXPECT_NEAR(3 * h13, 2.7549, 1e-4);
+}
+
+TEST(ExponentClassCoding, CodesATrainingStepNearItsEntropyAndBelowKeydiff) {
+  // Weights ~ N(0, 0.02), each moved by an update ~ N(0, 1e-4) and rounded to BF16 (about 2%
+  // of the elements change, mostly the small ones): the coding's patch must come within 1.3x
+  // of the conditioned entropy and be smaller than keydiff + zstd.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> weight(0.0f, 0.02f), update(0.0f, 1e-4f);
+  const std::size_t n = 1 << 18;
+  std::vector<bf16_bits> base(n), target(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float w = weight(rng);
+    base[i] = float_to_bf16(w);
+    target[i] = float_to_bf16(w + update(rng));
+  }
+  const ChangeEntropy e = change_entropy(one_tensor(base), one_tensor(target));
+  ASSERT_GT(e.changes, n / 200);
+  EncodeOptions exp;
+  exp.values = ValueCoding::exponent_class;
+  exp.indices = IndexCoding::exponent_class;
+  exp.compressor = Compressor::none;
+  const auto patch = encode_patch(one_tensor(base), one_tensor(target), exp);
+  const auto keydiff = encode_patch(one_tensor(base), one_tensor(target), {});
+  const ParsedPatch p = parse_patch(patch.data(), patch.size());
+  const double stream_bits = 8.0 * double(p.header.index_stream.coded + p.header.value_stream.coded);
+  EXPECT_LT(stream_bits, 1.3 * e.bits()) << "entropy " << e.bits() / e.changes << " bits per change";
+  EXPECT_LT(e.bits(), e.bits_no_context());
+  EXPECT_LT(patch.size(), keydiff.size());
+  std::vector<bf16_bits> receiver = base;
+  std::vector<MutableTensor> m{{"w", "BF16", {std::int64_t(n)}, reinterpret_cast<std::byte*>(receiver.data()), 2 * n}};
+  apply_patch(p, m);
+  EXPECT_EQ(receiver, target);
+}
+
+TEST(ExponentClassCoding, IsChosenForIndicesAndValuesTogether) {
+  const std::vector<bf16_bits> base{0x3F80, 0x4000}, target{0x3F81, 0x4000};
+  EncodeOptions half;
+  half.values = ValueCoding::exponent_class;
+  EXPECT_THROW(encode_patch(one_tensor(base), one_tensor(target), half), Error);
+  EncodeOptions both = half;
+  both.indices = IndexCoding::exponent_class;
+  auto patch = encode_patch(one_tensor(base), one_tensor(target), both);
+  EXPECT_EQ(patch[12], 2);
+  EXPECT_EQ(patch[13], 2);
+  EXPECT_EQ(parse_value_coding("expclass"), ValueCoding::exponent_class);
+  EXPECT_EQ(parse_index_coding("expclass"), IndexCoding::exponent_class);
+  patch[13] = 1;  // a header naming expclass for values only is refused (before its checksum)
+  try {
+    parse_patch(patch.data(), patch.size());
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expclass coding for only one"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ExponentClassCoding, CodecChoiceWeighsItAgainstTheOthers) {
+  // On a slow link the smallest patch wins, and on a training step that is an expclass one; the
+  // candidates report the sizes encode_patch gives.
+  std::mt19937 rng(4);
+  std::normal_distribution<float> weight(0.0f, 0.02f), update(0.0f, 1e-4f);
+  const std::size_t n = 1 << 16;
+  std::vector<bf16_bits> base(n), target(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float w = weight(rng);
+    base[i] = float_to_bf16(w);
+    target[i] = float_to_bf16(w + update(rng));
+  }
+  const auto measured = measure_codecs(one_tensor(base), one_tensor(target));
+  std::size_t expclass_candidates = 0;
+  for (const auto& m : measured) {
+    EXPECT_EQ(m.patch_bytes, encode_patch(one_tensor(base), one_tensor(target), m.options).size()) << m.name;
+    expclass_candidates += m.options.values == ValueCoding::exponent_class;
+  }
+  EXPECT_EQ(expclass_candidates, 2u);
+  const auto& slow = measured[best_codec(measured, 1e3)];
+  EXPECT_EQ(slow.options.values, ValueCoding::exponent_class) << slow.name;
+  for (const auto& m : measured) EXPECT_LE(slow.patch_bytes, m.patch_bytes) << m.name;
+}
