@@ -94,6 +94,7 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
       sync::PublishOptions publish;
       publish.anchor_every = anchor_every_;
       publish.keep_anchors = keep_anchors_;
+      publish.encode = options;  // the same coding as over MPI, so a resume's replayed versions size alike
       sync::Relay relay(relay_dir_);
       relay.publish(version, target_refs, &base_refs, publish);
       target = sync::compute_digests(target_refs);
