@@ -82,7 +82,7 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
                   std::to_string(values_out.extent(0)) + " values");
   const index_t capacity = static_cast<index_t>(indices_out.extent(0));
   index_t count = 0;
-  if constexpr (runs_on_host<ExecSpace>) {
+  if constexpr (takes_host_path<ExecSpace>) {
     // Host: scan blocks of 64, not elements. The keep flags of a block come from a loop the
     // compiler vectorises and are packed into a 64-bit mask eight at a time; at the sparsity
     // of weight updates most blocks then have nothing to write.
