@@ -56,9 +56,13 @@ inline constexpr bool force_device_paths = true;
 inline constexpr bool force_device_paths = false;
 #endif
 
+// Host execution spaces are those that can reach host memory (a CUDA build with UVM has a
+// host-accessible memory space, but its kernels still run on the device).
 template <class ExecSpace>
-constexpr bool takes_host_path =
-    !force_device_paths && Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+constexpr bool is_host_space = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+
+template <class ExecSpace>
+constexpr bool takes_host_path = !force_device_paths && is_host_space<ExecSpace>;
 
 // Devices size their teams with Kokkos::AUTO. Forced onto a host backend, AUTO would mean one
 // thread per team (Kokkos::OpenMP's choice), so a team there takes every thread of the space:
@@ -68,7 +72,7 @@ Kokkos::TeamPolicy<ExecSpace> segment_policy(const ExecSpace& space, const Tenso
   const auto league = static_cast<int>(segs.segments.extent(0));
   if constexpr (takes_host_path<ExecSpace>)
     return Kokkos::TeamPolicy<ExecSpace>(space, league, 1);
-  else if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible) {
+  else if constexpr (is_host_space<ExecSpace>) {
     const int largest = Kokkos::TeamPolicy<ExecSpace>(space, league, 1)
                             .team_size_max([](const typename Kokkos::TeamPolicy<ExecSpace>::member_type&) {},
                                            Kokkos::ParallelForTag());

@@ -5,6 +5,7 @@
 // All counts are integer reductions, so results are identical on every backend.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -90,8 +91,11 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
     // backend, whose scan calls its body once to count and once to write.)
     constexpr int block = 64;
     const index_t num_blocks = (n + block - 1) / block;
-    Kokkos::View<std::uint64_t*, typename ExecSpace::memory_space> masks(
-        Kokkos::view_alloc(space, Kokkos::WithoutInitializing, label + "::masks"), num_blocks);
+    // Plain host memory rather than a Kokkos allocation per call: pulse-sync compacts in chunks
+    // of 2^16 elements, where a View's allocation record would cost as much as the scan.
+    const std::unique_ptr<std::uint64_t[]> mask_storage(new std::uint64_t[num_blocks]);
+    const Kokkos::View<std::uint64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> masks(mask_storage.get(),
+                                                                                       num_blocks);
     Kokkos::parallel_for(
         label + "::masks", FlatPolicy<ExecSpace>(space, 0, num_blocks), [=](const index_t b) {
           // A local copy: the byte stores to flags below could otherwise alias the functor's
