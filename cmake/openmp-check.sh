@@ -51,8 +51,8 @@ cmake --build "$OMP" -j "$JOBS"
 
 # 2. the OpenMP build that takes the device code paths
 FORCED_TARGETS="kernel_digest test_adamw test_sparsity test_gate test_patch test_model test_sft_trainer test_loco
-  test_train adamw_driver sparsity_driver pulse-train pulse-sft"
-FORCED_TESTS='^(test_kernel_digest|test_adamw|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
+  test_train test_train_meter test_train_sync adamw_driver sparsity_driver pulse-train pulse-sft"
+FORCED_TESTS='^(test_kernel_digest|test_adamw|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
 # shellcheck disable=SC2086
 cmake -S . -B "$FORCED" -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_BENCHMARKS=OFF -DPULSE_ENABLE_PYTHON=OFF \
   -DPULSE_FORCE_DEVICE_PATHS=ON $LAUNCHER ${PULSE_PYTHON:+-DPULSE_PYTHON=$PULSE_PYTHON} >/dev/null
