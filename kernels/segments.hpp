@@ -2,6 +2,7 @@
 // Tensor segments: the flat parameter buffer cut at tensor boundaries into pieces of at most
 // max_length elements. One team per segment lets a single kernel pass over the whole buffer
 // still know which tensor each element belongs to (per-tensor weight decay, per-tensor counts).
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -45,18 +46,39 @@ TensorSegments<MemSpace> make_segments(const std::vector<index_t>& offsets,
   return {device, static_cast<int>(offsets.size()) - 1, offsets.back()};
 }
 
-// Host backends run one thread per segment over a plain loop, which the compiler vectorises;
-// devices run a team per segment.
-template <class ExecSpace>
-constexpr bool runs_on_host =
-    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+// Host backends run one thread per segment over a plain loop, which the compiler vectorises,
+// and scan blocks of elements; devices run a team per segment and scan element by element.
+// A build with the CMake option PULSE_FORCE_DEVICE_PATHS sends host backends down the device
+// paths too, so that those paths run (and are checked bit for bit) in CI, without a GPU.
+#ifdef PULSE_FORCE_DEVICE_PATHS
+inline constexpr bool force_device_paths = true;
+#else
+inline constexpr bool force_device_paths = false;
+#endif
 
+// Host execution spaces are those that can reach host memory (a CUDA build with UVM has a
+// host-accessible memory space, but its kernels still run on the device).
+template <class ExecSpace>
+constexpr bool is_host_space = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+
+template <class ExecSpace>
+constexpr bool takes_host_path = !force_device_paths && is_host_space<ExecSpace>;
+
+// Devices size their teams with Kokkos::AUTO. Forced onto a host backend, AUTO would mean one
+// thread per team (Kokkos::OpenMP's choice), so a team there takes every thread of the space:
+// the team reductions then really combine several members' partial sums.
 template <class ExecSpace, class Mem>
 Kokkos::TeamPolicy<ExecSpace> segment_policy(const ExecSpace& space, const TensorSegments<Mem>& segs) {
-  if constexpr (runs_on_host<ExecSpace>)
-    return Kokkos::TeamPolicy<ExecSpace>(space, segs.segments.extent(0), 1);
-  else
-    return Kokkos::TeamPolicy<ExecSpace>(space, segs.segments.extent(0), Kokkos::AUTO);
+  const auto league = static_cast<int>(segs.segments.extent(0));
+  if constexpr (takes_host_path<ExecSpace>)
+    return Kokkos::TeamPolicy<ExecSpace>(space, league, 1);
+  else if constexpr (is_host_space<ExecSpace>) {
+    const int largest = Kokkos::TeamPolicy<ExecSpace>(space, league, 1)
+                            .team_size_max([](const typename Kokkos::TeamPolicy<ExecSpace>::member_type&) {},
+                                           Kokkos::ParallelForTag());
+    return Kokkos::TeamPolicy<ExecSpace>(space, league, std::min(space.concurrency(), largest));
+  } else
+    return Kokkos::TeamPolicy<ExecSpace>(space, league, Kokkos::AUTO);
 }
 
 // Calls body(i) for every element of the segment, by the whole team, and returns the sum of
@@ -64,7 +86,7 @@ Kokkos::TeamPolicy<ExecSpace> segment_policy(const ExecSpace& space, const Tenso
 template <class ExecSpace, class Team, class Body>
 KOKKOS_INLINE_FUNCTION index_t segment_sum(const Team& team, const Segment& seg, const Body& body) {
   index_t sum = 0;
-  if constexpr (runs_on_host<ExecSpace>) {
+  if constexpr (takes_host_path<ExecSpace>) {
     for (index_t i = seg.begin; i < seg.end; ++i) sum += body(i);
   } else {
     Kokkos::parallel_reduce(

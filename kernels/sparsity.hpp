@@ -5,6 +5,7 @@
 // All counts are integer reductions, so results are identical on every backend.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -72,7 +73,7 @@ void check_bf16_pair(const OldView& old_bits, const NewView& new_bits) {
 // values_out, but at most capacity = indices_out.extent(0) of them, and returns how many i
 // satisfy keep. The caller sizes the outputs from a guess (say the previous step's count): if
 // the returned count exceeds the capacity, only the first `capacity` entries were written, so
-// grow the outputs to the count and call again. One call is one scan over [0, n).
+// grow the outputs to the count and call again. One call reads [0, n) once.
 template <class ExecSpace, class Keep, class Value, class IndexView, class ValueView>
 index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, const Keep& keep,
                    const Value& value, const IndexView& indices_out, const ValueView& values_out) {
@@ -82,21 +83,32 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
                   std::to_string(values_out.extent(0)) + " values");
   const index_t capacity = static_cast<index_t>(indices_out.extent(0));
   index_t count = 0;
-  if constexpr (runs_on_host<ExecSpace>) {
-    // Host: scan blocks of 64, not elements. The keep flags of a block come from a loop the
-    // compiler vectorises and are packed into a 64-bit mask eight at a time; at the sparsity
-    // of weight updates most blocks then have nothing to write.
+  if constexpr (takes_host_path<ExecSpace>) {
+    // Host: blocks of 64 elements, in two kernels. The first packs each block's keep flags into
+    // a 64-bit mask: the flags come from a loop the compiler vectorises and are packed eight at a
+    // time. The second scans the masks and writes the kept elements; at the sparsity of weight
+    // updates most masks are 0. (One scan over the elements would read them twice on a threaded
+    // backend, whose scan calls its body once to count and once to write.)
     constexpr int block = 64;
-    Kokkos::parallel_scan(
-        label, FlatPolicy<ExecSpace>(space, 0, (n + block - 1) / block),
-        [=](const index_t b, index_t& offset, const bool final) {
+    const index_t num_blocks = (n + block - 1) / block;
+    // Plain host memory rather than a Kokkos allocation per call: pulse-sync compacts in chunks
+    // of 2^16 elements, where a View's allocation record would cost as much as the scan.
+    const std::unique_ptr<std::uint64_t[]> mask_storage(new std::uint64_t[num_blocks]);
+    const Kokkos::View<std::uint64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> masks(mask_storage.get(),
+                                                                                       num_blocks);
+    Kokkos::parallel_for(
+        label + "::masks", FlatPolicy<ExecSpace>(space, 0, num_blocks), [=](const index_t b) {
+          // A local copy: the byte stores to flags below could otherwise alias the functor's
+          // view pointers (the threaded backends call the functor through a pointer), and the
+          // compiler would reload them per element instead of vectorising.
+          const Keep keep_local = keep;
           const index_t begin = b * block;
           const int length = begin + block <= n ? block : static_cast<int>(n - begin);
           std::uint8_t flags[block] = {};
           if (length == block) {  // a fixed trip count unrolls into straight vector code
-            for (int j = 0; j < block; ++j) flags[j] = keep(begin + j) ? 1 : 0;
+            for (int j = 0; j < block; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
           } else {
-            for (int j = 0; j < length; ++j) flags[j] = keep(begin + j) ? 1 : 0;
+            for (int j = 0; j < length; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
           }
           std::uint64_t mask = 0;
           for (int k = 0; k < block / 8; ++k) {
@@ -105,10 +117,16 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
             // The multiply moves byte j's bit to bit 56 + j without carries.
             mask |= ((eight * 0x0102040810204080ull) >> 56) << (8 * k);
           }
+          masks(b) = mask;
+        });
+    Kokkos::parallel_scan(
+        label, FlatPolicy<ExecSpace>(space, 0, num_blocks),
+        [=](const index_t b, index_t& offset, const bool final) {
+          std::uint64_t mask = masks(b);
           const int kept = __builtin_popcountll(mask);
           if (final) {
             for (index_t out = offset; mask != 0 && out < capacity; ++out, mask &= mask - 1) {
-              const index_t i = begin + __builtin_ctzll(mask);
+              const index_t i = b * block + __builtin_ctzll(mask);
               indices_out(out) = i;
               values_out(out) = value(i);
             }

@@ -4,6 +4,9 @@
 // deep_copy between two views of the default memory space, device to device on a GPU
 // (counter copy_fraction; the GPU targets are stated against it).
 //   pulse-bench-kernels --benchmark_format=json
+// OpenMP scaling, side by side (the JSON context records kokkos_concurrency):
+//   OMP_NUM_THREADS=1 pulse-bench-kernels --benchmark_filter='/16777216/' --benchmark_repetitions=5
+//   OMP_NUM_THREADS=2 pulse-bench-kernels --benchmark_filter='/16777216/' --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
 #include <Kokkos_Core.hpp>
@@ -215,6 +218,9 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("triad_bytes_per_second", std::to_string(g_triad_bytes_per_second));
   benchmark::AddCustomContext("copy_bytes_per_second", std::to_string(g_copy_bytes_per_second));
   benchmark::AddCustomContext("kokkos_execution_space", DefaultExec::name());
+  // Thread count (OMP_NUM_THREADS on OpenMP) and code path: scaling is read across runs.
+  benchmark::AddCustomContext("kokkos_concurrency", std::to_string(DefaultExec().concurrency()));
+  benchmark::AddCustomContext("pulse_force_device_paths", force_device_paths ? "1" : "0");
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -7,6 +7,7 @@
 #   bench_kernels.json    pulse-bench-kernels --benchmark_format=json (bytes/s, triad_fraction,
 #                         copy_fraction = fraction of the device-to-device deep_copy bandwidth)
 #   digest_gpu.txt        kernel_digest --check on the GPU (also compares with host loops)
+#   digest_serial.txt     kernel_digest --check --serial: the same binary on Kokkos::Serial
 #   digest_cpu.txt        kernel_digest in a CPU build, when one is available (see below)
 #   *.log                 output of every step;  summary.txt  one line per step, PASS/FAIL/SKIP
 # Exit status 0 when every step that ran passed. Aims to finish within 8 minutes (PULSE_GPU_DEADLINE_S).
@@ -14,7 +15,13 @@
 #   tests/gpu/check.sh DIR
 # Environment:
 #   KOKKOS_CUDA_ROOT     install prefix of a Kokkos built with Kokkos_ENABLE_CUDA (its
-#                        bin/nvcc_wrapper is the compiler); required unless PULSE_CUDA_BUILD is set
+#                        bin/nvcc_wrapper is the compiler); required unless PULSE_CUDA_BUILD is set.
+#                        With CUDA 13 it must be Kokkos >= 4.7: 4.6.01 (CI's ../shared/vendor) does
+#                        not compile against CUDA 13's runtime API (cudaMemAdvise, cudaMemPrefetchAsync,
+#                        cudaGraphAddDependencies changed); with CUDA 12 4.6.01 is fine. Configure it
+#                        with -DKokkos_ARCH_<GPU>=ON and -DCMAKE_CXX_FLAGS=-arch=sm_<cc> for CUDA 13.
+#   PULSE_CUDA_ARCH      compute capability without the dot (90 for H100/H200); default: what
+#                        nvidia-smi reports for the first GPU
 #   PULSE_CUDA_BUILD     an existing CUDA build folder of this tree: used as it is, targets
 #                        brought up to date (default: build-gpu-check under the repository)
 #   PULSE_CPU_BUILD      a CPU build folder of this tree for the CPU digests; otherwise one is
@@ -98,8 +105,12 @@ if [ ! -f "$CUDA_BUILD/CMakeCache.txt" ]; then
     echo "check.sh: set KOKKOS_CUDA_ROOT (a CUDA Kokkos install) or PULSE_CUDA_BUILD (a CUDA build)" >&2
     exit 2
   fi
+  # nvcc_wrapper compiles for its default_arch when no -arch is given: sm_70 in Kokkos 4.6, which
+  # CUDA 13 no longer supports, so CMake's first compiler check would fail. Name the GPU's own.
+  CUDA_ARCH=${PULSE_CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '. ')}
   step configure_cuda cmake -S "$ROOT" -B "$CUDA_BUILD" -DCMAKE_BUILD_TYPE=Release \
     -DKokkos_ROOT="$KOKKOS_CUDA_ROOT" -DCMAKE_CXX_COMPILER="$KOKKOS_CUDA_ROOT/bin/nvcc_wrapper" \
+    ${CUDA_ARCH:+"-DCMAKE_CXX_FLAGS=-arch=sm_$CUDA_ARCH"} \
     -DPULSE_CUDA_AWARE_MPI="${PULSE_CUDA_AWARE_MPI:-OFF}" || { note "cannot continue without a CUDA build"; exit 1; }
 fi
 if ! grep -q "^CMAKE_CXX_COMPILER:.*nvcc_wrapper" "$CUDA_BUILD/CMakeCache.txt"; then
@@ -116,6 +127,15 @@ BENCH="$CUDA_BUILD/apps/bench/pulse-bench-kernels"
 # ---- bit identity, CPU against GPU: first, because it is the quickest and the most telling ----
 if [ -x "$BIN/kernel_digest" ]; then
   step digest_gpu sh -c "'$BIN/kernel_digest' --check > '$OUT/digest_gpu.txt'"
+  # The same binary on the host backend its Kokkos carries (Serial, unless that Kokkos was built
+  # without it): CPU against GPU without a second build.
+  KOKKOS_PREFIX=$(sed -n 's#^Kokkos_DIR:[A-Z]*=\(.*\)/lib[^/]*/cmake/Kokkos$#\1#p' "$CUDA_BUILD/CMakeCache.txt")
+  if grep -qs "define KOKKOS_ENABLE_SERIAL" "$KOKKOS_PREFIX/include/KokkosCore_config.h"; then
+    step digest_serial sh -c "'$BIN/kernel_digest' --check --serial > '$OUT/digest_serial.txt'" &&
+      [ -s "$OUT/digest_gpu.txt" ] && step digest_serial_vs_gpu diff "$OUT/digest_serial.txt" "$OUT/digest_gpu.txt"
+  else
+    note "SKIP digest_serial (no Kokkos::Serial in $KOKKOS_PREFIX)"
+  fi
 fi
 CPU_BUILD=${PULSE_CPU_BUILD:-}
 if [ -z "$CPU_BUILD" ]; then

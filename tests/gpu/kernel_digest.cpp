@@ -1,8 +1,9 @@
 // Digests of pulse's bit-exact kernels on fixed seeded inputs, for comparing builds: the same
 // lines from a CPU build and a GPU build mean the GPU reproduces the CPU bit for bit.
-//   kernel_digest [--check]
+//   kernel_digest [--check] [--serial]
 // prints "name value" lines on stdout (xxh3-128 of an output's bytes, or a count). The kernels run in the
-// default execution space (the GPU on a CUDA build). With --check it also runs everything a
+// default execution space (the GPU on a CUDA build), or with --serial in Kokkos::Serial (an OpenMP
+// build's Kokkos has both, so one binary checks both host backends). With --check it also runs everything a
 // second time on fresh buffers and recomputes every output with plain serial host loops over
 // the element functions (an independent path through the parallel machinery: segments, team
 // reductions, scans, compaction), and exits 1 naming any output that differs.
@@ -131,21 +132,24 @@ std::string patch_digest(const TensorTable& table, const std::vector<bf16_bits>&
   return digest(sync::encode_patch(b, t, sync::EncodeOptions{}));
 }
 
-// Everything through pulse's kernels in the default execution space.
+// Everything through pulse's kernels in the execution space ExecSpace.
+template <class ExecSpace>
 Results run_kernels(const Inputs& in) {
+  using Mem = typename ExecSpace::memory_space;
   Results r;
-  const DefaultExec space;
+  const ExecSpace space;
   const index_t n = in.table.num_elements();
-  const auto segs = make_segments(in.table.offsets());
-  const auto mask = to_device(in.table.weight_decay_mask());
+  const auto segs = make_segments<Mem>(in.table.offsets());
+  const auto mask = to_device<Mem>(in.table.weight_decay_mask());
 
-  Kokkos::View<bf16_bits*> cast("cast", n);
-  cast_to_bf16(space, to_device(in.x), cast);
+  Kokkos::View<bf16_bits*, Mem> cast("cast", n);
+  cast_to_bf16(space, to_device<Mem>(in.x), cast);
   r["cast_to_bf16"] = digest(to_host(cast));
 
   {
-    auto master = to_device(in.master), grad = to_device(in.grad), m = to_device(in.m), v = to_device(in.v);
-    auto copy = to_device(in.w16);
+    auto master = to_device<Mem>(in.master), grad = to_device<Mem>(in.grad), m = to_device<Mem>(in.m),
+         v = to_device<Mem>(in.v);
+    auto copy = to_device<Mem>(in.w16);
     std::string changed;
     for (int step = 1; step <= adam_steps; ++step)
       changed += (step > 1 ? "," : "") +
@@ -159,11 +163,11 @@ Results run_kernels(const Inputs& in) {
     r["adamw_mixed.bf16"] = digest(after);
 
     // Sparsity between the BF16 weights before and after the steps, and the patch between them.
-    const auto before_d = to_device(in.w16);
+    const auto before_d = to_device<Mem>(in.w16);
     r["sparsity.count"] = std::to_string(count_changed(space, before_d, copy));
     r["sparsity.per_tensor"] = join(count_changed(space, segs, before_d, copy).per_tensor);
-    Kokkos::View<index_t*> indices("indices", n);
-    Kokkos::View<bf16_bits*> values("values", n);
+    Kokkos::View<index_t*, Mem> indices("indices", n);
+    Kokkos::View<bf16_bits*, Mem> values("values", n);
     const index_t c = compact_changed(space, before_d, copy, indices, values);
     r["sparsity.compact.indices"] = digest(to_host(Kokkos::subview(indices, std::make_pair(index_t(0), c))));
     r["sparsity.compact.values"] = digest(to_host(Kokkos::subview(values, std::make_pair(index_t(0), c))));
@@ -171,7 +175,7 @@ Results run_kernels(const Inputs& in) {
   }
 
   {
-    auto w = to_device(in.w16), g = to_device(in.g16), m = to_device(in.m16), v = to_device(in.v16);
+    auto w = to_device<Mem>(in.w16), g = to_device<Mem>(in.g16), m = to_device<Mem>(in.m16), v = to_device<Mem>(in.v16);
     std::string changed;
     for (int step = 1; step <= adam_steps; ++step)
       changed += (step > 1 ? "," : "") +
@@ -184,12 +188,12 @@ Results run_kernels(const Inputs& in) {
   }
 
   {
-    const auto theta = to_device(in.theta), s = to_device(in.s);
-    Kokkos::View<std::uint8_t*> fire("fire", n);
+    const auto theta = to_device<Mem>(in.theta), s = to_device<Mem>(in.s);
+    Kokkos::View<std::uint8_t*, Mem> fire("fire", n);
     r["gate.fired"] = std::to_string(gate_mask(space, theta, s, fire));
     r["gate.mask"] = digest(to_host(fire));
-    Kokkos::View<index_t*> indices("indices", n);
-    Kokkos::View<float*> values("values", n);
+    Kokkos::View<index_t*, Mem> indices("indices", n);
+    Kokkos::View<float*, Mem> values("values", n);
     const index_t c = compact_fired(space, theta, s, indices, values);
     r["gate.compact.indices"] = digest(to_host(Kokkos::subview(indices, std::make_pair(index_t(0), c))));
     r["gate.compact.values"] = digest(to_host(Kokkos::subview(values, std::make_pair(index_t(0), c))));
@@ -299,22 +303,42 @@ int compare(const Results& a, const Results& b, const std::string& what) {
 
 }  // namespace
 
+template <class ExecSpace>
+int digest_main(bool check) {
+  const Inputs in = make_inputs();
+  const Results r = run_kernels<ExecSpace>(in);
+  std::cerr << "kernel_digest: execution space " << ExecSpace::name()
+            << (force_device_paths ? ", device code paths forced" : "") << "\n";
+  for (const auto& [name, value] : r) std::cout << name << " " << value << "\n";
+  if (!check) return 0;
+  const int bad = compare(r, run_kernels<ExecSpace>(in), "a second run") +
+                  compare(r, run_reference(in), "the host reference");
+  std::cerr << "kernel_digest: " << r.size() << " outputs, " << bad << " differ\n";
+  return bad == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
-  const bool check = argc > 1 && std::string(argv[1]) == "--check";
-  if (argc > 2 || (argc == 2 && !check)) {
-    std::cerr << "usage: kernel_digest [--check]\n";
-    return 2;
+  bool check = false, serial = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--check") {
+      check = true;
+    } else if (arg == "--serial") {
+      serial = true;
+    } else {
+      std::cerr << "usage: kernel_digest [--check] [--serial]\n";
+      return 2;
+    }
   }
   try {
-    const Inputs in = make_inputs();
-    const Results r = run_kernels(in);
-    std::cerr << "kernel_digest: execution space " << DefaultExec::name() << "\n";
-    for (const auto& [name, value] : r) std::cout << name << " " << value << "\n";
-    if (!check) return 0;
-    const int bad = compare(r, run_kernels(in), "a second run") + compare(r, run_reference(in), "the host reference");
-    std::cerr << "kernel_digest: " << r.size() << " outputs, " << bad << " differ\n";
-    return bad == 0 ? 0 : 1;
+    if (!serial) return digest_main<DefaultExec>(check);
+#ifdef KOKKOS_ENABLE_SERIAL
+    return digest_main<Kokkos::Serial>(check);
+#else
+    std::cerr << "kernel_digest: --serial needs a Kokkos built with its Serial backend\n";
+    return 2;
+#endif
   } catch (const std::exception& e) {
     std::cerr << "kernel_digest: " << e.what() << "\n";
     return 1;

@@ -1,0 +1,153 @@
+// pulse-train's settings (src/train/train_config): TOML text sets every kind of value, values of
+// the wrong type or outside their choices are parse errors, and validate() refuses each setting
+// just outside its range (accepting the value at the edge) with a one-line message naming it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "core/error.hpp"
+#include "train/train_config.hpp"
+
+using namespace pulse;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "pulse-config-test-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string validate_error(const TrainConfig& c, int world_size = 1) {
+  try {
+    validate(c, world_size);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(TrainConfigParse, TomlSetsEveryKindOfValue) {
+  const TrainConfig c = parse_toml(
+      "steps = 7\nlr = 2.5e-4\nprecision = \"bf16\"\nrelay = \"some/dir\"\nseed = 18446744073709551615\n"
+      "overwrite = true\ntrainer-sync = \"pulseloco\"\nsparse-exchange = \"sparse-allreduce\"\n"
+      "# a comment\n\ninference-ranks = 1\n");
+  EXPECT_EQ(c.steps, 7);
+  EXPECT_EQ(c.lr, 2.5e-4);
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.relay, "some/dir");
+  EXPECT_EQ(c.seed, 18446744073709551615ull);
+  EXPECT_TRUE(c.overwrite);
+  EXPECT_EQ(c.trainer_sync, "pulseloco");
+  EXPECT_EQ(c.sparse_exchange, "sparse-allreduce");
+  EXPECT_EQ(c.inference_ranks, 1);
+  // Keys not given keep their defaults.
+  const TrainConfig defaults;
+  EXPECT_EQ(c.group_size, defaults.group_size);
+  EXPECT_EQ(c.out, defaults.out);
+}
+
+TEST(TrainConfigParse, RefusesValuesOfTheWrongTypeOrOutsideTheChoices) {
+  for (const char* bad : {"steps = \"ten\"\n", "steps = 1.5\n", "lr = \"fast\"\n", "precision = \"fp8\"\n",
+                          "trainer-sync = \"allreduce\"\n", "sparse-exchange = \"dense\"\n", "digits = 99999999999\n",
+                          "checkpoint-every = -1\n", "model = \"huge\"\n", "steps\n"})
+    EXPECT_THROW(parse_toml(bad), CLI::Error) << bad;
+}
+
+// Each case: a change to a valid config, the words its error must contain, and the edge value
+// that must still be accepted.
+struct RangeCase {
+  const char* name;
+  std::function<void(TrainConfig&)> refused;
+  std::function<void(TrainConfig&)> accepted;
+  const char* words;
+};
+
+TEST(TrainConfigValidate, EachSettingJustOutsideItsRangeIsRefusedTheEdgeAccepted) {
+  TempDir dir;
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const std::vector<RangeCase> cases = {
+      {"steps", [](TrainConfig& c) { c.steps = 0; }, [](TrainConfig& c) { c.steps = 1; }, "steps must be at least 1"},
+      {"lr 0", [](TrainConfig& c) { c.lr = 0; }, [](TrainConfig& c) { c.lr = 1e-300; }, "lr must be a positive"},
+      {"lr NaN", [&](TrainConfig& c) { c.lr = nan; }, [](TrainConfig&) {}, "lr must be a positive"},
+      {"lr inf", [&](TrainConfig& c) { c.lr = inf; }, [](TrainConfig&) {}, "lr must be a positive"},
+      {"warmup-steps", [](TrainConfig& c) { c.warmup_steps = -1; }, [](TrainConfig& c) { c.warmup_steps = 0; },
+       "warmup-steps"},
+      {"weight-decay", [](TrainConfig& c) { c.weight_decay = -1e-9; }, [](TrainConfig& c) { c.weight_decay = 0; },
+       "weight-decay"},
+      {"grad-clip", [&](TrainConfig& c) { c.grad_clip = nan; }, [](TrainConfig& c) { c.grad_clip = 0; }, "grad-clip"},
+      {"digits low", [](TrainConfig& c) { c.digits = 0; }, [](TrainConfig& c) { c.digits = 1; }, "digits must be in 1..9"},
+      {"digits high", [](TrainConfig& c) { c.digits = 10; }, [](TrainConfig& c) { c.digits = 9; }, "digits must be in 1..9"},
+      {"group-size", [](TrainConfig& c) { c.group_size = 1; }, [](TrainConfig& c) { c.group_size = 2; }, "group-size"},
+      {"group-size max", [](TrainConfig& c) { c.group_size = max_group_size + 1; },
+       [](TrainConfig& c) { c.group_size = max_group_size, c.prompts_per_step = 1; }, "group-size must be at most"},
+      {"temperature", [](TrainConfig& c) { c.temperature = -0.5; }, [](TrainConfig& c) { c.temperature = 0; },
+       "temperature"},
+      {"clip-low", [](TrainConfig& c) { c.clip_low = 1; }, [](TrainConfig& c) { c.clip_low = 0.999; }, "clip-low"},
+      {"clip-high", [](TrainConfig& c) { c.clip_high = 0; }, [](TrainConfig& c) { c.clip_high = 1e-9; }, "clip-high"},
+      {"num-iterations", [](TrainConfig& c) { c.num_iterations = 0; }, [](TrainConfig& c) { c.num_iterations = 1; },
+       "num-iterations"},
+      {"async-lag", [](TrainConfig& c) { c.async_lag = -1; }, [](TrainConfig& c) { c.async_lag = 0; }, "async-lag"},
+      {"checkpoint-every", [](TrainConfig& c) { c.checkpoint_every = -1; },
+       [](TrainConfig& c) { c.checkpoint_every = 0; }, "checkpoint-every"},
+      {"anchor-every", [](TrainConfig& c) { c.anchor_every = 0; }, [](TrainConfig& c) { c.anchor_every = 1; },
+       "anchor-every"},
+      {"keep-anchors", [](TrainConfig& c) { c.keep_anchors = 0; }, [](TrainConfig& c) { c.keep_anchors = 1; },
+       "keep-anchors"},
+      {"eval-problems", [](TrainConfig& c) { c.eval_problems = (1 << 20) + 1; },
+       [](TrainConfig& c) { c.eval_problems = 1 << 20; }, "eval-problems must be at most"},
+      {"outer-momentum", [](TrainConfig& c) { c.outer_momentum = 1; }, [](TrainConfig& c) { c.outer_momentum = 0; },
+       "outer-momentum"},
+      {"outer-lr", [](TrainConfig& c) { c.outer_lr = 0; }, [](TrainConfig& c) { c.outer_lr = 1e-9; }, "outer-lr"},
+      {"dense-threshold", [](TrainConfig& c) { c.dense_threshold = 1.0000001; },
+       [](TrainConfig& c) { c.dense_threshold = 1; }, "dense-threshold"},
+      {"sft-steps", [](TrainConfig& c) { c.sft_steps = 5; }, [&](TrainConfig& c) {
+         c.sft_steps = 5, c.init = (dir.path / "sft.safetensors").string();
+       }, "sft-steps needs init"},
+      {"overwrite and resume", [](TrainConfig& c) { c.overwrite = c.resume = true; },
+       [](TrainConfig& c) { c.overwrite = true; }, "exclude each other"},
+      {"trainer-sync bf16", [](TrainConfig& c) { c.trainer_sync = "diloco", c.precision = "bf16"; },
+       [](TrainConfig& c) { c.trainer_sync = "diloco"; }, "needs precision mixed"},
+  };
+  for (const RangeCase& k : cases) {
+    TrainConfig c;
+    c.out = (dir.path / "run.h5").string();
+    TrainConfig edge = c;
+    k.refused(c);
+    const std::string error = validate_error(c);
+    EXPECT_NE(error.find(k.words), std::string::npos) << k.name << ": '" << error << "'";
+    EXPECT_EQ(error.find('\n'), std::string::npos) << k.name << ": not one line";
+    k.accepted(edge);
+    EXPECT_EQ(validate_error(edge), "") << k.name;
+  }
+}
+
+TEST(TrainConfigValidate, RankLayoutMustLeaveTrainersAndSplitPromptsEvenly) {
+  TempDir dir;
+  TrainConfig c;
+  c.out = (dir.path / "run.h5").string();
+  c.prompts_per_step = 6;
+  c.inference_ranks = 2;
+  EXPECT_NE(validate_error(c, 2).find("leaves no trainer among 2 ranks"), std::string::npos);
+  EXPECT_NE(validate_error(c, 6).find("not a multiple of the 4 trainer ranks"), std::string::npos);
+  EXPECT_EQ(validate_error(c, 5), "");  // 3 trainers and 2 inference ranks each divide 6
+  c.inference_ranks = 4;
+  EXPECT_NE(validate_error(c, 7).find("not a multiple of the 4 inference ranks"), std::string::npos);
+  c.inference_ranks = -1;
+  EXPECT_NE(validate_error(c, 2), "");
+  c.inference_ranks = 1, c.prompts_per_step = 4, c.trainer_sync = "pulseloco";
+  EXPECT_NE(validate_error(c, 3).find("runs without inference ranks"), std::string::npos);
+  c.inference_ranks = 0;
+  EXPECT_EQ(validate_error(c, 2), "");
+}

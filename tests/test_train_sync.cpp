@@ -1,0 +1,124 @@
+// PULSESync in the training loop over MPI (src/train/weight_sync): trainer rank 0 sends each
+// version as a patch, every other rank applies it to its copy; the copy must equal the sender's
+// target bit for bit, with the counts of changed elements known by construction. Runs at np 1,
+// 2 and 4 (at np 1 the sender has no receiver and still encodes every version).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/collectives.hpp"
+#include "core/error.hpp"
+#include "sync/digest.hpp"
+#include "train/weight_sync.hpp"
+
+using namespace pulse;
+
+namespace {
+
+TensorTable sync_table() {
+  TensorTable t;
+  t.add("w", {4, 5});
+  t.add("empty", {0});
+  t.add("b", {33});
+  return t;
+}
+
+struct Version {
+  std::vector<bf16_bits> bits;
+  std::uint64_t changed;  // elements whose bits differ from the version before
+};
+
+// v0; v1: 3 elements; v2: none; v3: all but a +0; v4: that +0 -> -0 and a NaN payload (2 elements).
+std::vector<Version> sync_versions(const TensorTable& table) {
+  const std::size_t n = table.num_elements();
+  std::vector<bf16_bits> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = bf16_bits(0x3c00 + i * 5);
+  v[3] = 0x0000, v[25] = 0x7fc0;
+  std::vector<Version> out{{v, 0}};
+  v[0] ^= 1, v[19] ^= 0x40, v[52] = 0xff80;
+  out.push_back({v, 3});
+  out.push_back({v, 0});
+  for (std::size_t i = 0; i < n; ++i)
+    if (i != 3) v[i] = bf16_bits(v[i] + 1);  // NaN 0x7fc0 -> 0x7fc1: a change of payload
+  out.push_back({v, n - 1});
+  v[3] = 0x8000, v[25] = 0x7fc2;
+  out.push_back({v, 2});
+  return out;
+}
+
+sync::Digest state_of(const TensorTable& table, const std::vector<bf16_bits>& bits) {
+  return sync::compute_digests(bf16_tensor_refs(table, bits)).state;
+}
+
+}  // namespace
+
+TEST(WeightSyncMpi, EveryReceiverHoldsTheSendersVersionAfterEachPatch) {
+  const Communicator world(MPI_COMM_WORLD);
+  const TensorTable table = sync_table();
+  const auto versions = sync_versions(table);
+  WeightSync sync(world, table, "", 10, 2);
+  EXPECT_EQ(sync.is_sender(), world.rank() == 0);
+  // Receivers start from zeros: bootstrap brings them the sender's version 0 densely.
+  std::vector<bf16_bits> held = sync.is_sender() ? versions[0].bits : std::vector<bf16_bits>(table.num_elements());
+  sync.bootstrap(0, held);
+  ASSERT_EQ(held, versions[0].bits);
+  for (std::uint64_t v = 1; v < versions.size(); ++v) {
+    if (sync.is_sender()) held = versions[v].bits;
+    const SyncStepStats stats = sync.step(v, sync.is_sender() ? &versions[v - 1].bits : nullptr, held);
+    EXPECT_EQ(held, versions[v].bits) << "version " << v;
+    EXPECT_TRUE(stats.verified) << "version " << v;
+    EXPECT_EQ(stats.changed, versions[v].changed) << "version " << v;
+    EXPECT_EQ(stats.state, state_of(table, versions[v].bits)) << "version " << v;
+    // Receivers report the size of the patch the sender encoded.
+    std::uint64_t sent = stats.patch_bytes;
+    broadcast(world, as_view(&sent, 1), 0, Channel::control);
+    EXPECT_GT(sent, 0u) << "version " << v;
+    EXPECT_EQ(stats.patch_bytes, sent) << "version " << v;
+  }
+}
+
+// A receiver whose copy is no longer the patch's base (here: an element the patch does not write,
+// in a tensor it does) refuses the patch and keeps its copy as it was.
+TEST(WeightSyncMpi, ReceiverWithADifferentBaseRefusesThePatchAndKeepsItsCopy) {
+  const Communicator world(MPI_COMM_WORLD);
+  const TensorTable table = sync_table();
+  const auto versions = sync_versions(table);
+  WeightSync sync(world, table, "", 10, 2);
+  std::vector<bf16_bits> held = sync.is_sender() ? versions[0].bits : std::vector<bf16_bits>(table.num_elements());
+  sync.bootstrap(0, held);
+  if (sync.is_sender()) {
+    held = versions[1].bits;
+    EXPECT_NO_THROW(sync.step(1, &versions[0].bits, held));
+  } else {
+    held[7] ^= 1;  // versions 0 and 1 agree at 7
+    const std::vector<bf16_bits> before = held;
+    EXPECT_THROW(sync.step(1, nullptr, held), Error);
+    EXPECT_EQ(held, before);
+  }
+}
+
+TEST(WeightSyncMpi, StepBeforeBootstrapIsRefused) {
+  const Communicator self(MPI_COMM_SELF);
+  const TensorTable table = sync_table();
+  const auto versions = sync_versions(table);
+  WeightSync sync(self, table, "", 10, 2);
+  std::vector<bf16_bits> held = versions[1].bits;
+  EXPECT_THROW(sync.step(1, &versions[0].bits, held), Error);
+}
+
+TEST(WeightSyncMpi, TensorRefsViewTheTableSlices) {
+  const TensorTable table = sync_table();
+  const auto bits = sync_versions(table)[0].bits;
+  const auto refs = bf16_tensor_refs(table, bits);
+  ASSERT_EQ(refs.size(), 3u);
+  EXPECT_EQ(refs[0].name, "w");
+  EXPECT_EQ(refs[0].dtype, "BF16");
+  EXPECT_EQ(refs[0].shape, (std::vector<std::int64_t>{4, 5}));
+  EXPECT_EQ(refs[0].data, reinterpret_cast<const std::byte*>(bits.data()));
+  EXPECT_EQ(refs[0].bytes, 40u);
+  EXPECT_EQ(refs[1].bytes, 0u);
+  EXPECT_EQ(refs[2].name, "b");
+  EXPECT_EQ(refs[2].data, reinterpret_cast<const std::byte*>(bits.data() + 20));
+  EXPECT_EQ(refs[2].bytes, 66u);
+}
