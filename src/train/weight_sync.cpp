@@ -79,7 +79,9 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
   if (is_sender()) {
     PULSE_CHECK(previous != nullptr, "weight sync: the sender needs the previous version");
     Kokkos::Timer timer;
-    sync::EncodeOptions options = sync::exponent_class_options();
+    // Over MPI the smallest coding; with a relay the relay's own (what pulse-sync publish writes
+    // and pulse-measure sizes), for the published versions and for their replay after a resume.
+    sync::EncodeOptions options = relay_dir_.empty() ? sync::exponent_class_options() : sync::PublishOptions{}.encode;
     options.base_version = version - 1;
     options.target_version = version;
     sync::StateDigests target;
@@ -94,7 +96,7 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
       sync::PublishOptions publish;
       publish.anchor_every = anchor_every_;
       publish.keep_anchors = keep_anchors_;
-      publish.encode = options;  // the same coding as over MPI, so a resume's replayed versions size alike
+      publish.encode = options;
       sync::Relay relay(relay_dir_);
       relay.publish(version, target_refs, &base_refs, publish);
       target = sync::compute_digests(target_refs);
