@@ -45,6 +45,7 @@
 #include "rl/tokenizer.hpp"
 #include "sync/digest.hpp"
 #include "train/sparsity_meter.hpp"
+#include "train/stats_schema.hpp"
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
 #include "train/weight_sync.hpp"
@@ -295,73 +296,9 @@ RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
 }
 
 void Run::declare_statistics() {
-  using io::SeriesType;
-  auto& s = *stats_;
-  const std::vector<std::pair<std::string, std::string>> doubles = {
-      {"time_s", "s|wall time since the run (or the resumed run) started"},
-      {"lr", "1|AdamW learning rate of the step"},
-      {"loss", "1|GRPO (DAPO token-level) loss, mean over completion tokens"},
-      {"reward", "1|mean reward of the rollouts the step trained on"},
-      {"sparsity", "1|fraction of BF16 weights whose bits did not change in this step"},
-      {"grad_norm", "1|global gradient norm before clipping"},
-      {"clip_fraction", "1|fraction of completion tokens whose ratio was clipped"},
-      {"mean_ratio", "1|mean importance ratio pi/pi_old over completion tokens"},
-      {"encode_s", "s|patch encode time on trainer 0"},
-      {"apply_s", "s|patch apply time, slowest inference rank"},
-      {"verify_s", "s|digest verification time, slowest inference rank"},
-      {"step_s", "s|wall time of the step"},
-      {"measure_s", "s|sparsity, gradient and Adam statistics time on trainer 0"},
-      {"sync_s", "s|PULSESync time on trainer 0 (encode + send)"},
-      {"write_s", "s|time the previous step's statistics append took (gather to rank 0, flush when due; slowest rank)"},
-      {"eval_pass1", "1|greedy pass@1 on held-out problems (NaN when not evaluated)"},
-      {"gate_density", "1|diloco/pulseloco outer steps: fraction of entries trainer 0 sent (NaN on inner steps)"},
-      {"outer_s", "s|diloco/pulseloco: outer step time on trainer 0 (NaN on inner steps)"}};
-  for (const auto& [name, ud] : doubles) {
-    const auto bar = ud.find('|');
-    s.declare("/steps/" + name, SeriesType::float64, 0, ud.substr(0, bar), ud.substr(bar + 1));
-  }
-  const std::vector<std::pair<std::string, std::string>> ints = {
-      {"step", "1|optimizer step (1-based); row i holds step i + 1"},
-      {"tokens", "tokens|completion tokens trained on in the step"},
-      {"changed", "elements|BF16 weights whose bits changed in this step"},
-      {"patch_bytes", "bytes|coded PULSESync patch sent to the inference ranks"},
-      {"patch_raw_bytes", "bytes|the patch's index and value streams before compression"},
-      {"dense_bytes", "bytes|the BF16 weights sent densely"},
-      {"verify_ok", "1|1 when every inference rank's digest equals the patch's target digest"},
-      {"policy_version", "1|weights version after the step"},
-      {"rollout_version", "1|weights version that generated the rollouts of the step"},
-      {"outer_step", "1|1 when the trainers synchronised (every step for ddp, every H for diloco/pulseloco)"}};
-  for (const auto& [name, ud] : ints) {
-    const auto bar = ud.find('|');
-    s.declare("/steps/" + name, SeriesType::int64, 0, ud.substr(0, bar), ud.substr(bar + 1));
-  }
-  s.declare("/steps/tensor_changed", SeriesType::int64, int(table_.tensors().size()), "elements",
-            "BF16 weights whose bits changed, per tensor (columns in tensor_names order)");
   std::vector<std::string> names;
   for (const TensorInfo& t : table_.tensors()) names.push_back(t.name);
-  s.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names);
-  s.declare("/steps/grad_sparsity", SeriesType::float64, int(grad_thresholds.size()), "1",
-            "fraction of gradient entries with |g| <= threshold (columns: thresholds)");
-  s.set_dataset_attribute("/steps/grad_sparsity", "thresholds",
-                          std::vector<double>(grad_thresholds.begin(), grad_thresholds.end()));
-  s.declare("/steps/adam_ratio", SeriesType::float64, int(adam_quantiles.size()), "1",
-            "quantiles of |m_hat|/(sqrt(v_hat)+eps) after the step (columns: quantiles)");
-  s.set_dataset_attribute("/steps/adam_ratio", "quantiles", adam_quantiles);
-  s.declare("/kstep/sparsity", SeriesType::float64, int(kstep_values.size()), "1",
-            "fraction of BF16 weights equal to the version k steps back (NaN before step k)");
-  s.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>(kstep_values.begin(), kstep_values.end()));
-  s.declare_per_rank("/ranks/bytes_sent", SeriesType::int64, "bytes", "bytes this rank handed to MPI in the step");
-  s.declare_per_rank("/ranks/bytes_recv", SeriesType::int64, "bytes", "bytes MPI delivered to this rank in the step");
-  s.declare_per_rank("/ranks/patch_bytes_recv", SeriesType::int64, "bytes", "PULSESync patch bytes received in the step");
-  s.declare_per_rank("/ranks/trainer_bytes_sent", SeriesType::int64, "bytes",
-                     "trainer-to-trainer bytes (gradients or pseudo-gradients) this rank handed to MPI in the step");
-  s.declare_per_rank("/ranks/trainer_bytes_recv", SeriesType::int64, "bytes",
-                     "trainer-to-trainer bytes (gradients or pseudo-gradients) MPI delivered to this rank in the step");
-  s.declare_per_rank("/ranks/comm_s", SeriesType::float64, "s", "seconds in MPI collectives in the step");
-  s.declare_per_rank("/ranks/compute_s", SeriesType::float64, "s", "seconds outside MPI collectives in the step");
-  s.declare_per_rank("/ranks/weights_digest", SeriesType::int64, "1",
-                     "first 8 bytes of the xxh3-128 state digest of the BF16 weights the rank holds after the step");
-  s.declare_per_rank("/ranks/version", SeriesType::int64, "1", "weights version the rank holds after the step");
+  declare_train_statistics(*stats_, train_column_values(names));
 }
 
 void Run::write_root_attributes() {
@@ -413,18 +350,14 @@ void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& bef
   }
   const int rb = ratio_range.k_max - ratio_range.k_min + 4, wb = weight_range.k_max - weight_range.k_min + 4;
   ratio_counts.resize(rb), weight_counts.resize(wb);
-  char group[64];
-  std::snprintf(group, sizeof(group), "/absorption/step_%06lld", static_cast<long long>(t));
-  const std::string g = group;
-  stats_->write_array(g + "/ratio_counts", ratio_counts, {rb}, "elements",
-                      "histogram of |u|/half_ulp(bf16(w)) in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then "
-                      "zero, below, above, non-finite");
-  stats_->set_dataset_attribute(g + "/ratio_counts", "k_range", std::vector<double>{double(ratio_range.k_min), double(ratio_range.k_max)});
-  stats_->write_array(g + "/weight_counts", weight_counts, {wb}, "elements",
-                      "histogram of |w| in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then zero, below, above, non-finite");
-  stats_->set_dataset_attribute(g + "/weight_counts", "k_range", std::vector<double>{double(weight_range.k_min), double(weight_range.k_max)});
-  stats_->write_array(g + "/absorbed", std::vector<std::int64_t>{absorbed}, {1}, "elements",
-                      "updates smaller than half a BF16 ulp of their weight (absorbed by the rounding)");
+  auto write_histogram = [&](const std::string& path, const std::vector<std::int64_t>& counts, const Log2Range& range) {
+    write_stats_array(*stats_, path, t, counts);
+    stats_->set_dataset_attribute(stats_array_path(path, t), columns_attribute(StatsColumns::log2_bins),
+                                  std::vector<double>{double(range.k_min), double(range.k_max)});
+  };
+  write_histogram("/absorption/step_NNNNNN/ratio_counts", ratio_counts, ratio_range);
+  write_histogram("/absorption/step_NNNNNN/weight_counts", weight_counts, weight_range);
+  write_stats_array(*stats_, "/absorption/step_NNNNNN/absorbed", t, {absorbed});
 }
 
 void Run::save_checkpoint(std::int64_t t) {
@@ -907,13 +840,21 @@ int main(int argc, char** argv) {
   CLI::App app{"pulse-train: GRPO with trainer and inference ranks, PULSESync, and BF16 update sparsity in HDF5"};
   cli::set_conventions(app, "pulse-train");
   add_train_options(app, config);
+  bool print_schema = false;
+  app.add_flag("--print-schema", print_schema,
+               "print the statistics file's datasets (path, shape, type, units, description) as a Markdown table and exit");
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
   // Checks every rank makes identically: a bad config exits cleanly on all ranks, no files made.
   int code = -1;
   try {
     app.parse(argc, argv);
-    validate(config, size);
+    if (print_schema) {
+      if (rank == 0) std::cout << stats_schema_markdown();
+      code = 0;
+    } else {
+      validate(config, size);
+    }
   } catch (const CLI::ParseError& e) {
     code = cli::exit_on_parse_error(app, e, "pulse-train", rank == 0);
   } catch (const std::exception& e) {
