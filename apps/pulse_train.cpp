@@ -46,6 +46,7 @@
 #include "sync/digest.hpp"
 #include "train/sparsity_meter.hpp"
 #include "train/stats_schema.hpp"
+#include "train/transfer_counter.hpp"
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
 #include "train/weight_sync.hpp"
@@ -152,7 +153,8 @@ class Run {
   void declare_statistics();
   void write_root_attributes();
   RolloutBatch rollouts_for_step(std::int64_t t, double& comm_seconds);
-  RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts, const std::vector<bf16_bits>& weights);
+  RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts,
+                        const Kokkos::View<const bf16_bits*>& weights);
   void step(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
   void save_checkpoint(std::int64_t t);
@@ -195,6 +197,7 @@ class Run {
   std::vector<AdditionProblem> eval_problems_;
   std::unique_ptr<WeightSync> weight_sync_;
   std::unique_ptr<io::StatsFile> stats_;
+  TransferCounter copies_;  // host <-> device bytes of the current step
   std::int64_t first_step_ = 1, resume_step_ = 0;
   std::optional<RankCheckpoint> resumed_;  // this rank's checkpoint, read and checked by open()
   std::vector<std::string> resumes_;       // one line per resume of the run (HDF5 "resumes")
@@ -237,12 +240,12 @@ void Run::remember_version(const std::vector<bf16_bits>& weights) {
 }
 
 RolloutBatch Run::generate(std::uint64_t generation, int first_prompt, int num_prompts,
-                           const std::vector<bf16_bits>& weights) {
+                           const Kokkos::View<const bf16_bits*>& weights) {
   AdditionTask task(c_.digits, mix(c_.seed, generation, 1));
   std::vector<AdditionProblem> all;
   for (int p = 0; p < c_.prompts_per_step; ++p) all.push_back(task.sample());
   const std::vector<AdditionProblem> mine(all.begin() + first_prompt, all.begin() + first_prompt + num_prompts);
-  decoder_->set_weights(to_device(weights));
+  decoder_->set_weights(weights);
   SamplingOptions options;
   options.temperature = static_cast<float>(c_.temperature);
   options.max_new_tokens = c_.digits + 2;
@@ -259,7 +262,10 @@ RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
   // The generating ranks split the prompts evenly; this rank samples share `part` of `parts`.
   auto sample_share = [&](int part, int parts) {
     const int per = c_.prompts_per_step / parts;
-    RolloutBatch b = generate(generation, part * per, per, version_weights(from_version));
+    // A trainer samples from the version it holds on the device; others upload theirs.
+    Kokkos::View<const bf16_bits*> weights = weights_;
+    if (!trainer_ || from_version != version_) weights = copies_.to_device(version_weights(from_version));
+    RolloutBatch b = generate(generation, part * per, per, weights);
     b.policy_version = from_version;
     return b;
   };
@@ -642,6 +648,8 @@ void Run::step(std::int64_t t) {
   };
   const std::uint64_t trainer_sent0 = trainer_bytes(true), trainer_recv0 = trainer_bytes(false);
   io::StatsRow row;
+  copies_ = TransferCounter{};
+  ChangedList changes;  // trainer 0: the elements this step changed
 
   // 1. Rollouts: new every num_iterations steps, reused (with importance ratios) in between.
   if ((t - 1) % c_.num_iterations == 0) {
@@ -673,6 +681,8 @@ void Run::step(std::int64_t t) {
     // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
     const double normaliser = double(std::max<std::int64_t>(ddp ? tokens : local_tokens, 1));
     g = grpo_backward(*model_, batch_, adv, hyper, normaliser);
+    copies_.uploaded(batch_.tokens.size() * sizeof(int) * 2 + batch_.completion_mask.size() +
+                     (batch_.old_logprobs.size() + adv.size()) * sizeof(float));
     timer.reset();
     if (ddp) allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
     loss = allreduce_value(trainers_, g.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers_);
@@ -680,7 +690,10 @@ void Run::step(std::int64_t t) {
 
     // 3. Clip and AdamW. Gradient sparsity is measured on the summed, unclipped gradient.
     Kokkos::Timer measure_timer;
-    if (rank_ == 0) row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
+    if (rank_ == 0) {
+      row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
+      copies_.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
+    }
     measure_s += measure_timer.seconds();
     AdamWHyper h;
     h.lr = lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
@@ -724,7 +737,8 @@ void Run::step(std::int64_t t) {
     // 4. Measurement on trainer 0: what changed in the BF16 weights the forward pass sees.
     if (rank_ == 0) {
       measure_timer.reset();
-      const StepSparsity sp = meter_->measure(weights_);
+      const StepSparsity sp = meter_->measure(weights_, changes, copies_);
+      copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
       row.set_int("/steps/changed", sp.changed);
       row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
       row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
@@ -736,6 +750,7 @@ void Run::step(std::int64_t t) {
         cast_to_float(DefaultExec(), m16_, m), cast_to_float(DefaultExec(), v16_, v);
         row.set("/steps/adam_ratio", adam_ratio_quantiles(m, v, 0.9, 0.999, 1e-8, t, adam_quantiles));
       }
+      copies_.downloaded(adam_quantiles.size() * sizeof(double));
       measure_s += measure_timer.seconds();
     }
     if (absorb) {
@@ -751,9 +766,17 @@ void Run::step(std::int64_t t) {
 
   // 5. PULSESync: trainer 0 -> inference ranks, patch from version-1 to version.
   SyncStepStats sync_stats;
+  // The new version on the host: trainer 0 applies its changed list to the previous version,
+  // other trainers copy it whole (they hold no previous version), inference ranks patch theirs.
   std::vector<bf16_bits> current;
-  if (trainer_) current = to_host(weights_);
-  else current = history_.back();
+  if (rank_ == 0) {
+    current = history_.back();
+    apply_changes(changes, current);
+  } else if (trainer_) {
+    current = copies_.to_host(weights_);
+  } else {
+    current = history_.back();
+  }
   if (rank_ == 0 || !trainer_) {
     Kokkos::Timer timer;
     const std::vector<bf16_bits>* previous = rank_ == 0 ? &history_.back() : nullptr;
@@ -801,6 +824,8 @@ void Run::step(std::int64_t t) {
     row.set("/steps/measure_s", measure_s);
     row.set("/steps/sync_s", sync_s);
     row.set("/steps/eval_pass1", pass1);
+    row.set_int("/steps/d2h_bytes", std::int64_t(copies_.d2h_bytes));
+    row.set_int("/steps/h2d_bytes", std::int64_t(copies_.h2d_bytes));
   }
   const std::uint64_t sent = all_bytes(true), recv = all_bytes(false);
   row.set_rank_int("/ranks/bytes_sent", std::int64_t(sent - sent0));

@@ -52,6 +52,10 @@ std::vector<StatsColumn> make_schema() {
       {"/steps/rollout_version", i64, step, one, "1", "weights version that generated the rollouts of the step"},
       {"/steps/outer_step", i64, step, one, "1",
        "1 when the trainers synchronised (every step for ddp, every H for diloco/pulseloco)"},
+      {"/steps/d2h_bytes", i64, step, one, "bytes",
+       "device-to-host bytes trainer 0 copied in the step (what a device build moves, also counted on host builds)"},
+      {"/steps/h2d_bytes", i64, step, one, "bytes",
+       "host-to-device bytes trainer 0 copied in the step, its rollout batch included (counted as d2h_bytes)"},
       // per-step rows of several columns
       {"/steps/tensor_changed", i64, step, StatsColumns::tensors, "elements",
        "BF16 weights whose bits changed, per tensor (columns in tensor_names order)"},
