@@ -158,6 +158,19 @@ class Run {
   void step(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
   void save_checkpoint(std::int64_t t);
+  // Every device buffer of a trainer's checkpointed state, in checkpoint order: visit(name, view)
+  // with an FP32 or BF16 view, const where load_checkpoint restores it otherwise (the outer
+  // global weights, which the OuterSync constructor takes). One list for save and load.
+  template <class Visit>
+  void for_each_state_buffer(const Visit& visit) {
+    if (c_.precision == "mixed") visit("master", master_), visit("adam_m", m_), visit("adam_v", v_);
+    else visit("adam_m", m16_), visit("adam_v", v16_);
+    visit("weights", weights_);
+    if (!outer_) return;
+    visit("outer.theta_global", outer_->theta_global());
+    visit("outer.momentum", outer_->momentum_buffer());
+    if (outer_->error_buffer().extent(0)) visit("outer.error", outer_->error_buffer());
+  }
   void check_resumable();
   void load_checkpoint(const RankCheckpoint& state);
   void on_every_rank(const std::function<void()>& check) const;
@@ -372,21 +385,11 @@ void Run::save_checkpoint(std::int64_t t) {
                     {"ranks", std::to_string(world_.size())}, {"config", to_toml(c_)}};
   for (const std::string& line : resumes_) state.metadata["resumes"] += line + "\n";
   if (trainer_) {
-    if (c_.precision == "mixed") {
-      state.add("master", io::DType::F32, to_host(master_));
-      state.add("adam_m", io::DType::F32, to_host(m_));
-      state.add("adam_v", io::DType::F32, to_host(v_));
-    } else {
-      state.add("adam_m", io::DType::BF16, to_host(m16_));
-      state.add("adam_v", io::DType::BF16, to_host(v16_));
-    }
-    state.add("weights", io::DType::BF16, to_host(weights_));
-    if (outer_) {
-      state.add("outer.theta_global", io::DType::F32, to_host(outer_->theta_global()));
-      state.add("outer.momentum", io::DType::F32, to_host(outer_->momentum_buffer()));
-      if (outer_->error_buffer().extent(0)) state.add("outer.error", io::DType::F32, to_host(outer_->error_buffer()));
-      state.metadata["outer_steps"] = std::to_string(outer_->outer_steps());
-    }
+    for_each_state_buffer([&](const std::string& name, const auto& view) {
+      using T = typename std::decay_t<decltype(view)>::non_const_value_type;
+      state.add(name, std::is_same_v<T, float> ? io::DType::F32 : io::DType::BF16, to_host(view));
+    });
+    if (outer_) state.metadata["outer_steps"] = std::to_string(outer_->outer_steps());
     // No batch before the first step (a checkpoint of the initial state): stored empty.
     state.add("rollouts", io::DType::U8, batch_.rows ? batch_.serialize() : std::vector<std::uint8_t>{});
   }
@@ -439,25 +442,18 @@ void Run::on_every_rank(const std::function<void()>& check) const {
 void Run::load_checkpoint(const RankCheckpoint& state) {
   version_ = std::stoull(state.meta("version"));
   if (trainer_) {
-    if (c_.precision == "mixed") {
-      Kokkos::deep_copy(master_, to_device(state.get<float>("master", n_)));
-      Kokkos::deep_copy(m_, to_device(state.get<float>("adam_m", n_)));
-      Kokkos::deep_copy(v_, to_device(state.get<float>("adam_v", n_)));
-    } else {
-      Kokkos::deep_copy(m16_, to_device(state.get<bf16_bits>("adam_m", n_)));
-      Kokkos::deep_copy(v16_, to_device(state.get<bf16_bits>("adam_v", n_)));
-    }
-    Kokkos::deep_copy(weights_, to_device(state.get<bf16_bits>("weights", n_)));
     if (c_.trainer_sync != "ddp") {
-      // The outer state restarts from the checkpoint's global weights and buffers.
+      // The outer state restarts from the checkpoint's global weights (its buffers follow below).
       outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_,
                                                  to_device(state.get<float>("outer.theta_global", n_)), outer_hyper(),
                                                  loco::parse_sparse_exchange(c_.sparse_exchange), c_.dense_threshold);
-      Kokkos::deep_copy(outer_->momentum_buffer(), to_device(state.get<float>("outer.momentum", n_)));
-      if (outer_->error_buffer().extent(0))
-        Kokkos::deep_copy(outer_->error_buffer(), to_device(state.get<float>("outer.error", n_)));
       outer_->set_outer_steps(std::stoll(state.meta("outer_steps")));
     }
+    for_each_state_buffer([&](const std::string& name, const auto& view) {
+      using View = std::decay_t<decltype(view)>;
+      if constexpr (!std::is_const_v<typename View::value_type>)
+        Kokkos::deep_copy(view, to_device(state.get<typename View::value_type>(name, n_)));
+    });
     const auto bytes = state.get<std::uint8_t>("rollouts");
     batch_ = bytes.empty() ? RolloutBatch{} : RolloutBatch::deserialize(bytes.data(), bytes.size());
   }
