@@ -46,6 +46,7 @@
 #include "sync/digest.hpp"
 #include "train/sparsity_meter.hpp"
 #include "train/stats_schema.hpp"
+#include "train/step_recorder.hpp"
 #include "train/transfer_counter.hpp"
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
@@ -210,11 +211,11 @@ class Run {
   std::vector<AdditionProblem> eval_problems_;
   std::unique_ptr<WeightSync> weight_sync_;
   std::unique_ptr<io::StatsFile> stats_;
+  std::unique_ptr<StepRecorder> recorder_;
   TransferCounter copies_;  // host <-> device bytes of the current step
   std::int64_t first_step_ = 1, resume_step_ = 0;
   std::optional<RankCheckpoint> resumed_;  // this rank's checkpoint, read and checked by open()
   std::vector<std::string> resumes_;       // one line per resume of the run (HDF5 "resumes")
-  double last_write_s_ = std::nan("");
   std::vector<float> initial_;  // starting FP32 weights, until the trainers take them
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };
@@ -521,6 +522,7 @@ bool Run::open() {
     stats_->set_attribute("resumes", resumes_);
   }
   declare_statistics();
+  recorder_ = std::make_unique<StepRecorder>(*stats_, world_, trainers_, sync_);
   return true;
 }
 
@@ -626,23 +628,7 @@ int Run::train() {
 void Run::step(std::int64_t t) {
   Kokkos::Timer step_timer;
   double comm_s = 0;
-  // Bytes this rank handed to / got from MPI so far, over all its communicators and channels.
-  auto all_bytes = [&](bool sent) {
-    std::uint64_t b = 0;
-    for (const Communicator* comm : {&world_, &trainers_, &sync_})
-      for (int ch = 0; ch < num_channels; ++ch)
-        b += sent ? comm->bytes_sent(Channel(ch)) : comm->bytes_received(Channel(ch));
-    return b;
-  };
-  const std::uint64_t sent0 = all_bytes(true), recv0 = all_bytes(false);
-  const std::uint64_t patch_recv0 = sync_.bytes_received(Channel::patches);
-  auto trainer_bytes = [&](bool sent) {
-    std::uint64_t b = 0;
-    for (const Channel ch : {Channel::gradients, Channel::pseudo_gradients})
-      b += sent ? trainers_.bytes_sent(ch) : trainers_.bytes_received(ch);
-    return b;
-  };
-  const std::uint64_t trainer_sent0 = trainer_bytes(true), trainer_recv0 = trainer_bytes(false);
+  recorder_->start_step();
   io::StatsRow row;
   copies_ = TransferCounter{};
   ChangedList changes;  // trainer 0: the elements this step changed
@@ -823,21 +809,8 @@ void Run::step(std::int64_t t) {
     row.set_int("/steps/d2h_bytes", std::int64_t(copies_.d2h_bytes));
     row.set_int("/steps/h2d_bytes", std::int64_t(copies_.h2d_bytes));
   }
-  const std::uint64_t sent = all_bytes(true), recv = all_bytes(false);
-  row.set_rank_int("/ranks/bytes_sent", std::int64_t(sent - sent0));
-  row.set_rank_int("/ranks/bytes_recv", std::int64_t(recv - recv0));
-  row.set_rank_int("/ranks/patch_bytes_recv", std::int64_t(sync_.bytes_received(Channel::patches) - patch_recv0));
-  row.set_rank_int("/ranks/trainer_bytes_sent", std::int64_t(trainer_bytes(true) - trainer_sent0));
-  row.set_rank_int("/ranks/trainer_bytes_recv", std::int64_t(trainer_bytes(false) - trainer_recv0));
-  row.set_rank("/ranks/comm_s", comm_s);
-  row.set_rank("/ranks/compute_s", step_s - comm_s);
   const sync::Digest held = rank_ == 0 || !trainer_ ? sync_stats.state : sync::compute_digests(bf16_tensor_refs(table_, current)).state;
-  row.set_rank_int("/ranks/weights_digest", digest_word(held));
-  row.set_rank_int("/ranks/version", std::int64_t(version_));
-  row.set("/steps/write_s", last_write_s_);
-  Kokkos::Timer write_timer;
-  stats_->append(row);
-  last_write_s_ = allreduce_value(world_, write_timer.seconds(), ReduceOp::max);
+  recorder_->finish_step(row, step_s, comm_s, digest_word(held), version_);
 
   if (rank_ == 0 && !c_.quiet) {
     const double eta = elapsed / double(t - first_step_ + 1) * double(c_.steps - t);
