@@ -156,7 +156,19 @@ class Run {
   RolloutBatch rollouts_for_step(std::int64_t t, double& comm_seconds);
   RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts,
                         const Kokkos::View<const bf16_bits*>& weights);
+  // What a trainer's step produced (rank 0's values go into the row).
+  struct TrainResult {
+    double lr = 0, loss = 0, reward = 0, measure_s = 0;
+    std::int64_t tokens = 0;
+    GrpoLossStats grpo{};
+    float grad_norm = 0;
+  };
   void step(std::int64_t t);
+  TrainResult train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before);
+  double measure_step(std::int64_t t, io::StatsRow& row, ChangedList& changes);
+  SyncStepStats publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
+                             double& comm_s);
+  double evaluate(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
   void save_checkpoint(std::int64_t t);
   // Every device buffer of a trainer's checkpointed state, in checkpoint order: visit(name, view)
@@ -625,132 +637,107 @@ int Run::train() {
   return 0;
 }
 
-void Run::step(std::int64_t t) {
-  Kokkos::Timer step_timer;
-  double comm_s = 0;
-  recorder_->start_step();
-  io::StatsRow row;
-  copies_ = TransferCounter{};
-  ChangedList changes;  // trainer 0: the elements this step changed
+// 2-3. GRPO gradients on bf16(theta) (token-level loss over the trainers' whole batch), gradient
+// clipping and AdamW, and on DiLoCo/PULSELoCo outer steps the outer update. Trainers only.
+Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before) {
+  TrainResult r;
+  const std::vector<float> adv = group_advantages(batch_.rewards, c_.group_size, GrpoHyper{}.advantage_eps);
+  std::int64_t local_tokens = 0;
+  for (const auto m : batch_.completion_mask) local_tokens += m;
+  Kokkos::Timer timer;
+  const bool ddp = c_.trainer_sync == "ddp";
+  r.tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
+  double reward_sum = 0;
+  for (const float x : batch_.rewards) reward_sum += x;
+  r.reward = allreduce_value(trainers_, reward_sum, ReduceOp::sum) / (double(rows_per_trainer_) * num_trainers_);
+  comm_s += timer.seconds();
+  GrpoHyper hyper;
+  hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
+  model_->set_weights(weights_);
+  model_->zero_grad();
+  // DDP: the loss is the mean over every trainer's tokens, so the summed gradients are its
+  // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
+  const double normaliser = double(std::max<std::int64_t>(ddp ? r.tokens : local_tokens, 1));
+  r.grpo = grpo_backward(*model_, batch_, adv, hyper, normaliser);
+  copies_.uploaded(batch_.tokens.size() * sizeof(int) * 2 + batch_.completion_mask.size() +
+                   (batch_.old_logprobs.size() + adv.size()) * sizeof(float));
+  timer.reset();
+  if (ddp) allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
+  r.loss = allreduce_value(trainers_, r.grpo.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers_);
+  comm_s += timer.seconds();
 
-  // 1. Rollouts: new every num_iterations steps, reused (with importance ratios) in between.
-  if ((t - 1) % c_.num_iterations == 0) {
-    RolloutBatch b = rollouts_for_step(t, comm_s);
-    if (trainer_) batch_ = std::move(b);
+  // Gradient sparsity is measured on the summed, unclipped gradient.
+  Kokkos::Timer measure_timer;
+  if (rank_ == 0) {
+    row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
+    copies_.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
   }
-
-  double lr = 0, loss = 0, reward = 0, measure_s = 0, sync_s = 0;
-  std::int64_t tokens = 0;
-  GrpoLossStats g{};
-  float norm_total = 0;
-  if (trainer_) {
-    // 2. GRPO gradients on bf16(theta), token-level loss over the trainers' whole batch.
-    const std::vector<float> adv = group_advantages(batch_.rewards, c_.group_size, GrpoHyper{}.advantage_eps);
-    std::int64_t local_tokens = 0;
-    for (const auto m : batch_.completion_mask) local_tokens += m;
-    Kokkos::Timer timer;
-    const bool ddp = c_.trainer_sync == "ddp";
-    tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
-    double reward_sum = 0;
-    for (const float r : batch_.rewards) reward_sum += r;
-    reward = allreduce_value(trainers_, reward_sum, ReduceOp::sum) / (double(rows_per_trainer_) * num_trainers_);
-    comm_s += timer.seconds();
-    GrpoHyper hyper;
-    hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
-    model_->set_weights(weights_);
-    model_->zero_grad();
-    // DDP: the loss is the mean over every trainer's tokens, so the summed gradients are its
-    // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
-    const double normaliser = double(std::max<std::int64_t>(ddp ? tokens : local_tokens, 1));
-    g = grpo_backward(*model_, batch_, adv, hyper, normaliser);
-    copies_.uploaded(batch_.tokens.size() * sizeof(int) * 2 + batch_.completion_mask.size() +
-                     (batch_.old_logprobs.size() + adv.size()) * sizeof(float));
-    timer.reset();
-    if (ddp) allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
-    loss = allreduce_value(trainers_, g.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers_);
-    comm_s += timer.seconds();
-
-    // 3. Clip and AdamW. Gradient sparsity is measured on the summed, unclipped gradient.
-    Kokkos::Timer measure_timer;
-    if (rank_ == 0) {
-      row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
-      copies_.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
-    }
-    measure_s += measure_timer.seconds();
-    AdamWHyper h;
-    h.lr = lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
-    h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
-    const bool absorb = rank_ == 0 && c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;
-    Kokkos::View<float*> before;
-    if (absorb) {
-      before = Kokkos::View<float*>("master_before", n_);
-      Kokkos::deep_copy(before, master_);
-    }
-    if (c_.precision == "mixed") {
-      const GradNorm norm = grad_norm(DefaultExec(), segs_, model_->grads(), Precision::mixed);
-      norm_total = norm.total;
-      const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::mixed) : 1.0f;
-      PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) + " (gradient norm " +
-                                           std::to_string(norm.total) + ")");
-      adamw_mixed(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::mixed), master_,
-                  model_->grads(), m_, v_, weights_, false);
-    } else {
-      cast_to_bf16(DefaultExec(), model_->grads(), grad_bf16_);
-      const GradNorm norm = grad_norm(DefaultExec(), segs_, grad_bf16_, Precision::bf16);
-      norm_total = norm.total;
-      const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::bf16) : 1.0f;
-      PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
-      adamw_bf16(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::bf16), weights_, grad_bf16_,
-                 m16_, v16_);
-    }
-    // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
-    if (outer_ && t % c_.inner_steps == 0) {
-      const loco::OuterStats o = outer_->outer_step(master_);
-      cast_to_bf16(DefaultExec(), master_, weights_);
-      comm_s += o.comm_seconds;
-      row.set_int("/steps/outer_step", 1);
-      row.set("/steps/gate_density", o.density);
-      row.set("/steps/outer_s", o.comm_seconds + o.compute_seconds);
-    } else {
-      row.set_int("/steps/outer_step", ddp ? 1 : 0);
-    }
-    ++version_;
-
-    // 4. Measurement on trainer 0: what changed in the BF16 weights the forward pass sees.
-    if (rank_ == 0) {
-      measure_timer.reset();
-      const StepSparsity sp = meter_->measure(weights_, changes, copies_);
-      copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
-      row.set_int("/steps/changed", sp.changed);
-      row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
-      row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
-      row.set("/kstep/sparsity", sp.kstep);
-      if (c_.precision == "mixed") {
-        row.set("/steps/adam_ratio", adam_ratio_quantiles(m_, v_, 0.9, 0.999, 1e-8, t, adam_quantiles));
-      } else {
-        Kokkos::View<float*> m("m32", n_), v("v32", n_);
-        cast_to_float(DefaultExec(), m16_, m), cast_to_float(DefaultExec(), v16_, v);
-        row.set("/steps/adam_ratio", adam_ratio_quantiles(m, v, 0.9, 0.999, 1e-8, t, adam_quantiles));
-      }
-      copies_.downloaded(adam_quantiles.size() * sizeof(double));
-      measure_s += measure_timer.seconds();
-    }
-    if (absorb) {
-      Kokkos::Timer absorb_timer;
-      write_absorption(t, before);
-      measure_s += absorb_timer.seconds();
-    }
+  r.measure_s += measure_timer.seconds();
+  AdamWHyper h;
+  h.lr = r.lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
+  h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
+  if (before) {
+    *before = Kokkos::View<float*>("master_before", n_);
+    Kokkos::deep_copy(*before, master_);
+  }
+  if (c_.precision == "mixed") {
+    const GradNorm norm = grad_norm(DefaultExec(), segs_, model_->grads(), Precision::mixed);
+    r.grad_norm = norm.total;
+    const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::mixed) : 1.0f;
+    PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) + " (gradient norm " +
+                                         std::to_string(norm.total) + ")");
+    adamw_mixed(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::mixed), master_,
+                model_->grads(), m_, v_, weights_, false);
   } else {
-    ++version_;
+    cast_to_bf16(DefaultExec(), model_->grads(), grad_bf16_);
+    const GradNorm norm = grad_norm(DefaultExec(), segs_, grad_bf16_, Precision::bf16);
+    r.grad_norm = norm.total;
+    const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::bf16) : 1.0f;
+    PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
+    adamw_bf16(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::bf16), weights_, grad_bf16_,
+               m16_, v16_);
   }
-  if (!(rank_ == 0) && c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0)
-    write_absorption(t, {});  // collective: the other ranks join the writes
+  // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
+  if (outer_ && t % c_.inner_steps == 0) {
+    const loco::OuterStats o = outer_->outer_step(master_);
+    cast_to_bf16(DefaultExec(), master_, weights_);
+    comm_s += o.comm_seconds;
+    row.set_int("/steps/outer_step", 1);
+    row.set("/steps/gate_density", o.density);
+    row.set("/steps/outer_s", o.comm_seconds + o.compute_seconds);
+  } else {
+    row.set_int("/steps/outer_step", ddp ? 1 : 0);
+  }
+  return r;
+}
 
-  // 5. PULSESync: trainer 0 -> inference ranks, patch from version-1 to version.
-  SyncStepStats sync_stats;
-  // The new version on the host: trainer 0 applies its changed list to the previous version,
-  // other trainers copy it whole (they hold no previous version), inference ranks patch theirs.
-  std::vector<bf16_bits> current;
+// 4. Trainer 0: what changed in the BF16 weights the forward pass sees (the changed list, the
+// only weight data that leaves the device), and the Adam ratios. Returns the seconds it took.
+double Run::measure_step(std::int64_t t, io::StatsRow& row, ChangedList& changes) {
+  Kokkos::Timer timer;
+  const StepSparsity sp = meter_->measure(weights_, changes, copies_);
+  copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
+  row.set_int("/steps/changed", sp.changed);
+  row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
+  row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
+  row.set("/kstep/sparsity", sp.kstep);
+  if (c_.precision == "mixed") {
+    row.set("/steps/adam_ratio", adam_ratio_quantiles(m_, v_, 0.9, 0.999, 1e-8, t, adam_quantiles));
+  } else {
+    Kokkos::View<float*> m("m32", n_), v("v32", n_);
+    cast_to_float(DefaultExec(), m16_, m), cast_to_float(DefaultExec(), v16_, v);
+    row.set("/steps/adam_ratio", adam_ratio_quantiles(m, v, 0.9, 0.999, 1e-8, t, adam_quantiles));
+  }
+  copies_.downloaded(adam_quantiles.size() * sizeof(double));
+  return timer.seconds();
+}
+
+// 5. PULSESync, trainer 0 -> inference ranks, patch from version-1 to version. `current` becomes
+// the new version on the host: trainer 0 applies its changed list to the previous version, other
+// trainers copy it whole (they hold no previous version), inference ranks patch theirs.
+SyncStepStats Run::publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
+                                double& comm_s) {
+  SyncStepStats stats;
   if (rank_ == 0) {
     current = history_.back();
     apply_changes(changes, current);
@@ -762,23 +749,59 @@ void Run::step(std::int64_t t) {
   if (rank_ == 0 || !trainer_) {
     Kokkos::Timer timer;
     const std::vector<bf16_bits>* previous = rank_ == 0 ? &history_.back() : nullptr;
-    sync_stats = weight_sync_->step(version_, previous, current);
+    stats = weight_sync_->step(version_, previous, current);
     sync_s = timer.seconds();
     if (!trainer_) comm_s += sync_s;
   }
   if (generator_ || rank_ == 0) remember_version(current);
+  return stats;
+}
+
+// 6. Held-out greedy pass@1 on trainer 0 when due, else NaN.
+double Run::evaluate(std::int64_t t) {
+  if (rank_ != 0 || c_.eval_every <= 0 || (t % c_.eval_every != 0 && t != c_.steps)) return std::nan("");
+  eval_decoder_->set_weights(weights_);
+  AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
+  return greedy_pass_at_1(*eval_decoder_, tok_, eval_task, eval_problems_, seq_len_);
+}
+
+void Run::step(std::int64_t t) {
+  Kokkos::Timer step_timer;
+  double comm_s = 0, sync_s = 0;
+  recorder_->start_step();
+  io::StatsRow row;
+  copies_ = TransferCounter{};
+
+  // 1. Rollouts: new every num_iterations steps, reused (with importance ratios) in between.
+  if ((t - 1) % c_.num_iterations == 0) {
+    RolloutBatch b = rollouts_for_step(t, comm_s);
+    if (trainer_) batch_ = std::move(b);
+  }
+  // 2-3. Gradients and the optimizer step; trainer 0 keeps the master weights before it on
+  // absorption steps.
+  const bool absorb = c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;
+  Kokkos::View<float*> before;
+  TrainResult train;
+  if (trainer_) train = train_step(t, row, comm_s, rank_ == 0 && absorb ? &before : nullptr);
+  ++version_;
+  // 4. Measurement on trainer 0; the absorption histograms are written collectively.
+  ChangedList changes;
+  Kokkos::Timer absorb_timer;
+  if (rank_ == 0) train.measure_s += measure_step(t, row, changes);
+  if (absorb) {
+    absorb_timer.reset();
+    write_absorption(t, before);
+    if (rank_ == 0) train.measure_s += absorb_timer.seconds();
+  }
+  // 5. PULSESync, every rank agreeing that the inference ranks hold the new version.
+  std::vector<bf16_bits> current;
+  const SyncStepStats sync_stats = publish_step(changes, current, sync_s, comm_s);
   const int verified = allreduce_value(world_, int(sync_stats.verified), ReduceOp::min);
   const double apply_s = allreduce_value(world_, sync_stats.apply_seconds, ReduceOp::max);
   const double verify_s = allreduce_value(world_, sync_stats.verify_seconds, ReduceOp::max);
   PULSE_CHECK(verified, "step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
-
   // 6. Held-out greedy pass@1.
-  double pass1 = std::nan("");
-  if (rank_ == 0 && c_.eval_every > 0 && (t % c_.eval_every == 0 || t == c_.steps)) {
-    eval_decoder_->set_weights(weights_);
-    AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
-    pass1 = greedy_pass_at_1(*eval_decoder_, tok_, eval_task, eval_problems_, seq_len_);
-  }
+  const double pass1 = evaluate(t);
 
   // 7. The statistics row (rank 0's values for /steps, every rank's own for /ranks).
   const double step_s = step_timer.seconds();
@@ -786,13 +809,13 @@ void Run::step(std::int64_t t) {
   if (rank_ == 0) {
     row.set_int("/steps/step", t);
     row.set("/steps/time_s", elapsed);
-    row.set("/steps/lr", lr);
-    row.set("/steps/loss", loss);
-    row.set("/steps/reward", reward);
-    row.set("/steps/grad_norm", norm_total);
-    row.set("/steps/clip_fraction", g.clip_fraction);
-    row.set("/steps/mean_ratio", g.mean_ratio);
-    row.set_int("/steps/tokens", tokens);
+    row.set("/steps/lr", train.lr);
+    row.set("/steps/loss", train.loss);
+    row.set("/steps/reward", train.reward);
+    row.set("/steps/grad_norm", train.grad_norm);
+    row.set("/steps/clip_fraction", train.grpo.clip_fraction);
+    row.set("/steps/mean_ratio", train.grpo.mean_ratio);
+    row.set_int("/steps/tokens", train.tokens);
     row.set_int("/steps/patch_bytes", std::int64_t(sync_stats.patch_bytes));
     row.set_int("/steps/patch_raw_bytes", std::int64_t(sync_stats.patch_raw_bytes));
     row.set_int("/steps/dense_bytes", std::int64_t(n_) * 2);
@@ -803,7 +826,7 @@ void Run::step(std::int64_t t) {
     row.set_int("/steps/policy_version", std::int64_t(version_));
     row.set_int("/steps/rollout_version", std::int64_t(batch_.policy_version));
     row.set("/steps/step_s", step_s);
-    row.set("/steps/measure_s", measure_s);
+    row.set("/steps/measure_s", train.measure_s);
     row.set("/steps/sync_s", sync_s);
     row.set("/steps/eval_pass1", pass1);
     row.set_int("/steps/d2h_bytes", std::int64_t(copies_.d2h_bytes));
@@ -815,7 +838,7 @@ void Run::step(std::int64_t t) {
   if (rank_ == 0 && !c_.quiet) {
     const double eta = elapsed / double(t - first_step_ + 1) * double(c_.steps - t);
     std::printf("step %lld/%d  eta %4.0fs  reward %.3f  loss %+.4f  sparsity %.4f  patch %s  %.2f s/step%s\n",
-                (long long)t, c_.steps, eta, reward, loss, 1.0 - double(sync_stats.changed) / double(n_),
+                (long long)t, c_.steps, eta, train.reward, train.loss, 1.0 - double(sync_stats.changed) / double(n_),
                 human_bytes(double(sync_stats.patch_bytes)).c_str(), step_s,
                 std::isnan(pass1) ? "" : ("  pass@1 " + std::to_string(pass1).substr(0, 5)).c_str());
     std::fflush(stdout);
