@@ -162,10 +162,11 @@ class Run {
     std::int64_t tokens = 0;
     GrpoLossStats grpo{};
     float grad_norm = 0;
+    bool listed = false;  // AdamW staged the changed list (trainer 0, no outer step after it)
   };
   void step(std::int64_t t);
   TrainResult train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before);
-  double measure_step(std::int64_t t, io::StatsRow& row, ChangedList& changes);
+  double measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes);
   SyncStepStats publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
                              double& comm_s);
   double evaluate(std::int64_t t);
@@ -215,6 +216,8 @@ class Run {
   Kokkos::View<bf16_bits*> weights_, grad_bf16_, m16_, v16_;  // weights_: bf16(theta) as computed with
   RolloutBatch batch_;                                // the batch reused for num_iterations steps
   std::unique_ptr<SparsityMeter> meter_;              // trainer 0
+  ChangeStaging<DefaultMem> staging_;                 // trainer 0: AdamW's changed list, per segment
+  ChangeCompactor compactor_;                         // trainer 0: the list, gathered for the host
   std::unique_ptr<loco::OuterSync> outer_;            // diloco, pulseloco
   // every rank holding weights for generation or sync: host BF16 versions, newest last
   std::deque<std::vector<bf16_bits>> history_;
@@ -557,7 +560,10 @@ int Run::train() {
       m16_ = Kokkos::View<bf16_bits*>("adam_m", n_), v16_ = Kokkos::View<bf16_bits*>("adam_v", n_);
       grad_bf16_ = Kokkos::View<bf16_bits*>("grad_bf16", n_);
     }
-    if (rank_ == 0) meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
+    if (rank_ == 0) {
+      meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
+      staging_ = make_change_staging(segs_);
+    }
   }
   if (generator_) decoder_ = std::make_unique<GPTDecoder>(config_, (c_.prompts_per_step / (c_.inference_ranks ? c_.inference_ranks : num_trainers_)) * c_.group_size, seq_len_);
   if (rank_ == 0 && c_.eval_every > 0) {
@@ -680,25 +686,30 @@ Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm
     *before = Kokkos::View<float*>("master_before", n_);
     Kokkos::deep_copy(*before, master_);
   }
+  // Trainer 0 has AdamW list what it changed, unless an outer step changes the weights again.
+  const bool outer_step = outer_ && t % c_.inner_steps == 0;
+  r.listed = rank_ == 0 && !outer_step;
   if (c_.precision == "mixed") {
     const GradNorm norm = grad_norm(DefaultExec(), segs_, model_->grads(), Precision::mixed);
     r.grad_norm = norm.total;
     const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::mixed) : 1.0f;
     PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) + " (gradient norm " +
                                          std::to_string(norm.total) + ")");
-    adamw_mixed(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::mixed), master_,
-                model_->grads(), m_, v_, weights_, false);
+    const AdamWScalars scalars = adamw_scalars(h, t, clip, Precision::mixed);
+    if (r.listed) adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, model_->grads(), m_, v_, weights_, staging_);
+    else adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, model_->grads(), m_, v_, weights_, false);
   } else {
     cast_to_bf16(DefaultExec(), model_->grads(), grad_bf16_);
     const GradNorm norm = grad_norm(DefaultExec(), segs_, grad_bf16_, Precision::bf16);
     r.grad_norm = norm.total;
     const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::bf16) : 1.0f;
     PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
-    adamw_bf16(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::bf16), weights_, grad_bf16_,
-               m16_, v16_);
+    const AdamWScalars scalars = adamw_scalars(h, t, clip, Precision::bf16);
+    if (r.listed) adamw_bf16(DefaultExec(), segs_, decay_mask_, scalars, weights_, grad_bf16_, m16_, v16_, staging_);
+    else adamw_bf16(DefaultExec(), segs_, decay_mask_, scalars, weights_, grad_bf16_, m16_, v16_);
   }
   // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
-  if (outer_ && t % c_.inner_steps == 0) {
+  if (outer_step) {
     const loco::OuterStats o = outer_->outer_step(master_);
     cast_to_bf16(DefaultExec(), master_, weights_);
     comm_s += o.comm_seconds;
@@ -712,10 +723,12 @@ Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm
 }
 
 // 4. Trainer 0: what changed in the BF16 weights the forward pass sees (the changed list, the
-// only weight data that leaves the device), and the Adam ratios. Returns the seconds it took.
-double Run::measure_step(std::int64_t t, io::StatsRow& row, ChangedList& changes) {
+// only weight data that leaves the device: AdamW's own when it listed it, else compacted against
+// the previous version), and the Adam ratios. Returns the seconds it took.
+double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes) {
   Kokkos::Timer timer;
-  const StepSparsity sp = meter_->measure(weights_, changes, copies_);
+  if (listed) changes = compactor_.gather(segs_, staging_, copies_);
+  const StepSparsity sp = listed ? meter_->measure(weights_, changes) : meter_->measure(weights_, changes, copies_);
   copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
   row.set_int("/steps/changed", sp.changed);
   row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
@@ -787,7 +800,7 @@ void Run::step(std::int64_t t) {
   // 4. Measurement on trainer 0; the absorption histograms are written collectively.
   ChangedList changes;
   Kokkos::Timer absorb_timer;
-  if (rank_ == 0) train.measure_s += measure_step(t, row, changes);
+  if (rank_ == 0) train.measure_s += measure_step(t, row, train.listed, changes);
   if (absorb) {
     absorb_timer.reset();
     write_absorption(t, before);

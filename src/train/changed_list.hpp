@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/adamw.hpp"
+#include "kernels/segments.hpp"
 #include "kernels/types.hpp"
 #include "train/transfer_counter.hpp"
 
@@ -21,11 +23,19 @@ class ChangeCompactor {
  public:
   ChangedList compact(const Kokkos::View<const bf16_bits*>& before, const Kokkos::View<const bf16_bits*>& after,
                       TransferCounter& copies);
+  // The list AdamW staged in its own pass (kernels/adamw.hpp), without another scan.
+  ChangedList gather(const TensorSegments<DefaultMem>& segs, const ChangeStaging<DefaultMem>& staging,
+                     TransferCounter& copies);
 
  private:
   Kokkos::View<index_t*> indices_;
   Kokkos::View<bf16_bits*> values_;
   Kokkos::View<std::uint32_t*> narrow_;  // the indices as 32-bit words, for the copy
+
+  // Grows the buffers to hold count entries; true if they grew.
+  bool reserve(index_t count);
+  // The first count entries of the buffers, copied to the host (32-bit indices when n < 2^32).
+  ChangedList download(index_t count, index_t num_elements, TransferCounter& copies);
 };
 
 // Elements of the list in each tensor (offsets: the tensor table's num_tensors + 1 offsets).

@@ -28,8 +28,12 @@ StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weight
 
 StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, ChangedList& changes,
                                     TransferCounter& copies) {
-  StepSparsity s;
   changes = compactor_.compact(ring_.snapshot(1), weights, copies);
+  return measure(weights, changes);
+}
+
+StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, const ChangedList& changes) {
+  StepSparsity s;
   s.changed = index_t(changes.indices.size());
   s.per_tensor = per_tensor_counts(changes, offsets_);
   s.kstep = kstep_and_push(weights, s.changed);

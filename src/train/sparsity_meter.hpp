@@ -31,6 +31,9 @@ class SparsityMeter {
   // The same, and the changed elements as a list (compacted once on the device; per-tensor counts
   // and the k = 1 sparsity come from it), which is all that crosses to the host.
   StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, ChangedList& changes, TransferCounter& copies);
+  // The same from a list made elsewhere (AdamW's own, kernels/adamw.hpp): changes must be what
+  // changed between the last version remembered and weights.
+  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, const ChangedList& changes);
 
   // The ring for a checkpoint, oldest first, and its restoration.
   std::vector<std::vector<bf16_bits>> snapshots() const;
