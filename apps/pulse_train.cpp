@@ -198,6 +198,9 @@ class Run {
 
   TrainConfig c_;
   Communicator world_, trainers_, sync_;
+  // One per inference rank: the trainers and that inference rank (last), which sends its share of
+  // the rollouts to the trainers only. Ranks outside one hold an unused communicator there.
+  std::vector<Communicator> rollout_routes_;
   std::string command_line_;
   int num_trainers_, rank_;
   bool trainer_, generator_;  // generator: samples rollouts (inference ranks, or trainers when there are none)
@@ -243,6 +246,8 @@ Run::Run(const TrainConfig& c, const Communicator& world, std::string command_li
   generator_ = c_.inference_ranks == 0 ? trainer_ : !trainer_;
   trainers_ = world_.split(trainer_ ? 0 : 1, rank_);
   sync_ = world_.split(rank_ == 0 || !trainer_ ? 0 : 1, rank_);
+  for (int r = num_trainers_; r < world_.size(); ++r)
+    rollout_routes_.push_back(world_.split(trainer_ || rank_ == r ? 0 : 1, rank_));
 
   config_ = gpt_preset(c_.model);
   config_.vocab_size = tok_.vocab_size();
@@ -299,18 +304,25 @@ RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
     return b;
   };
   if (c_.inference_ranks == 0) return trainer_ ? sample_share(rank_, num_trainers_) : RolloutBatch{};
-  std::vector<std::uint8_t> mine;
-  if (!trainer_) mine = sample_share(rank_ - num_trainers_, c_.inference_ranks).serialize();
-  Kokkos::Timer timer;
-  Kokkos::View<std::uint8_t*, Kokkos::HostSpace> all("rollouts", 0);
-  const std::vector<index_t> offsets =
-      allgatherv(world_, as_view(mine.data(), mine.size()), all, Channel::rollouts);
-  comm_seconds += timer.seconds();
+  // Each inference rank broadcasts its share over its route (the trainers and itself), so an
+  // inference rank receives no other's rollouts.
+  std::vector<RolloutBatch> parts;
+  for (int i = 0; i < c_.inference_ranks; ++i) {
+    const int sender = num_trainers_ + i;
+    if (!trainer_ && rank_ != sender) continue;
+    const Communicator& route = rollout_routes_[i];
+    std::vector<std::uint8_t> bytes;
+    if (rank_ == sender) bytes = sample_share(i, c_.inference_ranks).serialize();
+    Kokkos::Timer timer;
+    std::uint64_t size = bytes.size();
+    broadcast(route, as_view(&size, 1), route.size() - 1, Channel::rollouts);
+    bytes.resize(size);
+    broadcast(route, as_view(bytes.data(), bytes.size()), route.size() - 1, Channel::rollouts);
+    comm_seconds += timer.seconds();
+    if (trainer_) parts.push_back(RolloutBatch::deserialize(bytes.data(), bytes.size()));
+  }
   if (!trainer_) return {};
   // Inference rank i's prompts are consecutive; trainer j takes its share of the concatenation.
-  std::vector<RolloutBatch> parts;
-  for (int r = num_trainers_; r < world_.size(); ++r)
-    parts.push_back(RolloutBatch::deserialize(all.data() + offsets[r], offsets[r + 1] - offsets[r]));
   RolloutBatch out = parts.front();
   out.rows = rows_per_trainer_;
   for (auto* v : {&out.tokens, &out.targets}) v->clear();
@@ -537,7 +549,9 @@ bool Run::open() {
     stats_->set_attribute("resumes", resumes_);
   }
   declare_statistics();
-  recorder_ = std::make_unique<StepRecorder>(*stats_, world_, trainers_, sync_);
+  std::vector<Communicator> counted = {world_, trainers_, sync_};
+  counted.insert(counted.end(), rollout_routes_.begin(), rollout_routes_.end());
+  recorder_ = std::make_unique<StepRecorder>(*stats_, world_, trainers_, sync_, counted);
   return true;
 }
 

@@ -8,13 +8,14 @@
 namespace pulse {
 
 StepRecorder::StepRecorder(io::StatsFile& file, const Communicator& world, const Communicator& trainers,
-                           const Communicator& sync)
-    : file_(file), world_(world), trainers_(trainers), sync_(sync), last_write_s_(std::nan("")) {}
+                           const Communicator& sync, std::vector<Communicator> counted)
+    : file_(file), world_(world), trainers_(trainers), sync_(sync), counted_(std::move(counted)),
+      last_write_s_(std::nan("")) {}
 
 std::uint64_t StepRecorder::all_bytes(bool sent) const {
   std::uint64_t b = 0;
-  for (const Communicator* comm : {&world_, &trainers_, &sync_})
-    for (int ch = 0; ch < num_channels; ++ch) b += sent ? comm->bytes_sent(Channel(ch)) : comm->bytes_received(Channel(ch));
+  for (const Communicator& comm : counted_)
+    for (int ch = 0; ch < num_channels; ++ch) b += sent ? comm.bytes_sent(Channel(ch)) : comm.bytes_received(Channel(ch));
   return b;
 }
 

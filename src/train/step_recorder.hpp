@@ -1,8 +1,9 @@
 #pragma once
 // The recorder role of pulse-train: per step, what every rank moved over MPI (all channels of the
-// world, trainer and sync communicators), its own columns of /ranks, and the collective append
+// communicators it is given), its own columns of /ranks, and the collective append
 // of the row to the statistics file (timed: /steps/write_s of the next row).
 #include <cstdint>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "io/stats_file.hpp"
@@ -11,8 +12,11 @@ namespace pulse {
 
 class StepRecorder {
  public:
-  // The communicators are copied (they share the MPI communicator and its byte counters).
-  StepRecorder(io::StatsFile& file, const Communicator& world, const Communicator& trainers, const Communicator& sync);
+  // The communicators are copied (copies share the MPI communicator and its byte counters):
+  // `counted` are all whose bytes the rank's totals include; trainer-to-trainer bytes come from
+  // `trainers`, patch bytes from `sync`.
+  StepRecorder(io::StatsFile& file, const Communicator& world, const Communicator& trainers, const Communicator& sync,
+               std::vector<Communicator> counted);
 
   // Remembers the byte counters at the start of a step.
   void start_step();
@@ -28,6 +32,7 @@ class StepRecorder {
 
   io::StatsFile& file_;
   Communicator world_, trainers_, sync_;
+  std::vector<Communicator> counted_;
   std::uint64_t sent0_ = 0, recv0_ = 0, patch_recv0_ = 0, trainer_sent0_ = 0, trainer_recv0_ = 0;
   double last_write_s_;  // NaN before the first append
 };
