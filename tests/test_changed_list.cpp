@@ -105,21 +105,23 @@ TEST(ChangedList, AdamQuantilesEqualAFullHostSort) {
   for (const index_t n : {index_t(1), index_t(1000), index_t(200003)}) {
     std::vector<float> m(n), v(n);
     for (index_t i = 0; i < n; ++i) m[i] = 1e-3f * normal(rng), v[i] = 1e-6f * std::fabs(normal(rng));
-    const std::vector<double> qs = {0.0, 0.5, 0.9, 0.99, 0.999, 1.0};
-    const int step = 5;
-    const index_t max_sample = 1 << 16;
-    const auto got = adam_ratio_quantiles(to_device(m), to_device(v), 0.9, 0.999, 1e-8, step, qs, max_sample);
-    // reference: the same strided sample, fully sorted on the host
-    const index_t stride = std::max<index_t>(1, n / max_sample);
-    const double c1 = 1.0 - std::pow(0.9, step), c2 = 1.0 - std::pow(0.999, step);
-    std::vector<double> sample;
-    for (index_t i = 0; i < n; i += stride)
-      sample.push_back(std::fabs(double(m[i]) / c1) / (std::sqrt(double(v[i]) / c2) + 1e-8));
-    std::sort(sample.begin(), sample.end());
-    ASSERT_EQ(got.size(), qs.size());
-    for (std::size_t j = 0; j < qs.size(); ++j) {
-      const std::size_t k = std::min(sample.size() - 1, std::size_t(qs[j] * double(sample.size() - 1) + 0.5));
-      EXPECT_EQ(got[j], sample[k]) << "n " << n << " q " << qs[j];
+    for (const std::vector<double>& qs : {std::vector<double>{0.0, 0.5, 0.9, 0.99, 0.999, 1.0},
+                                          std::vector<double>{0.9, 0.5, 1.0, 0.0, 0.99}}) {
+      const int step = 5;
+      const index_t max_sample = 1 << 16;
+      const auto got = adam_ratio_quantiles(to_device(m), to_device(v), 0.9, 0.999, 1e-8, step, qs, max_sample);
+      // reference: the same strided sample, fully sorted on the host
+      const index_t stride = std::max<index_t>(1, n / max_sample);
+      const double c1 = 1.0 - std::pow(0.9, step), c2 = 1.0 - std::pow(0.999, step);
+      std::vector<double> sample;
+      for (index_t i = 0; i < n; i += stride)
+        sample.push_back(std::fabs(double(m[i]) / c1) / (std::sqrt(double(v[i]) / c2) + 1e-8));
+      std::sort(sample.begin(), sample.end());
+      ASSERT_EQ(got.size(), qs.size());
+      for (std::size_t j = 0; j < qs.size(); ++j) {
+        const std::size_t k = std::min(sample.size() - 1, std::size_t(qs[j] * double(sample.size() - 1) + 0.5));
+        EXPECT_EQ(got[j], sample[k]) << "n " << n << " q " << qs[j];
+      }
     }
   }
 }

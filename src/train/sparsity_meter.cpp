@@ -95,9 +95,13 @@ std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, co
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMem>::accessible) {
     DefaultExec().fence();
     double* const host = sample.data();
+    index_t placed = -1;  // host[placed] is in its sorted place, smaller ones before it, larger after
     for (const double q : quantiles) {
       const index_t k = std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5));
-      std::nth_element(host, host + k, host + count);
+      // Ascending quantiles search only the part after the previous one.
+      if (k >= placed && placed >= 0) std::nth_element(host + placed, host + k, host + count);
+      else std::nth_element(host, host + k, host + count);
+      placed = k;
       out.push_back(host[k]);
     }
   } else {

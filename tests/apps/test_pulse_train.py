@@ -101,6 +101,13 @@ def check_statistics_against_anchors(app, mpi, np_, tmp):
             patch = os.path.join(relay, f"patch-{t - 1}-{t}.pulse")
             expect(int(f["/steps/patch_bytes"][t - 1]) == os.path.getsize(patch), f"np {np_}: patch bytes at step {t}")
             expect(int(f["/steps/dense_bytes"][t - 1]) == 2 * n, f"np {np_}: dense bytes")
+            # Only the changed list (32-bit index + 16-bit value per change) and a few result counts
+            # leave the device; what goes up is the rollout batch, never the model.
+            d2h, h2d = int(f["/steps/d2h_bytes"][t - 1]), int(f["/steps/h2d_bytes"][t - 1])
+            raw = int(f["/steps/patch_raw_bytes"][t - 1])
+            expect(6 * sum(per) <= d2h <= 6 * sum(per) + 1024, f"np {np_}: d2h bytes {d2h} at step {t} ({sum(per)} changed)")
+            expect(d2h <= 4 * raw + 1024, f"np {np_}: d2h bytes {d2h} above 4x the patch's raw {raw} at step {t}")
+            expect(0 < h2d < 2 * n, f"np {np_}: h2d bytes {h2d} at step {t} (model {2 * n})")
         expect(all(f["/steps/verify_ok"][:] == 1), f"np {np_}: verify_ok")
         digests, versions = f["/ranks/weights_digest"][:], f["/ranks/version"][:]
         expect(digests.shape == (steps, np_), f"np {np_}: digests shape {digests.shape}")
