@@ -117,6 +117,12 @@ def check_statistics_against_anchors(app, mpi, np_, tmp):
             recv = f["/ranks/patch_bytes_recv"][:]
             for t in range(steps):
                 expect(all(recv[t, np_ - inference:] == 0), f"np {np_}: relay mode sends no patch over MPI")
+            # An inference rank sends its rollouts to the trainers and receives no rollouts itself:
+            # only a few control words come back (relay mode: no patch over MPI either).
+            sent, got = f["/ranks/bytes_sent"][:], f["/ranks/bytes_recv"][:]
+            for r in range(np_ - inference, np_):
+                expect(all(got[:, r] < 256) and all(sent[:, r] > 256),
+                       f"np {np_}: inference rank {r} received {list(got[:, r])} bytes, sent {list(sent[:, r])}")
         ab = [k for k in f["/absorption"].keys()] if "absorption" in f else []
         expect(ab == ["step_000003", "step_000006"], f"np {np_}: absorption groups {ab}")
         for g in ab:
