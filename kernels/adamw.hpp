@@ -209,6 +209,7 @@ struct ChangeStaging {
   Kokkos::View<index_t*, Mem> counts;   // one per segment
   Kokkos::View<index_t*, Mem> indices;  // num_elements
   Kokkos::View<bf16_bits*, Mem> values;
+  Kokkos::View<index_t*, Mem> starts;   // one per segment: where its changes go in the gathered list
 };
 
 template <class Mem>
@@ -216,7 +217,9 @@ ChangeStaging<Mem> make_change_staging(const TensorSegments<Mem>& segs) {
   using Kokkos::view_alloc, Kokkos::WithoutInitializing;
   return {Kokkos::View<index_t*, Mem>("pulse::adamw::staged_counts", segs.segments.extent(0)),
           Kokkos::View<index_t*, Mem>(view_alloc(WithoutInitializing, "pulse::adamw::staged_indices"), segs.num_elements),
-          Kokkos::View<bf16_bits*, Mem>(view_alloc(WithoutInitializing, "pulse::adamw::staged_values"), segs.num_elements)};
+          Kokkos::View<bf16_bits*, Mem>(view_alloc(WithoutInitializing, "pulse::adamw::staged_values"), segs.num_elements),
+          Kokkos::View<index_t*, Mem>(view_alloc(WithoutInitializing, "pulse::adamw::gather_starts"),
+                                      segs.segments.extent(0))};
 }
 
 namespace detail {
@@ -327,9 +330,10 @@ index_t gather_changes(const ExecSpace& space, const TensorSegments<Mem>& segs, 
   static_assert(std::is_same_v<typename ValueView::value_type, bf16_bits>);
   PULSE_CHECK(indices_out.extent(0) == values_out.extent(0), "gather_changes: outputs differ in capacity");
   const index_t num_segments = static_cast<index_t>(segs.segments.extent(0));
+  PULSE_CHECK(staging.starts.extent(0) == std::size_t(num_segments),
+              "gather_changes: the staging does not match the segments");
   const auto counts = staging.counts;
-  Kokkos::View<index_t*, Mem> starts(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::adamw::gather_starts"),
-                                     num_segments);
+  const auto starts = staging.starts;
   index_t total = 0;
   Kokkos::parallel_scan(
       "pulse::adamw::gather_starts", FlatPolicy<ExecSpace>(space, 0, num_segments),
