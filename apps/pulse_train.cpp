@@ -46,6 +46,9 @@
 #include "rl/tokenizer.hpp"
 #include "sync/digest.hpp"
 #include "train/sparsity_meter.hpp"
+#include "train/stats_schema.hpp"
+#include "train/step_recorder.hpp"
+#include "train/transfer_counter.hpp"
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
 #include "train/weight_sync.hpp"
@@ -152,10 +155,37 @@ class Run {
   void declare_statistics();
   void write_root_attributes();
   RolloutBatch rollouts_for_step(std::int64_t t, double& comm_seconds);
-  RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts, const std::vector<bf16_bits>& weights);
+  RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts,
+                        const Kokkos::View<const bf16_bits*>& weights);
+  // What a trainer's step produced (rank 0's values go into the row).
+  struct TrainResult {
+    double lr = 0, loss = 0, reward = 0, measure_s = 0;
+    std::int64_t tokens = 0;
+    GrpoLossStats grpo{};
+    float grad_norm = 0;
+    bool listed = false;  // AdamW staged the changed list (trainer 0, no outer step after it)
+  };
   void step(std::int64_t t);
+  TrainResult train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before);
+  double measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes);
+  SyncStepStats publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
+                             double& comm_s);
+  double evaluate(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
   void save_checkpoint(std::int64_t t);
+  // Every device buffer of a trainer's checkpointed state, in checkpoint order: visit(name, view)
+  // with an FP32 or BF16 view, const where load_checkpoint restores it otherwise (the outer
+  // global weights, which the OuterSync constructor takes). One list for save and load.
+  template <class Visit>
+  void for_each_state_buffer(const Visit& visit) {
+    if (c_.precision == "mixed") visit("master", master_), visit("adam_m", m_), visit("adam_v", v_);
+    else visit("adam_m", m16_), visit("adam_v", v16_);
+    visit("weights", weights_);
+    if (!outer_) return;
+    visit("outer.theta_global", outer_->theta_global());
+    visit("outer.momentum", outer_->momentum_buffer());
+    if (outer_->error_buffer().extent(0)) visit("outer.error", outer_->error_buffer());
+  }
   void check_resumable();
   void load_checkpoint(const RankCheckpoint& state);
   void on_every_rank(const std::function<void()>& check) const;
@@ -169,6 +199,9 @@ class Run {
 
   TrainConfig c_;
   Communicator world_, trainers_, sync_;
+  // One per inference rank: the trainers and that inference rank (last), which sends its share of
+  // the rollouts to the trainers only. Ranks outside one hold an unused communicator there.
+  std::vector<Communicator> rollout_routes_;
   std::string command_line_;
   int num_trainers_, rank_;
   bool trainer_, generator_;  // generator: samples rollouts (inference ranks, or trainers when there are none)
@@ -187,6 +220,8 @@ class Run {
   Kokkos::View<bf16_bits*> weights_, grad_bf16_, m16_, v16_;  // weights_: bf16(theta) as computed with
   RolloutBatch batch_;                                // the batch reused for num_iterations steps
   std::unique_ptr<SparsityMeter> meter_;              // trainer 0
+  ChangeStaging<DefaultMem> staging_;                 // trainer 0: AdamW's changed list, per segment
+  ChangeCompactor compactor_;                         // trainer 0: the list, gathered for the host
   std::unique_ptr<loco::OuterSync> outer_;            // diloco, pulseloco
   // every rank holding weights for generation or sync: host BF16 versions, newest last
   std::deque<std::vector<bf16_bits>> history_;
@@ -195,10 +230,11 @@ class Run {
   std::vector<AdditionProblem> eval_problems_;
   std::unique_ptr<WeightSync> weight_sync_;
   std::unique_ptr<io::StatsFile> stats_;
+  std::unique_ptr<StepRecorder> recorder_;
+  TransferCounter copies_;  // host <-> device bytes of the current step
   std::int64_t first_step_ = 1, resume_step_ = 0;
   std::optional<RankCheckpoint> resumed_;  // this rank's checkpoint, read and checked by open()
   std::vector<std::string> resumes_;       // one line per resume of the run (HDF5 "resumes")
-  double last_write_s_ = std::nan("");
   std::vector<float> initial_;  // starting FP32 weights, until the trainers take them
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };
@@ -211,6 +247,8 @@ Run::Run(const TrainConfig& c, const Communicator& world, std::string command_li
   generator_ = c_.inference_ranks == 0 ? trainer_ : !trainer_;
   trainers_ = world_.split(trainer_ ? 0 : 1, rank_);
   sync_ = world_.split(rank_ == 0 || !trainer_ ? 0 : 1, rank_);
+  for (int r = num_trainers_; r < world_.size(); ++r)
+    rollout_routes_.push_back(world_.split(trainer_ || rank_ == r ? 0 : 1, rank_));
 
   config_ = gpt_preset(c_.model);
   config_.vocab_size = tok_.vocab_size();
@@ -237,12 +275,12 @@ void Run::remember_version(const std::vector<bf16_bits>& weights) {
 }
 
 RolloutBatch Run::generate(std::uint64_t generation, int first_prompt, int num_prompts,
-                           const std::vector<bf16_bits>& weights) {
+                           const Kokkos::View<const bf16_bits*>& weights) {
   AdditionTask task(c_.digits, mix(c_.seed, generation, 1));
   std::vector<AdditionProblem> all;
   for (int p = 0; p < c_.prompts_per_step; ++p) all.push_back(task.sample());
   const std::vector<AdditionProblem> mine(all.begin() + first_prompt, all.begin() + first_prompt + num_prompts);
-  decoder_->set_weights(to_device(weights));
+  decoder_->set_weights(weights);
   SamplingOptions options;
   options.temperature = static_cast<float>(c_.temperature);
   options.max_new_tokens = c_.digits + 2;
@@ -259,23 +297,33 @@ RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
   // The generating ranks split the prompts evenly; this rank samples share `part` of `parts`.
   auto sample_share = [&](int part, int parts) {
     const int per = c_.prompts_per_step / parts;
-    RolloutBatch b = generate(generation, part * per, per, version_weights(from_version));
+    // A trainer samples from the version it holds on the device; others upload theirs.
+    Kokkos::View<const bf16_bits*> weights = weights_;
+    if (!trainer_ || from_version != version_) weights = copies_.to_device(version_weights(from_version));
+    RolloutBatch b = generate(generation, part * per, per, weights);
     b.policy_version = from_version;
     return b;
   };
   if (c_.inference_ranks == 0) return trainer_ ? sample_share(rank_, num_trainers_) : RolloutBatch{};
-  std::vector<std::uint8_t> mine;
-  if (!trainer_) mine = sample_share(rank_ - num_trainers_, c_.inference_ranks).serialize();
-  Kokkos::Timer timer;
-  Kokkos::View<std::uint8_t*, Kokkos::HostSpace> all("rollouts", 0);
-  const std::vector<index_t> offsets =
-      allgatherv(world_, as_view(mine.data(), mine.size()), all, Channel::rollouts);
-  comm_seconds += timer.seconds();
+  // Each inference rank broadcasts its share over its route (the trainers and itself), so an
+  // inference rank receives no other's rollouts.
+  std::vector<RolloutBatch> parts;
+  for (int i = 0; i < c_.inference_ranks; ++i) {
+    const int sender = num_trainers_ + i;
+    if (!trainer_ && rank_ != sender) continue;
+    const Communicator& route = rollout_routes_[i];
+    std::vector<std::uint8_t> bytes;
+    if (rank_ == sender) bytes = sample_share(i, c_.inference_ranks).serialize();
+    Kokkos::Timer timer;
+    std::uint64_t size = bytes.size();
+    broadcast(route, as_view(&size, 1), route.size() - 1, Channel::rollouts);
+    bytes.resize(size);
+    broadcast(route, as_view(bytes.data(), bytes.size()), route.size() - 1, Channel::rollouts);
+    comm_seconds += timer.seconds();
+    if (trainer_) parts.push_back(RolloutBatch::deserialize(bytes.data(), bytes.size()));
+  }
   if (!trainer_) return {};
   // Inference rank i's prompts are consecutive; trainer j takes its share of the concatenation.
-  std::vector<RolloutBatch> parts;
-  for (int r = num_trainers_; r < world_.size(); ++r)
-    parts.push_back(RolloutBatch::deserialize(all.data() + offsets[r], offsets[r + 1] - offsets[r]));
   RolloutBatch out = parts.front();
   out.rows = rows_per_trainer_;
   for (auto* v : {&out.tokens, &out.targets}) v->clear();
@@ -296,73 +344,9 @@ RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
 }
 
 void Run::declare_statistics() {
-  using io::SeriesType;
-  auto& s = *stats_;
-  const std::vector<std::pair<std::string, std::string>> doubles = {
-      {"time_s", "s|wall time since the run (or the resumed run) started"},
-      {"lr", "1|AdamW learning rate of the step"},
-      {"loss", "1|GRPO (DAPO token-level) loss, mean over completion tokens"},
-      {"reward", "1|mean reward of the rollouts the step trained on"},
-      {"sparsity", "1|fraction of BF16 weights whose bits did not change in this step"},
-      {"grad_norm", "1|global gradient norm before clipping"},
-      {"clip_fraction", "1|fraction of completion tokens whose ratio was clipped"},
-      {"mean_ratio", "1|mean importance ratio pi/pi_old over completion tokens"},
-      {"encode_s", "s|patch encode time on trainer 0"},
-      {"apply_s", "s|patch apply time, slowest inference rank"},
-      {"verify_s", "s|digest verification time, slowest inference rank"},
-      {"step_s", "s|wall time of the step"},
-      {"measure_s", "s|sparsity, gradient and Adam statistics time on trainer 0"},
-      {"sync_s", "s|PULSESync time on trainer 0 (encode + send)"},
-      {"write_s", "s|time the previous step's statistics append took (gather to rank 0, flush when due; slowest rank)"},
-      {"eval_pass1", "1|greedy pass@1 on held-out problems (NaN when not evaluated)"},
-      {"gate_density", "1|diloco/pulseloco outer steps: fraction of entries trainer 0 sent (NaN on inner steps)"},
-      {"outer_s", "s|diloco/pulseloco: outer step time on trainer 0 (NaN on inner steps)"}};
-  for (const auto& [name, ud] : doubles) {
-    const auto bar = ud.find('|');
-    s.declare("/steps/" + name, SeriesType::float64, 0, ud.substr(0, bar), ud.substr(bar + 1));
-  }
-  const std::vector<std::pair<std::string, std::string>> ints = {
-      {"step", "1|optimizer step (1-based); row i holds step i + 1"},
-      {"tokens", "tokens|completion tokens trained on in the step"},
-      {"changed", "elements|BF16 weights whose bits changed in this step"},
-      {"patch_bytes", "bytes|coded PULSESync patch sent to the inference ranks"},
-      {"patch_raw_bytes", "bytes|the patch's index and value streams before compression"},
-      {"dense_bytes", "bytes|the BF16 weights sent densely"},
-      {"verify_ok", "1|1 when every inference rank's digest equals the patch's target digest"},
-      {"policy_version", "1|weights version after the step"},
-      {"rollout_version", "1|weights version that generated the rollouts of the step"},
-      {"outer_step", "1|1 when the trainers synchronised (every step for ddp, every H for diloco/pulseloco)"}};
-  for (const auto& [name, ud] : ints) {
-    const auto bar = ud.find('|');
-    s.declare("/steps/" + name, SeriesType::int64, 0, ud.substr(0, bar), ud.substr(bar + 1));
-  }
-  s.declare("/steps/tensor_changed", SeriesType::int64, int(table_.tensors().size()), "elements",
-            "BF16 weights whose bits changed, per tensor (columns in tensor_names order)");
   std::vector<std::string> names;
   for (const TensorInfo& t : table_.tensors()) names.push_back(t.name);
-  s.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names);
-  s.declare("/steps/grad_sparsity", SeriesType::float64, int(grad_thresholds.size()), "1",
-            "fraction of gradient entries with |g| <= threshold (columns: thresholds)");
-  s.set_dataset_attribute("/steps/grad_sparsity", "thresholds",
-                          std::vector<double>(grad_thresholds.begin(), grad_thresholds.end()));
-  s.declare("/steps/adam_ratio", SeriesType::float64, int(adam_quantiles.size()), "1",
-            "quantiles of |m_hat|/(sqrt(v_hat)+eps) after the step (columns: quantiles)");
-  s.set_dataset_attribute("/steps/adam_ratio", "quantiles", adam_quantiles);
-  s.declare("/kstep/sparsity", SeriesType::float64, int(kstep_values.size()), "1",
-            "fraction of BF16 weights equal to the version k steps back (NaN before step k)");
-  s.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>(kstep_values.begin(), kstep_values.end()));
-  s.declare_per_rank("/ranks/bytes_sent", SeriesType::int64, "bytes", "bytes this rank handed to MPI in the step");
-  s.declare_per_rank("/ranks/bytes_recv", SeriesType::int64, "bytes", "bytes MPI delivered to this rank in the step");
-  s.declare_per_rank("/ranks/patch_bytes_recv", SeriesType::int64, "bytes", "PULSESync patch bytes received in the step");
-  s.declare_per_rank("/ranks/trainer_bytes_sent", SeriesType::int64, "bytes",
-                     "trainer-to-trainer bytes (gradients or pseudo-gradients) this rank handed to MPI in the step");
-  s.declare_per_rank("/ranks/trainer_bytes_recv", SeriesType::int64, "bytes",
-                     "trainer-to-trainer bytes (gradients or pseudo-gradients) MPI delivered to this rank in the step");
-  s.declare_per_rank("/ranks/comm_s", SeriesType::float64, "s", "seconds in MPI collectives in the step");
-  s.declare_per_rank("/ranks/compute_s", SeriesType::float64, "s", "seconds outside MPI collectives in the step");
-  s.declare_per_rank("/ranks/weights_digest", SeriesType::int64, "1",
-                     "first 8 bytes of the xxh3-128 state digest of the BF16 weights the rank holds after the step");
-  s.declare_per_rank("/ranks/version", SeriesType::int64, "1", "weights version the rank holds after the step");
+  declare_train_statistics(*stats_, train_column_values(names));
 }
 
 void Run::write_root_attributes() {
@@ -414,18 +398,14 @@ void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& bef
   }
   const int rb = ratio_range.k_max - ratio_range.k_min + 4, wb = weight_range.k_max - weight_range.k_min + 4;
   ratio_counts.resize(rb), weight_counts.resize(wb);
-  char group[64];
-  std::snprintf(group, sizeof(group), "/absorption/step_%06lld", static_cast<long long>(t));
-  const std::string g = group;
-  stats_->write_array(g + "/ratio_counts", ratio_counts, {rb}, "elements",
-                      "histogram of |u|/half_ulp(bf16(w)) in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then "
-                      "zero, below, above, non-finite");
-  stats_->set_dataset_attribute(g + "/ratio_counts", "k_range", std::vector<double>{double(ratio_range.k_min), double(ratio_range.k_max)});
-  stats_->write_array(g + "/weight_counts", weight_counts, {wb}, "elements",
-                      "histogram of |w| in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then zero, below, above, non-finite");
-  stats_->set_dataset_attribute(g + "/weight_counts", "k_range", std::vector<double>{double(weight_range.k_min), double(weight_range.k_max)});
-  stats_->write_array(g + "/absorbed", std::vector<std::int64_t>{absorbed}, {1}, "elements",
-                      "updates smaller than half a BF16 ulp of their weight (absorbed by the rounding)");
+  auto write_histogram = [&](const std::string& path, const std::vector<std::int64_t>& counts, const Log2Range& range) {
+    write_stats_array(*stats_, path, t, counts);
+    stats_->set_dataset_attribute(stats_array_path(path, t), columns_attribute(StatsColumns::log2_bins),
+                                  std::vector<double>{double(range.k_min), double(range.k_max)});
+  };
+  write_histogram("/absorption/step_NNNNNN/ratio_counts", ratio_counts, ratio_range);
+  write_histogram("/absorption/step_NNNNNN/weight_counts", weight_counts, weight_range);
+  write_stats_array(*stats_, "/absorption/step_NNNNNN/absorbed", t, {absorbed});
 }
 
 void Run::save_checkpoint(std::int64_t t) {
@@ -434,21 +414,11 @@ void Run::save_checkpoint(std::int64_t t) {
                     {"ranks", std::to_string(world_.size())}, {"config", to_toml(c_)}};
   for (const std::string& line : resumes_) state.metadata["resumes"] += line + "\n";
   if (trainer_) {
-    if (c_.precision == "mixed") {
-      state.add("master", io::DType::F32, to_host(master_));
-      state.add("adam_m", io::DType::F32, to_host(m_));
-      state.add("adam_v", io::DType::F32, to_host(v_));
-    } else {
-      state.add("adam_m", io::DType::BF16, to_host(m16_));
-      state.add("adam_v", io::DType::BF16, to_host(v16_));
-    }
-    state.add("weights", io::DType::BF16, to_host(weights_));
-    if (outer_) {
-      state.add("outer.theta_global", io::DType::F32, to_host(outer_->theta_global()));
-      state.add("outer.momentum", io::DType::F32, to_host(outer_->momentum_buffer()));
-      if (outer_->error_buffer().extent(0)) state.add("outer.error", io::DType::F32, to_host(outer_->error_buffer()));
-      state.metadata["outer_steps"] = std::to_string(outer_->outer_steps());
-    }
+    for_each_state_buffer([&](const std::string& name, const auto& view) {
+      using T = typename std::decay_t<decltype(view)>::non_const_value_type;
+      state.add(name, std::is_same_v<T, float> ? io::DType::F32 : io::DType::BF16, to_host(view));
+    });
+    if (outer_) state.metadata["outer_steps"] = std::to_string(outer_->outer_steps());
     // No batch before the first step (a checkpoint of the initial state): stored empty.
     state.add("rollouts", io::DType::U8, batch_.rows ? batch_.serialize() : std::vector<std::uint8_t>{});
   }
@@ -501,25 +471,18 @@ void Run::on_every_rank(const std::function<void()>& check) const {
 void Run::load_checkpoint(const RankCheckpoint& state) {
   version_ = std::stoull(state.meta("version"));
   if (trainer_) {
-    if (c_.precision == "mixed") {
-      Kokkos::deep_copy(master_, to_device(state.get<float>("master", n_)));
-      Kokkos::deep_copy(m_, to_device(state.get<float>("adam_m", n_)));
-      Kokkos::deep_copy(v_, to_device(state.get<float>("adam_v", n_)));
-    } else {
-      Kokkos::deep_copy(m16_, to_device(state.get<bf16_bits>("adam_m", n_)));
-      Kokkos::deep_copy(v16_, to_device(state.get<bf16_bits>("adam_v", n_)));
-    }
-    Kokkos::deep_copy(weights_, to_device(state.get<bf16_bits>("weights", n_)));
     if (c_.trainer_sync != "ddp") {
-      // The outer state restarts from the checkpoint's global weights and buffers.
+      // The outer state restarts from the checkpoint's global weights (its buffers follow below).
       outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_,
                                                  to_device(state.get<float>("outer.theta_global", n_)), outer_hyper(),
                                                  loco::parse_sparse_exchange(c_.sparse_exchange), c_.dense_threshold);
-      Kokkos::deep_copy(outer_->momentum_buffer(), to_device(state.get<float>("outer.momentum", n_)));
-      if (outer_->error_buffer().extent(0))
-        Kokkos::deep_copy(outer_->error_buffer(), to_device(state.get<float>("outer.error", n_)));
       outer_->set_outer_steps(std::stoll(state.meta("outer_steps")));
     }
+    for_each_state_buffer([&](const std::string& name, const auto& view) {
+      using View = std::decay_t<decltype(view)>;
+      if constexpr (!std::is_const_v<typename View::value_type>)
+        Kokkos::deep_copy(view, to_device(state.get<typename View::value_type>(name, n_)));
+    });
     const auto bytes = state.get<std::uint8_t>("rollouts");
     batch_ = bytes.empty() ? RolloutBatch{} : RolloutBatch::deserialize(bytes.data(), bytes.size());
   }
@@ -587,6 +550,9 @@ bool Run::open() {
     stats_->set_attribute("resumes", resumes_);
   }
   declare_statistics();
+  std::vector<Communicator> counted = {world_, trainers_, sync_};
+  counted.insert(counted.end(), rollout_routes_.begin(), rollout_routes_.end());
+  recorder_ = std::make_unique<StepRecorder>(*stats_, world_, trainers_, sync_, counted);
   return true;
 }
 
@@ -609,7 +575,10 @@ int Run::train() {
       m16_ = Kokkos::View<bf16_bits*>("adam_m", n_), v16_ = Kokkos::View<bf16_bits*>("adam_v", n_);
       grad_bf16_ = Kokkos::View<bf16_bits*>("grad_bf16", n_);
     }
-    if (rank_ == 0) meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
+    if (rank_ == 0) {
+      meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
+      staging_ = make_change_staging(segs_);
+    }
   }
   if (generator_) decoder_ = std::make_unique<GPTDecoder>(config_, (c_.prompts_per_step / (c_.inference_ranks ? c_.inference_ranks : num_trainers_)) * c_.group_size, seq_len_);
   if (rank_ == 0 && c_.eval_every > 0) {
@@ -689,159 +658,178 @@ int Run::train() {
   return 0;
 }
 
+// 2-3. GRPO gradients on bf16(theta) (token-level loss over the trainers' whole batch), gradient
+// clipping and AdamW, and on DiLoCo/PULSELoCo outer steps the outer update. Trainers only.
+Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before) {
+  TrainResult r;
+  const std::vector<float> adv = group_advantages(batch_.rewards, c_.group_size, GrpoHyper{}.advantage_eps);
+  std::int64_t local_tokens = 0;
+  for (const auto m : batch_.completion_mask) local_tokens += m;
+  Kokkos::Timer timer;
+  const bool ddp = c_.trainer_sync == "ddp";
+  r.tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
+  double reward_sum = 0;
+  for (const float x : batch_.rewards) reward_sum += x;
+  r.reward = allreduce_value(trainers_, reward_sum, ReduceOp::sum) / (double(rows_per_trainer_) * num_trainers_);
+  comm_s += timer.seconds();
+  GrpoHyper hyper;
+  hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
+  model_->set_weights(weights_);
+  model_->zero_grad();
+  // DDP: the loss is the mean over every trainer's tokens, so the summed gradients are its
+  // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
+  const double normaliser = double(std::max<std::int64_t>(ddp ? r.tokens : local_tokens, 1));
+  r.grpo = grpo_backward(*model_, batch_, adv, hyper, normaliser);
+  copies_.uploaded(batch_.tokens.size() * sizeof(int) * 2 + batch_.completion_mask.size() +
+                   (batch_.old_logprobs.size() + adv.size()) * sizeof(float));
+  timer.reset();
+  if (ddp) allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
+  r.loss = allreduce_value(trainers_, r.grpo.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers_);
+  comm_s += timer.seconds();
+
+  // Gradient sparsity is measured on the summed, unclipped gradient.
+  Kokkos::Timer measure_timer;
+  if (rank_ == 0) {
+    row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
+    copies_.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
+  }
+  r.measure_s += measure_timer.seconds();
+  AdamWHyper h;
+  h.lr = r.lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
+  h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
+  if (before) {
+    *before = Kokkos::View<float*>("master_before", n_);
+    Kokkos::deep_copy(*before, master_);
+  }
+  // Trainer 0 has AdamW list what it changed, unless an outer step changes the weights again.
+  const bool outer_step = outer_ && t % c_.inner_steps == 0;
+  r.listed = rank_ == 0 && !outer_step;
+  if (c_.precision == "mixed") {
+    const GradNorm norm = grad_norm(DefaultExec(), segs_, model_->grads(), Precision::mixed);
+    r.grad_norm = norm.total;
+    const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::mixed) : 1.0f;
+    PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) + " (gradient norm " +
+                                         std::to_string(norm.total) + ")");
+    const AdamWScalars scalars = adamw_scalars(h, t, clip, Precision::mixed);
+    if (r.listed) adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, model_->grads(), m_, v_, weights_, staging_);
+    else adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, model_->grads(), m_, v_, weights_, false);
+  } else {
+    cast_to_bf16(DefaultExec(), model_->grads(), grad_bf16_);
+    const GradNorm norm = grad_norm(DefaultExec(), segs_, grad_bf16_, Precision::bf16);
+    r.grad_norm = norm.total;
+    const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::bf16) : 1.0f;
+    PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
+    const AdamWScalars scalars = adamw_scalars(h, t, clip, Precision::bf16);
+    if (r.listed) adamw_bf16(DefaultExec(), segs_, decay_mask_, scalars, weights_, grad_bf16_, m16_, v16_, staging_);
+    else adamw_bf16(DefaultExec(), segs_, decay_mask_, scalars, weights_, grad_bf16_, m16_, v16_);
+  }
+  // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
+  if (outer_step) {
+    const loco::OuterStats o = outer_->outer_step(master_);
+    cast_to_bf16(DefaultExec(), master_, weights_);
+    comm_s += o.comm_seconds;
+    row.set_int("/steps/outer_step", 1);
+    row.set("/steps/gate_density", o.density);
+    row.set("/steps/outer_s", o.comm_seconds + o.compute_seconds);
+  } else {
+    row.set_int("/steps/outer_step", ddp ? 1 : 0);
+  }
+  return r;
+}
+
+// 4. Trainer 0: what changed in the BF16 weights the forward pass sees (the changed list, the
+// only weight data that leaves the device: AdamW's own when it listed it, else compacted against
+// the previous version), and the Adam ratios. Returns the seconds it took.
+double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes) {
+  Kokkos::Timer timer;
+  if (listed) changes = compactor_.gather(segs_, staging_, copies_);
+  const StepSparsity sp = listed ? meter_->measure(weights_, changes) : meter_->measure(weights_, changes, copies_);
+  copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
+  row.set_int("/steps/changed", sp.changed);
+  row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
+  row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
+  row.set("/kstep/sparsity", sp.kstep);
+  if (c_.precision == "mixed") {
+    row.set("/steps/adam_ratio", adam_ratio_quantiles(m_, v_, 0.9, 0.999, 1e-8, t, adam_quantiles));
+  } else {
+    Kokkos::View<float*> m("m32", n_), v("v32", n_);
+    cast_to_float(DefaultExec(), m16_, m), cast_to_float(DefaultExec(), v16_, v);
+    row.set("/steps/adam_ratio", adam_ratio_quantiles(m, v, 0.9, 0.999, 1e-8, t, adam_quantiles));
+  }
+  copies_.downloaded(adam_quantiles.size() * sizeof(double));
+  return timer.seconds();
+}
+
+// 5. PULSESync, trainer 0 -> inference ranks, patch from version-1 to version. `current` becomes
+// the new version on the host: trainer 0 applies its changed list to the previous version, other
+// trainers copy it whole (they hold no previous version), inference ranks patch theirs.
+SyncStepStats Run::publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
+                                double& comm_s) {
+  SyncStepStats stats;
+  if (rank_ == 0) {
+    current = history_.back();
+    apply_changes(changes, current);
+  } else if (trainer_) {
+    current = copies_.to_host(weights_);
+  } else {
+    current = history_.back();
+  }
+  if (rank_ == 0 || !trainer_) {
+    Kokkos::Timer timer;
+    const std::vector<bf16_bits>* previous = rank_ == 0 ? &history_.back() : nullptr;
+    stats = weight_sync_->step(version_, previous, current);
+    sync_s = timer.seconds();
+    if (!trainer_) comm_s += sync_s;
+  }
+  if (generator_ || rank_ == 0) remember_version(current);
+  return stats;
+}
+
+// 6. Held-out greedy pass@1 on trainer 0 when due, else NaN.
+double Run::evaluate(std::int64_t t) {
+  if (rank_ != 0 || c_.eval_every <= 0 || (t % c_.eval_every != 0 && t != c_.steps)) return std::nan("");
+  eval_decoder_->set_weights(weights_);
+  AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
+  return greedy_pass_at_1(*eval_decoder_, tok_, eval_task, eval_problems_, seq_len_);
+}
+
 void Run::step(std::int64_t t) {
   Kokkos::Timer step_timer;
-  double comm_s = 0;
-  // Bytes this rank handed to / got from MPI so far, over all its communicators and channels.
-  auto all_bytes = [&](bool sent) {
-    std::uint64_t b = 0;
-    for (const Communicator* comm : {&world_, &trainers_, &sync_})
-      for (int ch = 0; ch < num_channels; ++ch)
-        b += sent ? comm->bytes_sent(Channel(ch)) : comm->bytes_received(Channel(ch));
-    return b;
-  };
-  const std::uint64_t sent0 = all_bytes(true), recv0 = all_bytes(false);
-  const std::uint64_t patch_recv0 = sync_.bytes_received(Channel::patches);
-  auto trainer_bytes = [&](bool sent) {
-    std::uint64_t b = 0;
-    for (const Channel ch : {Channel::gradients, Channel::pseudo_gradients})
-      b += sent ? trainers_.bytes_sent(ch) : trainers_.bytes_received(ch);
-    return b;
-  };
-  const std::uint64_t trainer_sent0 = trainer_bytes(true), trainer_recv0 = trainer_bytes(false);
+  double comm_s = 0, sync_s = 0;
+  recorder_->start_step();
   io::StatsRow row;
+  copies_ = TransferCounter{};
 
   // 1. Rollouts: new every num_iterations steps, reused (with importance ratios) in between.
   if ((t - 1) % c_.num_iterations == 0) {
     RolloutBatch b = rollouts_for_step(t, comm_s);
     if (trainer_) batch_ = std::move(b);
   }
-
-  double lr = 0, loss = 0, reward = 0, measure_s = 0, sync_s = 0;
-  std::int64_t tokens = 0;
-  GrpoLossStats g{};
-  float norm_total = 0;
-  if (trainer_) {
-    // 2. GRPO gradients on bf16(theta), token-level loss over the trainers' whole batch.
-    const std::vector<float> adv = group_advantages(batch_.rewards, c_.group_size, GrpoHyper{}.advantage_eps);
-    std::int64_t local_tokens = 0;
-    for (const auto m : batch_.completion_mask) local_tokens += m;
-    Kokkos::Timer timer;
-    const bool ddp = c_.trainer_sync == "ddp";
-    tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
-    double reward_sum = 0;
-    for (const float r : batch_.rewards) reward_sum += r;
-    reward = allreduce_value(trainers_, reward_sum, ReduceOp::sum) / (double(rows_per_trainer_) * num_trainers_);
-    comm_s += timer.seconds();
-    GrpoHyper hyper;
-    hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
-    model_->set_weights(weights_);
-    model_->zero_grad();
-    // DDP: the loss is the mean over every trainer's tokens, so the summed gradients are its
-    // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
-    const double normaliser = double(std::max<std::int64_t>(ddp ? tokens : local_tokens, 1));
-    g = grpo_backward(*model_, batch_, adv, hyper, normaliser);
-    timer.reset();
-    if (ddp) allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
-    loss = allreduce_value(trainers_, g.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers_);
-    comm_s += timer.seconds();
-
-    // 3. Clip and AdamW. Gradient sparsity is measured on the summed, unclipped gradient.
-    Kokkos::Timer measure_timer;
-    if (rank_ == 0) row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
-    measure_s += measure_timer.seconds();
-    AdamWHyper h;
-    h.lr = lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
-    h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
-    const bool absorb = rank_ == 0 && c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;
-    Kokkos::View<float*> before;
-    if (absorb) {
-      before = Kokkos::View<float*>("master_before", n_);
-      Kokkos::deep_copy(before, master_);
-    }
-    if (c_.precision == "mixed") {
-      const GradNorm norm = grad_norm(DefaultExec(), segs_, model_->grads(), Precision::mixed);
-      norm_total = norm.total;
-      const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::mixed) : 1.0f;
-      PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) + " (gradient norm " +
-                                           std::to_string(norm.total) + ")");
-      adamw_mixed(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::mixed), master_,
-                  model_->grads(), m_, v_, weights_, false);
-    } else {
-      cast_to_bf16(DefaultExec(), model_->grads(), grad_bf16_);
-      const GradNorm norm = grad_norm(DefaultExec(), segs_, grad_bf16_, Precision::bf16);
-      norm_total = norm.total;
-      const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::bf16) : 1.0f;
-      PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
-      adamw_bf16(DefaultExec(), segs_, decay_mask_, adamw_scalars(h, t, clip, Precision::bf16), weights_, grad_bf16_,
-                 m16_, v16_);
-    }
-    // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
-    if (outer_ && t % c_.inner_steps == 0) {
-      const loco::OuterStats o = outer_->outer_step(master_);
-      cast_to_bf16(DefaultExec(), master_, weights_);
-      comm_s += o.comm_seconds;
-      row.set_int("/steps/outer_step", 1);
-      row.set("/steps/gate_density", o.density);
-      row.set("/steps/outer_s", o.comm_seconds + o.compute_seconds);
-    } else {
-      row.set_int("/steps/outer_step", ddp ? 1 : 0);
-    }
-    ++version_;
-
-    // 4. Measurement on trainer 0: what changed in the BF16 weights the forward pass sees.
-    if (rank_ == 0) {
-      measure_timer.reset();
-      const StepSparsity sp = meter_->measure(weights_);
-      row.set_int("/steps/changed", sp.changed);
-      row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
-      row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
-      row.set("/kstep/sparsity", sp.kstep);
-      if (c_.precision == "mixed") {
-        row.set("/steps/adam_ratio", adam_ratio_quantiles(m_, v_, 0.9, 0.999, 1e-8, t, adam_quantiles));
-      } else {
-        Kokkos::View<float*> m("m32", n_), v("v32", n_);
-        cast_to_float(DefaultExec(), m16_, m), cast_to_float(DefaultExec(), v16_, v);
-        row.set("/steps/adam_ratio", adam_ratio_quantiles(m, v, 0.9, 0.999, 1e-8, t, adam_quantiles));
-      }
-      measure_s += measure_timer.seconds();
-    }
-    if (absorb) {
-      Kokkos::Timer absorb_timer;
-      write_absorption(t, before);
-      measure_s += absorb_timer.seconds();
-    }
-  } else {
-    ++version_;
+  // 2-3. Gradients and the optimizer step; trainer 0 keeps the master weights before it on
+  // absorption steps.
+  const bool absorb = c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;
+  Kokkos::View<float*> before;
+  TrainResult train;
+  if (trainer_) train = train_step(t, row, comm_s, rank_ == 0 && absorb ? &before : nullptr);
+  ++version_;
+  // 4. Measurement on trainer 0; the absorption histograms are written collectively.
+  ChangedList changes;
+  Kokkos::Timer absorb_timer;
+  if (rank_ == 0) train.measure_s += measure_step(t, row, train.listed, changes);
+  if (absorb) {
+    absorb_timer.reset();
+    write_absorption(t, before);
+    if (rank_ == 0) train.measure_s += absorb_timer.seconds();
   }
-  if (!(rank_ == 0) && c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0)
-    write_absorption(t, {});  // collective: the other ranks join the writes
-
-  // 5. PULSESync: trainer 0 -> inference ranks, patch from version-1 to version.
-  SyncStepStats sync_stats;
+  // 5. PULSESync, every rank agreeing that the inference ranks hold the new version.
   std::vector<bf16_bits> current;
-  if (trainer_) current = to_host(weights_);
-  else current = history_.back();
-  if (rank_ == 0 || !trainer_) {
-    Kokkos::Timer timer;
-    const std::vector<bf16_bits>* previous = rank_ == 0 ? &history_.back() : nullptr;
-    sync_stats = weight_sync_->step(version_, previous, current);
-    sync_s = timer.seconds();
-    if (!trainer_) comm_s += sync_s;
-  }
-  if (generator_ || rank_ == 0) remember_version(current);
+  const SyncStepStats sync_stats = publish_step(changes, current, sync_s, comm_s);
   const int verified = allreduce_value(world_, int(sync_stats.verified), ReduceOp::min);
   const double apply_s = allreduce_value(world_, sync_stats.apply_seconds, ReduceOp::max);
   const double verify_s = allreduce_value(world_, sync_stats.verify_seconds, ReduceOp::max);
   PULSE_CHECK(verified, "step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
-
   // 6. Held-out greedy pass@1.
-  double pass1 = std::nan("");
-  if (rank_ == 0 && c_.eval_every > 0 && (t % c_.eval_every == 0 || t == c_.steps)) {
-    eval_decoder_->set_weights(weights_);
-    AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
-    pass1 = greedy_pass_at_1(*eval_decoder_, tok_, eval_task, eval_problems_, seq_len_);
-  }
+  const double pass1 = evaluate(t);
 
   // 7. The statistics row (rank 0's values for /steps, every rank's own for /ranks).
   const double step_s = step_timer.seconds();
@@ -849,13 +837,13 @@ void Run::step(std::int64_t t) {
   if (rank_ == 0) {
     row.set_int("/steps/step", t);
     row.set("/steps/time_s", elapsed);
-    row.set("/steps/lr", lr);
-    row.set("/steps/loss", loss);
-    row.set("/steps/reward", reward);
-    row.set("/steps/grad_norm", norm_total);
-    row.set("/steps/clip_fraction", g.clip_fraction);
-    row.set("/steps/mean_ratio", g.mean_ratio);
-    row.set_int("/steps/tokens", tokens);
+    row.set("/steps/lr", train.lr);
+    row.set("/steps/loss", train.loss);
+    row.set("/steps/reward", train.reward);
+    row.set("/steps/grad_norm", train.grad_norm);
+    row.set("/steps/clip_fraction", train.grpo.clip_fraction);
+    row.set("/steps/mean_ratio", train.grpo.mean_ratio);
+    row.set_int("/steps/tokens", train.tokens);
     row.set_int("/steps/patch_bytes", std::int64_t(sync_stats.patch_bytes));
     row.set_int("/steps/patch_raw_bytes", std::int64_t(sync_stats.patch_raw_bytes));
     row.set_int("/steps/dense_bytes", std::int64_t(n_) * 2);
@@ -866,30 +854,19 @@ void Run::step(std::int64_t t) {
     row.set_int("/steps/policy_version", std::int64_t(version_));
     row.set_int("/steps/rollout_version", std::int64_t(batch_.policy_version));
     row.set("/steps/step_s", step_s);
-    row.set("/steps/measure_s", measure_s);
+    row.set("/steps/measure_s", train.measure_s);
     row.set("/steps/sync_s", sync_s);
     row.set("/steps/eval_pass1", pass1);
+    row.set_int("/steps/d2h_bytes", std::int64_t(copies_.d2h_bytes));
+    row.set_int("/steps/h2d_bytes", std::int64_t(copies_.h2d_bytes));
   }
-  const std::uint64_t sent = all_bytes(true), recv = all_bytes(false);
-  row.set_rank_int("/ranks/bytes_sent", std::int64_t(sent - sent0));
-  row.set_rank_int("/ranks/bytes_recv", std::int64_t(recv - recv0));
-  row.set_rank_int("/ranks/patch_bytes_recv", std::int64_t(sync_.bytes_received(Channel::patches) - patch_recv0));
-  row.set_rank_int("/ranks/trainer_bytes_sent", std::int64_t(trainer_bytes(true) - trainer_sent0));
-  row.set_rank_int("/ranks/trainer_bytes_recv", std::int64_t(trainer_bytes(false) - trainer_recv0));
-  row.set_rank("/ranks/comm_s", comm_s);
-  row.set_rank("/ranks/compute_s", step_s - comm_s);
   const sync::Digest held = rank_ == 0 || !trainer_ ? sync_stats.state : sync::compute_digests(bf16_tensor_refs(table_, current)).state;
-  row.set_rank_int("/ranks/weights_digest", digest_word(held));
-  row.set_rank_int("/ranks/version", std::int64_t(version_));
-  row.set("/steps/write_s", last_write_s_);
-  Kokkos::Timer write_timer;
-  stats_->append(row);
-  last_write_s_ = allreduce_value(world_, write_timer.seconds(), ReduceOp::max);
+  recorder_->finish_step(row, step_s, comm_s, digest_word(held), version_);
 
   if (rank_ == 0 && !c_.quiet) {
     const double eta = elapsed / double(t - first_step_ + 1) * double(c_.steps - t);
     std::printf("step %lld/%d  eta %4.0fs  reward %.3f  loss %+.4f  sparsity %.4f  patch %s  %.2f s/step%s\n",
-                (long long)t, c_.steps, eta, reward, loss, 1.0 - double(sync_stats.changed) / double(n_),
+                (long long)t, c_.steps, eta, train.reward, train.loss, 1.0 - double(sync_stats.changed) / double(n_),
                 human_bytes(double(sync_stats.patch_bytes)).c_str(), step_s,
                 std::isnan(pass1) ? "" : ("  pass@1 " + std::to_string(pass1).substr(0, 5)).c_str());
     std::fflush(stdout);
@@ -909,13 +886,21 @@ int main(int argc, char** argv) {
   cli::set_conventions(app, "pulse-train");
   add_train_options(app, config);
   cli::JsonSummary summary(app, "pulse-train");
+  bool print_schema = false;
+  app.add_flag("--print-schema", print_schema,
+               "print the statistics file's datasets (path, shape, type, units, description) as a Markdown table and exit");
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
   // Checks every rank makes identically: a bad config exits cleanly on all ranks, no files made.
   int code = -1;
   try {
     app.parse(argc, argv);
-    validate(config, size);
+    if (print_schema) {
+      if (rank == 0) std::cout << stats_schema_markdown();
+      code = 0;
+    } else {
+      validate(config, size);
+    }
   } catch (const CLI::ParseError& e) {
     code = cli::exit_on_parse_error(app, e, "pulse-train", rank == 0);
   } catch (const std::exception& e) {

@@ -112,9 +112,11 @@ index_t adamw_mixed_pass(const ExecSpace& space, const TensorSegments<Mem>& segs
       KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
+        // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
+        const AdamWScalars sl = s;
         const index_t seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
           float mi = m(i), vi = v(i);
-          const float w = adamw_mixed_element(s, decay, master(i), grad(i), mi, vi);
+          const float w = adamw_mixed_element(sl, decay, master(i), grad(i), mi, vi);
           const bf16_bits b = float_to_bf16(w);
           index_t c = 0;
           // A plain if on the template constant (folded at compile time): nvcc rejects an
@@ -183,10 +185,12 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
       KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
+        // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
+        const AdamWScalars sl = s;
         const index_t seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
           bf16_bits mi = m(i), vi = v(i);
           const bf16_bits old = weights(i);
-          const bf16_bits w = detail::adamw_bf16_element(s, decay, old, grad(i), mi, vi);
+          const bf16_bits w = detail::adamw_bf16_element(sl, decay, old, grad(i), mi, vi);
           weights(i) = w;
           m(i) = mi;
           v(i) = vi;
@@ -196,6 +200,170 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
       },
       changed);
   return changed;
+}
+
+// ---- the changed list, written by the step's own pass ----
+
+// The elements whose BF16 bits an AdamW step changed, staged per segment during the step's pass:
+// segment j's changes sit in increasing index order at positions [begin_j, begin_j + counts(j))
+// of indices/values, where begin_j is the segment's first flat index. gather_changes compacts
+// them into one sorted list.
+template <class Mem = DefaultMem>
+struct ChangeStaging {
+  Kokkos::View<index_t*, Mem> counts;   // one per segment
+  Kokkos::View<index_t*, Mem> indices;  // num_elements
+  Kokkos::View<bf16_bits*, Mem> values;
+  Kokkos::View<index_t*, Mem> starts;   // one per segment: where its changes go in the gathered list
+};
+
+template <class Mem>
+ChangeStaging<Mem> make_change_staging(const TensorSegments<Mem>& segs) {
+  using Kokkos::view_alloc, Kokkos::WithoutInitializing;
+  return {Kokkos::View<index_t*, Mem>("pulse::adamw::staged_counts", segs.segments.extent(0)),
+          Kokkos::View<index_t*, Mem>(view_alloc(WithoutInitializing, "pulse::adamw::staged_indices"), segs.num_elements),
+          Kokkos::View<bf16_bits*, Mem>(view_alloc(WithoutInitializing, "pulse::adamw::staged_values"), segs.num_elements),
+          Kokkos::View<index_t*, Mem>(view_alloc(WithoutInitializing, "pulse::adamw::gather_starts"),
+                                      segs.segments.extent(0))};
+}
+
+namespace detail {
+
+// Runs update(i, write, bits) for every element of the segment; it returns whether element i's
+// BF16 bits change (bits: the new ones) and writes the optimizer state only when `write` is set
+// (a device team scan calls it twice per element, writing on the second call). Stages the
+// changed elements in order and stores their count.
+template <class ExecSpace, class Team, class Update, class IndexView, class ValueView, class CountView>
+KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, const Update& update,
+                                          const IndexView& indices, const ValueView& values, const CountView& counts) {
+  if constexpr (runs_on_host<ExecSpace>) {
+    index_t k = seg.begin;
+    for (index_t i = seg.begin; i < seg.end; ++i) {
+      bf16_bits bits = 0;
+      if (update(i, true, bits)) indices(k) = i, values(k) = bits, ++k;
+    }
+    counts(team.league_rank()) = k - seg.begin;
+  } else {
+    Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, seg.begin, seg.end),
+                          [&](const index_t i, index_t& offset, const bool final) {
+                            bf16_bits bits = 0;
+                            const bool changed = update(i, final, bits);
+                            if (final && changed) indices(seg.begin + offset) = i, values(seg.begin + offset) = bits;
+                            offset += changed ? 1 : 0;
+                            if (final && i == seg.end - 1) counts(team.league_rank()) = offset;
+                          });
+  }
+}
+
+}  // namespace detail
+
+// Mixed precision, as adamw_mixed, and the changed elements staged in the same pass (weights_bf16
+// must hold the previous BF16 copy). staging: make_change_staging(segs).
+template <class ExecSpace, class Mem, class MaskView, class MasterView, class GradView, class MomentView,
+          class Bf16View>
+void adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
+                 const AdamWScalars& s, const MasterView& master, const GradView& grad, const MomentView& m,
+                 const MomentView& v, const Bf16View& weights_bf16, const ChangeStaging<Mem>& staging) {
+  PULSE_CHECK(staging.indices.extent(0) == std::size_t(segs.num_elements) &&
+                  staging.counts.extent(0) == segs.segments.extent(0),
+              "adamw_mixed: the change staging does not match the segments");
+  PULSE_CHECK(master.extent(0) == std::size_t(segs.num_elements) && grad.extent(0) == master.extent(0) &&
+                  m.extent(0) == master.extent(0) && v.extent(0) == master.extent(0) &&
+                  weights_bf16.extent(0) == master.extent(0),
+              "adamw_mixed: every buffer must hold " + std::to_string(segs.num_elements) + " elements");
+  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_mixed: one decay flag per tensor");
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const auto segments = segs.segments;
+  const auto indices = staging.indices;
+  const auto values = staging.values;
+  const auto counts = staging.counts;
+  Kokkos::parallel_for(
+      "pulse::adamw::mixed_staged", segment_policy(space, segs), KOKKOS_LAMBDA(const Team& team) {
+        const Segment seg = segments(team.league_rank());
+        const bool decay = decay_mask(seg.tensor) != 0;
+        // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
+        const AdamWScalars sl = s;
+        auto update = [&](const index_t i, const bool write, bf16_bits& bits) -> bool {
+          float mi = m(i), vi = v(i);
+          const float w = detail::adamw_mixed_element(sl, decay, master(i), grad(i), mi, vi);
+          bits = float_to_bf16(w);
+          const bool changed = bits != weights_bf16(i);
+          if (write) master(i) = w, m(i) = mi, v(i) = vi, weights_bf16(i) = bits;
+          return changed;
+        };
+        detail::segment_stage<ExecSpace>(team, seg, update, indices, values, counts);
+      });
+}
+
+// Pure BF16, as adamw_bf16, and the changed weights staged in the same pass.
+template <class ExecSpace, class Mem, class MaskView, class WeightView, class GradView, class MomentView>
+void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
+                const AdamWScalars& s, const WeightView& weights, const GradView& grad, const MomentView& m,
+                const MomentView& v, const ChangeStaging<Mem>& staging) {
+  PULSE_CHECK(staging.indices.extent(0) == std::size_t(segs.num_elements) &&
+                  staging.counts.extent(0) == segs.segments.extent(0),
+              "adamw_bf16: the change staging does not match the segments");
+  PULSE_CHECK(weights.extent(0) == std::size_t(segs.num_elements) && grad.extent(0) == weights.extent(0) &&
+                  m.extent(0) == weights.extent(0) && v.extent(0) == weights.extent(0),
+              "adamw_bf16: every buffer must hold " + std::to_string(segs.num_elements) + " elements");
+  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_bf16: one decay flag per tensor");
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  const auto segments = segs.segments;
+  const auto indices = staging.indices;
+  const auto values = staging.values;
+  const auto counts = staging.counts;
+  Kokkos::parallel_for(
+      "pulse::adamw::bf16_staged", segment_policy(space, segs), KOKKOS_LAMBDA(const Team& team) {
+        const Segment seg = segments(team.league_rank());
+        const bool decay = decay_mask(seg.tensor) != 0;
+        // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
+        const AdamWScalars sl = s;
+        auto update = [&](const index_t i, const bool write, bf16_bits& bits) -> bool {
+          bf16_bits mi = m(i), vi = v(i);
+          const bf16_bits old = weights(i);
+          bits = detail::adamw_bf16_element(sl, decay, old, grad(i), mi, vi);
+          if (write) weights(i) = bits, m(i) = mi, v(i) = vi;
+          return bits != old;
+        };
+        detail::segment_stage<ExecSpace>(team, seg, update, indices, values, counts);
+      });
+}
+
+// The staged changes as one sorted list: writes at most capacity = indices_out.extent(0) entries
+// and returns the true count (compact_changed's contract). The staging stays valid until the next
+// staged step, so a caller whose outputs were too small grows them and gathers again.
+template <class ExecSpace, class Mem, class IndexView, class ValueView>
+index_t gather_changes(const ExecSpace& space, const TensorSegments<Mem>& segs, const ChangeStaging<Mem>& staging,
+                       const IndexView& indices_out, const ValueView& values_out) {
+  static_assert(std::is_same_v<typename IndexView::value_type, index_t>);
+  static_assert(std::is_same_v<typename ValueView::value_type, bf16_bits>);
+  PULSE_CHECK(indices_out.extent(0) == values_out.extent(0), "gather_changes: outputs differ in capacity");
+  const index_t num_segments = static_cast<index_t>(segs.segments.extent(0));
+  PULSE_CHECK(staging.starts.extent(0) == std::size_t(num_segments),
+              "gather_changes: the staging does not match the segments");
+  const auto counts = staging.counts;
+  const auto starts = staging.starts;
+  index_t total = 0;
+  Kokkos::parallel_scan(
+      "pulse::adamw::gather_starts", FlatPolicy<ExecSpace>(space, 0, num_segments),
+      KOKKOS_LAMBDA(const index_t j, index_t& offset, const bool final) {
+        if (final) starts(j) = offset;
+        offset += counts(j);
+      },
+      total);
+  const index_t capacity = static_cast<index_t>(indices_out.extent(0));
+  const auto segments = segs.segments;
+  const auto indices = staging.indices;
+  const auto values = staging.values;
+  using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+  Kokkos::parallel_for(
+      "pulse::adamw::gather", segment_policy(space, segs), KOKKOS_LAMBDA(const Team& team) {
+        const index_t j = team.league_rank();
+        const index_t from = segments(j).begin, to = starts(j);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, index_t(0), counts(j)), [&](const index_t k) {
+          if (to + k < capacity) indices_out(to + k) = indices(from + k), values_out(to + k) = values(from + k);
+        });
+      });
+  return total;
 }
 
 }  // namespace pulse

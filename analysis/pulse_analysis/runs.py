@@ -1,5 +1,7 @@
-"""Reading pulse-train statistics files (one HDF5 file per run, layout in apps/pulse_train.cpp and
-docs/statistics.md): root attributes, /steps/*, /kstep/sparsity, /ranks/* and /absorption/step_NNNNNN."""
+"""Reading pulse-train statistics files (one HDF5 file per run; the datasets are those of
+`pulse-train --print-schema`, and each file lists its own in its "datasets" attribute): root
+attributes, /steps/*, /kstep/sparsity, /ranks/* and /absorption/step_NNNNNN."""
+import json
 import os
 import tomllib
 
@@ -15,9 +17,19 @@ NOT_A_VARIANT = {"seed", "out", "overwrite", "resume", "quiet", "config", "check
 FOLLOWS_FROM_MODEL = {"init", "sft-steps"}
 
 REQUIRED = ["/steps/" + d for d in ("step", "sparsity", "changed", "patch_bytes", "dense_bytes")] + ["/kstep/sparsity"]
-# Per-step series that pulse-measure's files lack (it reads weights only; its root attribute
-# absent_datasets says why): read as NaN. A file without /steps/grad_sparsity has no gradient figure.
-NAN_WHEN_ABSENT = ["reward", "loss", "eval_pass1", "step_s", "sync_s", "encode_s", "apply_s", "verify_ok"]
+
+
+class PerStep(dict):
+    """/steps/NAME by NAME. A series the file does not hold (pulse-measure reads weights only; its
+    root attribute absent_datasets says why) reads as a column of NaN; `in` still tells whether the
+    file holds it (a file without /steps/grad_sparsity has no gradient figure)."""
+
+    def __init__(self, series, rows):
+        super().__init__(series)
+        self.rows = rows
+
+    def __missing__(self, name):
+        return np.full(self.rows, np.nan)
 
 
 def _plain(value):
@@ -53,7 +65,6 @@ class Absorption:
         """Every element falls in exactly one bin (log2 bins, zero, below, above, non-finite)."""
         return int(self.ratio_counts.sum())
 
-
 class Run:
     """One statistics file, read whole (they are small: a few numbers per step and rank)."""
 
@@ -74,10 +85,10 @@ class Run:
             missing = [d for d in REQUIRED if d not in f]
             if missing:
                 raise ValueError(f"{path}: lacks dataset(s) {', '.join(missing)}")
-            self.steps = {k: d[()] for k, d in f["steps"].items()}
+            # path -> kind, units, description, as the writer declared them (empty for files of other writers)
+            self.datasets = json.loads(self.attrs.get("datasets", "{}"))
+            self.steps = PerStep({k: d[()] for k, d in f["steps"].items()}, f["steps/step"].shape[0])
             self.step_attrs = {k: _attrs(d) for k, d in f["steps"].items()}
-            for d in NAN_WHEN_ABSENT:
-                self.steps.setdefault(d, np.full(len(self.steps["step"]), np.nan))
             self.kstep = f["kstep/sparsity"][()]
             self.k_values = [int(k) for k in _plain(f["kstep/sparsity"].attrs["k_values"])]
             self.ranks = {k: d[()] for k, d in f["ranks"].items()} if "ranks" in f else {}
@@ -114,7 +125,6 @@ class Run:
         """The config without the keys that only repeat a measurement (see NOT_A_VARIANT)."""
         flat = {k.replace("_", "-"): v for k, v in self.config.items()}
         return tuple(sorted((k, repr(v)) for k, v in flat.items() if k not in NOT_A_VARIANT))
-
 
 def group_runs(runs):
     """Runs grouped by variant, in first-seen order, each group labelled by the config keys that

@@ -13,7 +13,7 @@ library). Given an Adam-family optimizer (torch.optim.AdamW), the quantiles of |
 (sqrt(v_hat) + eps) from its exp_avg / exp_avg_sq, and every absorption_every steps histograms
 of |u| / half_ulp(bf16(w)) and |w|: u is the FP32 master's change for FP32 parameters (mixed
 precision), or the AdamW update rebuilt from the optimizer state for BF16 parameters. The file
-is pulse-train's HDF5 schema (apps/pulse_train.cpp), written by pulse's own writer
+is pulse-train's HDF5 schema (src/train/stats_schema, `pulse-train --print-schema`), written by pulse's own writer
 (src/io/stats_file) through the binding, on a singleton MPI communicator.
 """
 import collections
@@ -30,39 +30,29 @@ RATIO_RANGE = (-24, 16)   # log2 bins of |u| / half_ulp(bf16(w)), as pulse-train
 WEIGHT_RANGE = (-40, 8)   # log2 bins of |w|
 GRAD_THRESHOLDS = (0.0, 1e-10, 1e-8, 1e-6)
 
-# pulse-train's per-step series (apps/pulse_train.cpp, Run::declare_statistics): name -> units, description.
-_FLOAT_SERIES = {
-    "time_s": ("s", "wall time since the recorder started"),
-    "lr": ("1", "learning rate of the step (first parameter group)"),
-    "loss": ("1", "loss of the step, when given to step()"),
-    "reward": ("1", "mean reward of the step, when given to step()"),
-    "sparsity": ("1", "fraction of BF16 weights whose bits did not change in this step"),
-    "grad_norm": ("1", "global gradient norm of the step (the .grad tensors after the step)"),
-    "clip_fraction": ("1", "not measured by the recorder (NaN)"),
-    "mean_ratio": ("1", "not measured by the recorder (NaN)"),
-    "encode_s": ("s", "PULSESync patch encode time"),
-    "apply_s": ("s", "not measured by the recorder (NaN)"),
-    "verify_s": ("s", "not measured by the recorder (NaN)"),
-    "step_s": ("s", "wall time between two step() calls"),
-    "measure_s": ("s", "time the recorder's measurements took in the step"),
-    "sync_s": ("s", "PULSESync time (encode)"),
-    "write_s": ("s", "time the previous row took to write and flush"),
-    "eval_pass1": ("1", "evaluation score, when given to step() (NaN otherwise)"),
-    "gate_density": ("1", "not measured by the recorder (NaN)"),
-    "outer_s": ("s", "not measured by the recorder (NaN)"),
+# The series whose meaning in the recorder differs from pulse-train's (the schema, src/train/stats_schema,
+# lists every dataset; a series the recorder does not measure keeps the schema's description and reads
+# as NaN or -1).
+_RECORDER_MEANING = {
+    "/steps/time_s": "wall time since the recorder started",
+    "/steps/lr": "learning rate of the step (first parameter group)",
+    "/steps/loss": "loss of the step, when given to step()",
+    "/steps/reward": "mean reward of the step, when given to step()",
+    "/steps/grad_norm": "global gradient norm of the step (the .grad tensors after the step)",
+    "/steps/encode_s": "PULSESync patch encode time",
+    "/steps/step_s": "wall time between two step() calls",
+    "/steps/measure_s": "time the recorder's measurements took in the step",
+    "/steps/sync_s": "PULSESync time (encode)",
+    "/steps/write_s": "time the previous row took to write and flush",
+    "/steps/eval_pass1": "evaluation score, when given to step() (NaN otherwise)",
+    "/steps/tokens": "tokens trained on in the step, when given to step()",
+    "/steps/patch_bytes": "coded PULSESync patch from the previous version",
 }
-_INT_SERIES = {
-    "step": ("1", "optimizer step (1-based); row i holds step i + 1"),
-    "tokens": ("tokens", "tokens trained on in the step, when given to step()"),
-    "changed": ("elements", "BF16 weights whose bits changed in this step"),
-    "patch_bytes": ("bytes", "coded PULSESync patch from the previous version"),
-    "patch_raw_bytes": ("bytes", "the patch's index and value streams before compression"),
-    "dense_bytes": ("bytes", "the BF16 weights sent densely"),
-    "verify_ok": ("1", "not measured by the recorder (-1)"),
-    "policy_version": ("1", "weights version after the step"),
-    "rollout_version": ("1", "not measured by the recorder (-1)"),
-    "outer_step": ("1", "not measured by the recorder (-1)"),
-}
+
+
+def _schema():
+    """pulse-train's datasets, path -> entry (path, type, kind, columns_attribute, units, description)."""
+    return {c["path"]: c for c in _pulse.train_stats_schema()}
 
 
 def bf16_copy(t):
@@ -154,23 +144,16 @@ class SparsityRecorder:
 
     def _declare(self, model):
         f = self.file
-        for name, (units, description) in _FLOAT_SERIES.items():
-            f.declare("/steps/" + name, "float64", 0, units, description)
-        for name, (units, description) in _INT_SERIES.items():
-            f.declare("/steps/" + name, "int64", 0, units, description)
         names = [n for n, _ in self.params]
-        f.declare("/steps/tensor_changed", "int64", len(names), "elements",
-                  "BF16 weights whose bits changed, per tensor (columns in tensor_names order)")
-        f.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names)
-        f.declare("/steps/grad_sparsity", "float64", len(GRAD_THRESHOLDS), "1",
-                  "fraction of gradient entries with |g| <= threshold (columns: thresholds)")
-        f.set_dataset_attribute("/steps/grad_sparsity", "thresholds", list(GRAD_THRESHOLDS))
-        f.declare("/steps/adam_ratio", "float64", len(ADAM_QUANTILES), "1",
-                  "quantiles of |m_hat|/(sqrt(v_hat)+eps) after the step (columns: quantiles)")
-        f.set_dataset_attribute("/steps/adam_ratio", "quantiles", list(ADAM_QUANTILES))
-        f.declare("/kstep/sparsity", "float64", len(self.k_values), "1",
-                  "fraction of BF16 weights equal to the version k steps back (NaN before step k)")
-        f.set_dataset_attribute("/kstep/sparsity", "k_values", [float(k) for k in self.k_values])
+        labels = {"tensor_names": names, "thresholds": list(GRAD_THRESHOLDS), "quantiles": list(ADAM_QUANTILES),
+                  "k_values": [float(k) for k in self.k_values]}
+        for path, c in _schema().items():
+            if c["kind"] != "per_step":  # one process: no per-rank series; arrays are written when due
+                continue
+            columns = labels.get(c["columns_attribute"], [])
+            f.declare(path, c["type"], len(columns), c["units"], _RECORDER_MEANING.get(path, c["description"]))
+            if columns:
+                f.set_dataset_attribute(path, c["columns_attribute"], columns)
         precision = "mixed" if self.mixed else "bf16"
         config = (f'model = "{type(model).__name__}"\nprecision = "{precision}"\n'
                   f'optimizer = "{type(self.optimizer).__name__ if self.optimizer else ""}"\n'
@@ -292,18 +275,14 @@ class SparsityRecorder:
         return row
 
     def _write_absorption(self, ratio_counts, weight_counts, absorbed):
-        g = f"/absorption/step_{self.t:06d}"
-        f = self.file
-        f.write_array_i64(g + "/ratio_counts", ratio_counts, [len(ratio_counts)], "elements",
-                          "histogram of |u|/half_ulp(bf16(w)) in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then "
-                          "zero, below, above, non-finite")
-        f.set_dataset_attribute(g + "/ratio_counts", "k_range", [float(k) for k in RATIO_RANGE])
-        f.write_array_i64(g + "/weight_counts", weight_counts, [len(weight_counts)], "elements",
-                          "histogram of |w| in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then zero, below, "
-                          "above, non-finite")
-        f.set_dataset_attribute(g + "/weight_counts", "k_range", [float(k) for k in WEIGHT_RANGE])
-        f.write_array_i64(g + "/absorbed", [absorbed], [1], "elements",
-                          "updates smaller than half a BF16 ulp of their weight (absorbed by the rounding)")
+        schema = _schema()
+        for name, counts, k_range in (("ratio_counts", ratio_counts, RATIO_RANGE), ("weight_counts", weight_counts, WEIGHT_RANGE),
+                                      ("absorbed", [absorbed], None)):
+            c = schema["/absorption/step_NNNNNN/" + name]
+            path = c["path"].replace("step_NNNNNN", f"step_{self.t:06d}")
+            self.file.write_array_i64(path, counts, [len(counts)], c["units"], c["description"])
+            if k_range:
+                self.file.set_dataset_attribute(path, c["columns_attribute"], [float(k) for k in k_range])
 
     def close(self):
         self.file.close()

@@ -11,12 +11,15 @@
 
 #include "bindings.hpp"
 #include "io/stats_file.hpp"
+#include "train/stats_schema.hpp"
 
 namespace py = pybind11;
 using pulse::io::SeriesType;
 using pulse::io::StatsFile;
 using pulse::io::StatsOpen;
 using pulse::io::StatsRow;
+using pulse::StatsColumn;
+using pulse::StatsKind;
 
 namespace pulse::python {
 namespace {
@@ -79,6 +82,21 @@ StatsOpen open_mode(const std::string& name) {
 }  // namespace
 
 void bind_stats(py::module_& m) {
+  // pulse-train's datasets (src/train/stats_schema), so pulse.torch declares the same ones.
+  m.def("train_stats_schema", [] {
+    py::list out;
+    for (const StatsColumn& c : train_stats_schema()) {
+      py::dict d;
+      d["path"] = c.path;
+      d["type"] = c.type == SeriesType::float64 ? "float64" : "int64";
+      d["kind"] = c.kind == StatsKind::per_step ? "per_step" : c.kind == StatsKind::per_rank ? "per_rank" : "array";
+      d["columns_attribute"] = columns_attribute(c.columns);
+      d["units"] = c.units;
+      d["description"] = c.description;
+      out.append(d);
+    }
+    return out;
+  });
   py::class_<StatsRow>(m, "StatsRow")
       .def(py::init<>())
       .def("set", py::overload_cast<const std::string&, double>(&StatsRow::set))

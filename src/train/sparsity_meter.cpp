@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <Kokkos_Sort.hpp>
 
 #include "kernels/host_copy.hpp"
 
@@ -10,6 +11,7 @@ namespace pulse {
 
 SparsityMeter::SparsityMeter(const TensorTable& table, const std::vector<int>& ks)
     : ks_(ks),
+      offsets_(table.offsets()),
       segments_(make_segments(table.offsets())),
       ring_(*std::max_element(ks.begin(), ks.end()), table.num_elements()) {}
 
@@ -17,15 +19,42 @@ void SparsityMeter::start(const Kokkos::View<const bf16_bits*>& weights) { ring_
 
 StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights) {
   StepSparsity s;
-  const DefaultExec space;
-  const ChangeCounts counts = count_changed(space, segments_, ring_.snapshot(1), weights);
+  const ChangeCounts counts = count_changed(DefaultExec(), segments_, ring_.snapshot(1), weights);
   s.changed = counts.total;
   s.per_tensor = counts.per_tensor;
-  const std::vector<index_t> changed_k = ring_.count_changed_k(space, weights, ks_);
-  const double n = double(ring_.num_elements());
-  for (const index_t c : changed_k) s.kstep.push_back(c < 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - c / n);
-  ring_.push(space, weights);
+  s.kstep = kstep_and_push(weights, s.changed);
   return s;
+}
+
+StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, ChangedList& changes,
+                                    TransferCounter& copies) {
+  changes = compactor_.compact(ring_.snapshot(1), weights, copies);
+  return measure(weights, changes);
+}
+
+StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, const ChangedList& changes) {
+  StepSparsity s;
+  s.changed = index_t(changes.indices.size());
+  s.per_tensor = per_tensor_counts(changes, offsets_);
+  s.kstep = kstep_and_push(weights, s.changed);
+  return s;
+}
+
+std::vector<double> SparsityMeter::kstep_and_push(const Kokkos::View<const bf16_bits*>& weights, index_t changed) {
+  const DefaultExec space;
+  std::vector<int> longer;  // k > 1: k = 1 is the step's own count
+  for (const int k : ks_)
+    if (k != 1) longer.push_back(k);
+  const std::vector<index_t> changed_longer = ring_.count_changed_k(space, weights, longer);
+  const double n = double(ring_.num_elements());
+  std::vector<double> kstep;
+  std::size_t next = 0;
+  for (const int k : ks_) {
+    const index_t c = k == 1 ? changed : changed_longer[next++];
+    kstep.push_back(c < 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - c / n);
+  }
+  ring_.push(space, weights);
+  return kstep;
 }
 
 std::vector<std::vector<bf16_bits>> SparsityMeter::snapshots() const {
@@ -61,12 +90,29 @@ std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, co
         const double m_hat = double(m(i)) / c1, v_hat = double(v(i)) / c2;
         sample(j) = (m_hat < 0 ? -m_hat : m_hat) / (::sqrt(v_hat) + eps);  // ::sqrt: host and device
       });
-  std::vector<double> host = to_host(sample);
+  // The order statistics are picked where the sample lives: only the quantiles leave the device.
   std::vector<double> out;
-  for (const double q : quantiles) {
-    const std::size_t k = std::min<std::size_t>(host.size() - 1, std::size_t(q * (host.size() - 1) + 0.5));
-    std::nth_element(host.begin(), host.begin() + k, host.end());
-    out.push_back(host[k]);
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMem>::accessible) {
+    DefaultExec().fence();
+    double* const host = sample.data();
+    index_t placed = -1;  // host[placed] is in its sorted place, smaller ones before it, larger after
+    for (const double q : quantiles) {
+      const index_t k = std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5));
+      // Ascending quantiles search only the part after the previous one.
+      if (k >= placed && placed >= 0) std::nth_element(host + placed, host + k, host + count);
+      else std::nth_element(host, host + k, host + count);
+      placed = k;
+      out.push_back(host[k]);
+    }
+  } else {
+    Kokkos::sort(sample);
+    for (const double q : quantiles) {
+      const index_t k = std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5));
+      double value = 0;
+      Kokkos::deep_copy(Kokkos::View<double, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(&value),
+                        Kokkos::subview(sample, k));
+      out.push_back(value);
+    }
   }
   return out;
 }

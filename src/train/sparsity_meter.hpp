@@ -9,6 +9,8 @@
 #include "kernels/segments.hpp"
 #include "kernels/sparsity.hpp"
 #include "kernels/types.hpp"
+#include "train/changed_list.hpp"
+#include "train/transfer_counter.hpp"
 
 namespace pulse {
 
@@ -26,15 +28,26 @@ class SparsityMeter {
   void start(const Kokkos::View<const bf16_bits*>& weights);
   // Compares weights with the versions before it, then remembers it.
   StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights);
+  // The same, and the changed elements as a list (compacted once on the device; per-tensor counts
+  // and the k = 1 sparsity come from it), which is all that crosses to the host.
+  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, ChangedList& changes, TransferCounter& copies);
+  // The same from a list made elsewhere (AdamW's own, kernels/adamw.hpp): changes must be what
+  // changed between the last version remembered and weights.
+  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, const ChangedList& changes);
 
   // The ring for a checkpoint, oldest first, and its restoration.
   std::vector<std::vector<bf16_bits>> snapshots() const;
   void restore(const std::vector<std::vector<bf16_bits>>& oldest_first);
 
  private:
+  // sparsity for each k of ks_ given the count for k = 1, then remembers weights
+  std::vector<double> kstep_and_push(const Kokkos::View<const bf16_bits*>& weights, index_t changed);
+
   std::vector<int> ks_;
+  std::vector<index_t> offsets_;
   TensorSegments<DefaultMem> segments_;
   SnapshotRing<DefaultMem> ring_;
+  ChangeCompactor compactor_;
 };
 
 // Fraction of |g| <= tau for each threshold.

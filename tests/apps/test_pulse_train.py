@@ -101,6 +101,13 @@ def check_statistics_against_anchors(app, mpi, np_, tmp):
             patch = os.path.join(relay, f"patch-{t - 1}-{t}.pulse")
             expect(int(f["/steps/patch_bytes"][t - 1]) == os.path.getsize(patch), f"np {np_}: patch bytes at step {t}")
             expect(int(f["/steps/dense_bytes"][t - 1]) == 2 * n, f"np {np_}: dense bytes")
+            # Only the changed list (32-bit index + 16-bit value per change) and a few result counts
+            # leave the device; what goes up is the rollout batch, never the model.
+            d2h, h2d = int(f["/steps/d2h_bytes"][t - 1]), int(f["/steps/h2d_bytes"][t - 1])
+            raw = int(f["/steps/patch_raw_bytes"][t - 1])
+            expect(6 * sum(per) <= d2h <= 6 * sum(per) + 1024, f"np {np_}: d2h bytes {d2h} at step {t} ({sum(per)} changed)")
+            expect(d2h <= 4 * raw + 1024, f"np {np_}: d2h bytes {d2h} above 4x the patch's raw {raw} at step {t}")
+            expect(0 < h2d < 2 * n, f"np {np_}: h2d bytes {h2d} at step {t} (model {2 * n})")
         expect(all(f["/steps/verify_ok"][:] == 1), f"np {np_}: verify_ok")
         digests, versions = f["/ranks/weights_digest"][:], f["/ranks/version"][:]
         expect(digests.shape == (steps, np_), f"np {np_}: digests shape {digests.shape}")
@@ -110,6 +117,12 @@ def check_statistics_against_anchors(app, mpi, np_, tmp):
             recv = f["/ranks/patch_bytes_recv"][:]
             for t in range(steps):
                 expect(all(recv[t, np_ - inference:] == 0), f"np {np_}: relay mode sends no patch over MPI")
+            # An inference rank sends its rollouts to the trainers and receives no rollouts itself:
+            # only a few control words come back (relay mode: no patch over MPI either).
+            sent, got = f["/ranks/bytes_sent"][:], f["/ranks/bytes_recv"][:]
+            for r in range(np_ - inference, np_):
+                expect(all(got[:, r] < 256) and all(sent[:, r] > 256),
+                       f"np {np_}: inference rank {r} received {list(got[:, r])} bytes, sent {list(sent[:, r])}")
         ab = [k for k in f["/absorption"].keys()] if "absorption" in f else []
         expect(ab == ["step_000003", "step_000006"], f"np {np_}: absorption groups {ab}")
         for g in ab:

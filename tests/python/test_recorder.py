@@ -112,6 +112,26 @@ def test_recorder_matches_direct_recomputation(tmp_path, precision):
     assert os.path.exists(tmp_path / "rep" / "summary.md")
 
 
+def test_recorder_declares_pulse_train_schema(tmp_path):
+    """The recorder's file holds every per-step dataset of pulse-train's schema, of the same type and
+    units, and nothing else (besides absorption arrays, which it writes when due)."""
+    model = torch.nn.Linear(2, 2)
+    out = tmp_path / "run.h5"
+    pulse.torch.SparsityRecorder(model, out=out).close()
+    schema = {c["path"]: c for c in pulse._pulse.train_stats_schema()}
+    per_step = {p for p, c in schema.items() if c["kind"] == "per_step"}
+    assert {"/steps/changed", "/kstep/sparsity", "/steps/tensor_changed"} <= per_step
+    with h5py.File(out, "r") as f:
+        stored = set()
+        f.visititems(lambda name, obj: stored.add("/" + name) if isinstance(obj, h5py.Dataset) else None)
+        assert stored == per_step
+        for path in stored:
+            assert f[path].attrs["units"] == schema[path]["units"], path
+            assert f[path].dtype == np.dtype(schema[path]["type"]), path
+            if schema[path]["columns_attribute"]:
+                assert schema[path]["columns_attribute"] in f[path].attrs, path
+
+
 def test_recorder_refuses_to_overwrite(tmp_path):
     model = torch.nn.Linear(2, 2)
     out = tmp_path / "run.h5"

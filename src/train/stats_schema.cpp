@@ -1,0 +1,195 @@
+#include "train/stats_schema.hpp"
+
+#include <cstdio>
+
+#include "core/error.hpp"
+#include "train/train_config.hpp"
+
+namespace pulse {
+
+namespace {
+
+using io::SeriesType;
+constexpr auto f64 = SeriesType::float64;
+constexpr auto i64 = SeriesType::int64;
+constexpr auto step = StatsKind::per_step;
+constexpr auto rank = StatsKind::per_rank;
+constexpr auto array = StatsKind::array;
+constexpr auto one = StatsColumns::none;
+
+std::vector<StatsColumn> make_schema() {
+  return {
+      // per-step scalars, float64
+      {"/steps/time_s", f64, step, one, "s", "wall time since the run (or the resumed run) started"},
+      {"/steps/lr", f64, step, one, "1", "AdamW learning rate of the step"},
+      {"/steps/loss", f64, step, one, "1", "GRPO (DAPO token-level) loss, mean over completion tokens"},
+      {"/steps/reward", f64, step, one, "1", "mean reward of the rollouts the step trained on"},
+      {"/steps/sparsity", f64, step, one, "1", "fraction of BF16 weights whose bits did not change in this step"},
+      {"/steps/grad_norm", f64, step, one, "1", "global gradient norm before clipping"},
+      {"/steps/clip_fraction", f64, step, one, "1", "fraction of completion tokens whose ratio was clipped"},
+      {"/steps/mean_ratio", f64, step, one, "1", "mean importance ratio pi/pi_old over completion tokens"},
+      {"/steps/encode_s", f64, step, one, "s", "patch encode time on trainer 0"},
+      {"/steps/apply_s", f64, step, one, "s", "patch apply time, slowest inference rank"},
+      {"/steps/verify_s", f64, step, one, "s", "digest verification time, slowest inference rank"},
+      {"/steps/step_s", f64, step, one, "s", "wall time of the step"},
+      {"/steps/measure_s", f64, step, one, "s", "sparsity, gradient and Adam statistics time on trainer 0"},
+      {"/steps/sync_s", f64, step, one, "s", "PULSESync time on trainer 0 (encode + send)"},
+      {"/steps/write_s", f64, step, one, "s",
+       "time the previous step's statistics append took (gather to rank 0, flush when due; slowest rank)"},
+      {"/steps/eval_pass1", f64, step, one, "1", "greedy pass@1 on held-out problems (NaN when not evaluated)"},
+      {"/steps/gate_density", f64, step, one, "1",
+       "diloco/pulseloco outer steps: fraction of entries trainer 0 sent (NaN on inner steps)"},
+      {"/steps/outer_s", f64, step, one, "s", "diloco/pulseloco: outer step time on trainer 0 (NaN on inner steps)"},
+      // per-step scalars, int64
+      {"/steps/step", i64, step, one, "1", "optimizer step (1-based); row i holds step i + 1"},
+      {"/steps/tokens", i64, step, one, "tokens", "completion tokens trained on in the step"},
+      {"/steps/changed", i64, step, one, "elements", "BF16 weights whose bits changed in this step"},
+      {"/steps/patch_bytes", i64, step, one, "bytes", "coded PULSESync patch sent to the inference ranks"},
+      {"/steps/patch_raw_bytes", i64, step, one, "bytes", "the patch's index and value streams before compression"},
+      {"/steps/dense_bytes", i64, step, one, "bytes", "the BF16 weights sent densely"},
+      {"/steps/verify_ok", i64, step, one, "1", "1 when every inference rank's digest equals the patch's target digest"},
+      {"/steps/policy_version", i64, step, one, "1", "weights version after the step"},
+      {"/steps/rollout_version", i64, step, one, "1", "weights version that generated the rollouts of the step"},
+      {"/steps/outer_step", i64, step, one, "1",
+       "1 when the trainers synchronised (every step for ddp, every H for diloco/pulseloco)"},
+      {"/steps/d2h_bytes", i64, step, one, "bytes",
+       "device-to-host bytes trainer 0 copied in the step (what a device build moves, also counted on host builds)"},
+      {"/steps/h2d_bytes", i64, step, one, "bytes",
+       "host-to-device bytes trainer 0 copied in the step, its rollout batch included (counted as d2h_bytes)"},
+      // per-step rows of several columns
+      {"/steps/tensor_changed", i64, step, StatsColumns::tensors, "elements",
+       "BF16 weights whose bits changed, per tensor (columns in tensor_names order)"},
+      {"/steps/grad_sparsity", f64, step, StatsColumns::grad_thresholds, "1",
+       "fraction of gradient entries with |g| <= threshold (columns: thresholds)"},
+      {"/steps/adam_ratio", f64, step, StatsColumns::adam_quantiles, "1",
+       "quantiles of |m_hat|/(sqrt(v_hat)+eps) after the step (columns: quantiles)"},
+      {"/kstep/sparsity", f64, step, StatsColumns::k_values, "1",
+       "fraction of BF16 weights equal to the version k steps back (NaN before step k)"},
+      // per rank
+      {"/ranks/bytes_sent", i64, rank, one, "bytes", "bytes this rank handed to MPI in the step"},
+      {"/ranks/bytes_recv", i64, rank, one, "bytes", "bytes MPI delivered to this rank in the step"},
+      {"/ranks/patch_bytes_recv", i64, rank, one, "bytes", "PULSESync patch bytes received in the step"},
+      {"/ranks/trainer_bytes_sent", i64, rank, one, "bytes",
+       "trainer-to-trainer bytes (gradients or pseudo-gradients) this rank handed to MPI in the step"},
+      {"/ranks/trainer_bytes_recv", i64, rank, one, "bytes",
+       "trainer-to-trainer bytes (gradients or pseudo-gradients) MPI delivered to this rank in the step"},
+      {"/ranks/comm_s", f64, rank, one, "s", "seconds in MPI collectives in the step"},
+      {"/ranks/compute_s", f64, rank, one, "s", "seconds outside MPI collectives in the step"},
+      {"/ranks/weights_digest", i64, rank, one, "1",
+       "first 8 bytes of the xxh3-128 state digest of the BF16 weights the rank holds after the step"},
+      {"/ranks/version", i64, rank, one, "1", "weights version the rank holds after the step"},
+      // arrays of an absorption step
+      {"/absorption/step_NNNNNN/ratio_counts", i64, array, StatsColumns::log2_bins, "elements",
+       "histogram of |u|/half_ulp(bf16(w)) in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then "
+       "zero, below, above, non-finite"},
+      {"/absorption/step_NNNNNN/weight_counts", i64, array, StatsColumns::log2_bins, "elements",
+       "histogram of |w| in bins [2^k, 2^(k+1)) for k in [k_min, k_max), then zero, below, above, non-finite"},
+      {"/absorption/step_NNNNNN/absorbed", i64, array, one, "elements",
+       "updates smaller than half a BF16 ulp of their weight (absorbed by the rounding)"},
+  };
+}
+
+const char* const step_placeholder = "step_NNNNNN";
+
+}  // namespace
+
+const std::vector<StatsColumn>& train_stats_schema() {
+  static const std::vector<StatsColumn> schema = make_schema();
+  return schema;
+}
+
+const StatsColumn& stats_column(const std::string& path) {
+  for (const StatsColumn& c : train_stats_schema())
+    if (c.path == path) return c;
+  throw Error("statistics schema: no dataset " + path);
+}
+
+std::string columns_attribute(StatsColumns columns) {
+  switch (columns) {
+    case StatsColumns::none: return "";
+    case StatsColumns::tensors: return "tensor_names";
+    case StatsColumns::grad_thresholds: return "thresholds";
+    case StatsColumns::adam_quantiles: return "quantiles";
+    case StatsColumns::k_values: return "k_values";
+    case StatsColumns::log2_bins: return "k_range";
+  }
+  return "";
+}
+
+std::string stats_shape(const StatsColumn& column) {
+  if (column.kind == StatsKind::per_rank) return "(steps, ranks)";
+  if (column.kind == StatsKind::array) return column.columns == StatsColumns::log2_bins ? "(bins+4,)" : "(1,)";
+  switch (column.columns) {
+    case StatsColumns::none: return "(steps,)";
+    case StatsColumns::tensors: return "(steps, tensors)";
+    case StatsColumns::grad_thresholds: return "(steps, " + std::to_string(grad_thresholds.size()) + ")";
+    case StatsColumns::adam_quantiles: return "(steps, " + std::to_string(adam_quantiles.size()) + ")";
+    case StatsColumns::k_values: return "(steps, " + std::to_string(kstep_values.size()) + ")";
+    case StatsColumns::log2_bins: break;
+  }
+  return "(steps, bins)";
+}
+
+StatsColumnValues train_column_values(std::vector<std::string> tensor_names) {
+  StatsColumnValues v;
+  v.tensor_names = std::move(tensor_names);
+  v.grad_thresholds.assign(grad_thresholds.begin(), grad_thresholds.end());
+  v.adam_quantiles = adam_quantiles;
+  v.k_values.assign(kstep_values.begin(), kstep_values.end());
+  return v;
+}
+
+void declare_train_statistics(io::StatsFile& file, const StatsColumnValues& values) {
+  for (const StatsColumn& c : train_stats_schema()) {
+    if (c.kind == StatsKind::per_rank) file.declare_per_rank(c.path, c.type, c.units, c.description);
+    if (c.kind != StatsKind::per_step) continue;
+    const std::vector<double>* labels = nullptr;
+    switch (c.columns) {
+      case StatsColumns::none: break;
+      case StatsColumns::tensors:
+        file.declare(c.path, c.type, int(values.tensor_names.size()), c.units, c.description);
+        file.set_dataset_attribute(c.path, columns_attribute(c.columns), values.tensor_names);
+        continue;
+      case StatsColumns::grad_thresholds: labels = &values.grad_thresholds; break;
+      case StatsColumns::adam_quantiles: labels = &values.adam_quantiles; break;
+      case StatsColumns::k_values: labels = &values.k_values; break;
+      case StatsColumns::log2_bins: throw Error("statistics schema: " + c.path + " is a series with log2 bins");
+    }
+    file.declare(c.path, c.type, labels ? int(labels->size()) : 0, c.units, c.description);
+    if (labels) file.set_dataset_attribute(c.path, columns_attribute(c.columns), *labels);
+  }
+}
+
+std::string stats_array_path(const std::string& schema_path, long long step) {
+  const auto at = schema_path.find(step_placeholder);
+  PULSE_CHECK(at != std::string::npos, "statistics schema: " + schema_path + " is not a per-step array");
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%06lld", step);
+  return schema_path.substr(0, at) + name + schema_path.substr(at + std::string(step_placeholder).size());
+}
+
+void write_stats_array(io::StatsFile& file, const std::string& schema_path, long long step,
+                       const std::vector<std::int64_t>& data) {
+  const StatsColumn& c = stats_column(schema_path);
+  PULSE_CHECK(c.kind == StatsKind::array && c.type == io::SeriesType::int64,
+              "statistics schema: " + schema_path + " is not an int64 array");
+  file.write_array(stats_array_path(schema_path, step), data, {std::int64_t(data.size())}, c.units, c.description);
+}
+
+std::string stats_schema_markdown() {
+  std::string out = "| dataset | shape | type | units | what |\n|---|---|---|---|---|\n";
+  auto escape = [](const std::string& s) {
+    std::string e;
+    for (const char ch : s) e += ch == '|' ? std::string("\\|") : std::string(1, ch);
+    return e;
+  };
+  for (const StatsColumn& c : train_stats_schema()) {
+    const std::string attribute = columns_attribute(c.columns);
+    out += "| `" + c.path + "` | " + stats_shape(c) + " | " + (c.type == io::SeriesType::int64 ? "int64" : "float64") +
+           " | " + c.units + " | " + escape(c.description) +
+           (attribute.empty() ? "" : " (attribute `" + attribute + "`)") + " |\n";
+  }
+  return out;
+}
+
+}  // namespace pulse
