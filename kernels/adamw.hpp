@@ -235,7 +235,7 @@ namespace detail {
 template <class ExecSpace, class Team, class Update, class IndexView, class ValueView, class CountView>
 KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, const Update& update,
                                           const IndexView& indices, const ValueView& values, const CountView& counts) {
-  if constexpr (runs_on_host<ExecSpace>) {
+  if constexpr (takes_host_path<ExecSpace>) {
     index_t k = seg.begin;
     for (index_t i = seg.begin; i < seg.end; ++i) {
       bf16_bits bits = 0;
