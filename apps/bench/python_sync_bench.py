@@ -47,6 +47,8 @@ def main():
     parser.add_argument("--elements", type=int, default=1 << 24)
     parser.add_argument("--sparsity", type=float, default=0.99)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--values", default="keydiff", choices=("keydiff", "raw", "expclass"),
+                        help="pulse's value coding (expclass brings its own index coding)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -56,14 +58,14 @@ def main():
         a, b, p, o = (os.path.join(d, f) for f in ("a.safetensors", "b.safetensors", "p.patch", "o.safetensors"))
         pulse.save(base, a)
         pulse.save(target, b)
-        cpp_encode = cli_seconds([args.app, "encode", "--base", a, "--target", b, "-o", p], r"encoded in ([0-9.]+) s",
+        cpp_encode = cli_seconds([args.app, "encode", "--base", a, "--target", b, "-o", p, "--values", args.values], r"encoded in ([0-9.]+) s",
                                  args.repeats)
         cpp_apply = cli_seconds([args.app, "apply", "--base", a, "--patch", p, "-o", o], r"in ([0-9.]+) s,",
                                 args.repeats)
         cli_bytes = os.path.getsize(p)
-    patch = pulse.encode(base, target, base_version=0, target_version=1)
+    patch = pulse.encode(base, target, base_version=0, target_version=1, values=args.values)
     assert len(patch) == cli_bytes
-    py_encode = best_of(lambda: pulse.encode(base, target, base_version=0, target_version=1), args.repeats)
+    py_encode = best_of(lambda: pulse.encode(base, target, base_version=0, target_version=1, values=args.values), args.repeats)
     receivers = [{"weight": base_w.clone()} for _ in range(args.repeats)]
     py_apply = min(best_of(lambda r=r: pulse.apply(r, patch), 1) for r in receivers)
     assert torch.equal(receivers[0]["weight"].view(torch.int16), target_w.view(torch.int16))
@@ -71,7 +73,7 @@ def main():
     sender_s, receiver_s = [], []
     for _ in range(args.repeats):
         state = {"weight": base_w.clone()}
-        sender = pulse.Sender(state)
+        sender = pulse.Sender(state, values=args.values)
         state["weight"] = target_w
         t0 = time.perf_counter()
         sender.patch()
@@ -86,7 +88,7 @@ def main():
     torch_sync_peer.apply(held, payload, count)
     assert torch.equal(held.view(torch.int16), target_w.view(torch.int16))
     torch_apply = best_of(lambda: torch_sync_peer.apply(held, payload, count), args.repeats)
-    r = {"elements": args.elements, "changed": count, "sparsity": 1 - count / args.elements,
+    r = {"elements": args.elements, "values": args.values, "changed": count, "sparsity": 1 - count / args.elements,
          "cpp": {"encode_s": cpp_encode, "apply_s": cpp_apply, "bytes": cli_bytes},
          "python": {"encode_s": py_encode, "apply_s": py_apply, "bytes": len(patch)},
          "python_sender_receiver": {"encode_s": min(sender_s), "apply_s": min(receiver_s), "bytes": len(patch)},
@@ -96,7 +98,7 @@ def main():
     r["speedup_vs_torch"] = (torch_encode + torch_apply) / (py_encode + py_apply)
     r["speedup_vs_torch_sender_receiver"] = (torch_encode + torch_apply) / (min(sender_s) + min(receiver_s))
     json.dump(r, open(args.out, "w"), indent=1)
-    print(f"\nimport pulse, one {args.elements}-element BF16 step at sparsity {r['sparsity']:.4f} ({count} changes):")
+    print(f"\nimport pulse ({args.values}), one {args.elements}-element BF16 step at sparsity {r['sparsity']:.4f} ({count} changes):")
     print(f"  {'':<28}{'bytes':>10}{'bits/chg':>9}{'encode ms':>11}{'apply ms':>10}{'total ms':>10}")
     for name, key in (("pulse C++ (pulse-sync)", "cpp"), ("pulse from Python", "python"),
                       ("pulse.Sender / Receiver", "python_sender_receiver"),

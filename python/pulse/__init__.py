@@ -23,6 +23,9 @@ __all__ = ["Error", "PatchError", "Tensor", "diff", "encode", "apply", "digest",
 
 
 def _coding(values, indices, compressor, level):
+    # expclass codes positions and values together: its index coding goes with it unless named.
+    if indices is None:
+        indices = "expclass" if values == "expclass" else "gap-varint"
     return _pulse.Coding(values, indices, compressor, level)
 
 
@@ -46,7 +49,7 @@ def diff(base, target):
     return _pulse.diff(entries(base), entries(target))
 
 
-def encode(base, target, *, base_version, target_version, values="keydiff", indices="gap-varint",
+def encode(base, target, *, base_version, target_version, values="keydiff", indices=None,
            compressor="zstd", level=3, signing_key=None):
     """The patch from base to target as bytes (the same bytes `pulse-sync encode` writes)."""
     return _pulse.encode(entries(base), entries(target), base_version, target_version,
@@ -209,7 +212,7 @@ class Sender:
     """The trainer's side: holds the last version sent (a copy of its bytes and its digests), and
     `patch()` after each optimizer step returns the patch from that version to the state now."""
 
-    def __init__(self, state, *, version=0, values="keydiff", indices="gap-varint", compressor="zstd", level=3,
+    def __init__(self, state, *, version=0, values="keydiff", indices=None, compressor="zstd", level=3,
                  signing_key=None):
         self.state = state
         self._coding = _coding(values, indices, compressor, level)
@@ -269,7 +272,7 @@ class Relay:
         return self._relay.head(_key(public_key, 32, "public_key"))
 
     def publish(self, version, state, previous=None, *, anchor_every=10, keep_anchors=2, compress_anchors=False,
-                signing_key=None, values="keydiff", indices="gap-varint", compressor="zstd", level=3):
+                signing_key=None, values="keydiff", indices=None, compressor="zstd", level=3):
         """Publishes state as `version`: a patch from `previous` (the head version's weights) when
         given, an anchor every anchor_every versions, then HEAD."""
         self._relay.publish(version, entries(state), None if previous is None else entries(previous), anchor_every,

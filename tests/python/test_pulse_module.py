@@ -91,7 +91,7 @@ def test_round_trip_every_dtype():
     base = random_state()
     target = copy_state(base)
     perturb(target)
-    for values in ("keydiff", "raw"):
+    for values in ("keydiff", "raw", "expclass"):  # expclass: its own index coding, not named
         for compressor in ("zstd", "lz4", "none"):
             patch = pulse.encode(base, target, base_version=1, target_version=2, values=values,
                                  compressor=compressor)
@@ -210,7 +210,7 @@ def test_patch_bytes_equal_cli(tmp_path):
     target["b"][3] = 0
     pulse.save(base, tmp_path / "a.safetensors")
     pulse.save(target, tmp_path / "b.safetensors")
-    for values, level in (("keydiff", 3), ("raw", 9)):
+    for values, level in (("keydiff", 3), ("raw", 9), ("expclass", 3)):
         out = tmp_path / f"p-{values}.patch"
         subprocess.run([APP, "encode", "--base", str(tmp_path / "a.safetensors"), "--target",
                         str(tmp_path / "b.safetensors"), "-o", str(out), "--base-version", "3", "--target-version",
