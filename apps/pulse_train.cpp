@@ -29,6 +29,7 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
+#include "io/model_state.hpp"
 #include "io/safetensors.hpp"
 #include "io/stats_file.hpp"
 #include "kernels/absorption.hpp"
@@ -112,13 +113,15 @@ std::string utc_now() {
   return s;
 }
 
-// Weights to start from: the --init safetensors (BF16, the model's tensor names), else GPT-2 init.
+// Weights to start from: --init, a safetensors file or a Hugging Face folder (BF16, the model's
+// tensor names), else GPT-2 init.
 std::vector<float> initial_weights(const TrainConfig& c, const GPTConfig& config, const TensorTable& table) {
   if (c.init.empty()) return gpt_init(config, c.seed);
-  const io::SafetensorsFile file = io::SafetensorsFile::open(c.init);
+  const io::ModelState state = io::ModelState::open(c.init);
   std::vector<float> master(table.num_elements());
   for (const TensorInfo& t : table.tensors()) {
-    const io::TensorView* v = file.find(t.name);
+    const io::StateTensor* found = state.find(t.name);
+    const io::TensorView* v = found ? &found->view : nullptr;
     PULSE_CHECK(v != nullptr, "--init " + c.init + ": no tensor '" + t.name + "' (model " + c.model + ")");
     PULSE_CHECK(v->dtype == io::DType::BF16 && v->bytes == std::size_t(t.numel) * 2,
                 "--init " + c.init + ": tensor '" + t.name + "' is not BF16 of " + std::to_string(t.numel) +

@@ -56,7 +56,7 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: only on signals and at the end)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--model", c.model, "GPT preset")->check(CLI::IsMember({"tiny", "small", "base"}));
-  app.add_option("--init", c.init, "BF16 safetensors to start from (e.g. pulse-sft's model.safetensors)");
+  app.add_option("--init", c.init, "BF16 weights to start from: a safetensors file (e.g. pulse-sft's model.safetensors) or a Hugging Face folder");
   app.add_option("--sft-steps", c.sft_steps, "when --init does not exist, make it by this many SFT steps first (then cached)");
   app.add_option("--seed", c.seed, "seed of initial weights, problems and sampling");
   app.add_option("--digits", c.digits, "addition operands have up to this many digits");

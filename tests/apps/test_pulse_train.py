@@ -10,12 +10,14 @@
 - SIGUSR1 sent to every rank as soon as its handler is in place (10-40 ms into its life when
   the machine is idle, before MPI_Init returns) exits 75 with a checkpoint of the initial state, and --resume ends with the
   same weights, bit for bit, as an uninterrupted run;
+- --init given a Hugging Face folder (2 shards + index) ends as with the file, bit for bit;
 - bad configs (unknown key, negative lr, more inference ranks than ranks, unwritable output)
   and an existing output exit non-zero with a one-line error and create or change no file.
     test_pulse_train.py --app build/apps/pulse-train --mpiexec mpiexec --mpi-flags "--oversubscribe"
 """
 import argparse
 import glob
+import json
 import os
 import random
 import shlex
@@ -219,6 +221,36 @@ def check_ddp_matches_single_rank(app, mpi, tmp):
     expect(wb["0/master"] == wb["1/master"], "ddp: the two trainers hold different master weights")
 
 
+def check_init_folder(app, mpi, tmp, init_file):
+    """--init takes a Hugging Face folder (2 shards + index) as it takes the file: same run, same
+    final weights, bit for bit."""
+    tensors, _ = safetensors_ref.read(init_file)
+    names = sorted(tensors)
+    folder = os.path.join(tmp, "init-folder")
+    os.makedirs(folder)
+    weight_map = {}
+    for k, part in enumerate((names[:len(names) // 2], names[len(names) // 2:])):
+        shard = f"model-0000{k + 1}-of-00002.safetensors"
+        safetensors_ref.write(os.path.join(folder, shard), [(n, *tensors[n]) for n in part], {"format": "pt"})
+        weight_map.update({n: shard for n in part})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(a.nbytes for _, a in tensors.values())}, "weight_map": weight_map}, f)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        f.write("{}")
+    i = BASE.index("--init")
+    common = BASE[:i] + BASE[i + 2:] + ["--steps", "2", "--prompts-per-step", "4", "--checkpoint-every", "0"]
+    finals = []
+    for name, init in (("file", init_file), ("folder", folder)):
+        out = os.path.join(tmp, f"init-{name}.h5")
+        code, _, e = run(common + ["--init", init, "--out", out], 1, app, mpi)
+        expect(code == 0, f"--init {name}: exit {code}: {e.strip()[-300:]}")
+        finals.append(out[:-3] + ".weights.safetensors")
+    if all(os.path.exists(f) for f in finals):
+        a, b = (bf16_weights(f) for f in finals)
+        expect(sorted(a) == sorted(b) and all(np.array_equal(a[n][1], b[n][1]) for n in a),
+               "--init folder: final weights differ from --init file's")
+
+
 def check_signal(app, mpi, tmp):
     out = os.path.join(tmp, "sig.h5")
     # Checkpoints every step, so the signal can be sent once step 2 is done (the statistics file
@@ -393,6 +425,7 @@ def main():
             check_statistics_against_anchors(args.app, mpi, np_, d)
             check_kill_and_resume(args.app, mpi, np_, d)
         check_ddp_matches_single_rank(args.app, mpi, tmp)
+        check_init_folder(args.app, mpi, tmp, os.path.join(init, "model.safetensors"))
         check_signal(args.app, mpi, tmp)
         check_early_signal(args.app, mpi, tmp)
         check_bad_input(args.app, mpi, tmp)
