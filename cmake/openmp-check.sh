@@ -5,7 +5,7 @@
 #  2. OMP_BUILD-forced, configured with PULSE_FORCE_DEVICE_PATHS=ON: the host backends take the
 #     kernels' device code paths (teams and TeamThreadRange reductions, element-wise scans), which
 #     a GPU build runs and no CPU build otherwise would. Only the tests that run those kernels
-#     (AdamW, sparsity counts and compaction, the gate, patches, the meter, LoCo, the trainers,
+#     (AdamW and its changed list, sparsity counts and compaction, the gate, patches, the meter, LoCo, the trainers,
 #     the PyTorch oracles of AdamW and sparsity, pulse-train end to end): the other tests run
 #     the same code as in step 1, and skipping them keeps `.ci/run` within its time budget.
 #  3. kernel_digest prints the same lines in every combination: the Serial build (SERIAL_BUILD),
@@ -52,7 +52,7 @@ cmake --build "$OMP" -j "$JOBS"
 # 2. the OpenMP build that takes the device code paths
 FORCED_TARGETS="kernel_digest test_adamw test_sparsity test_gate test_patch test_model test_sft_trainer test_loco
   test_train test_train_meter test_train_sync adamw_driver sparsity_driver pulse-train pulse-sft"
-FORCED_TESTS='^(test_kernel_digest|test_adamw|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
+FORCED_TESTS='^(test_kernel_digest|test_adamw|test_adamw_changes|test_changed_list|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
 # shellcheck disable=SC2086
 cmake -S . -B "$FORCED" -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_BENCHMARKS=OFF -DPULSE_ENABLE_PYTHON=OFF \
   -DPULSE_FORCE_DEVICE_PATHS=ON $LAUNCHER ${PULSE_PYTHON:+-DPULSE_PYTHON=$PULSE_PYTHON} >/dev/null
