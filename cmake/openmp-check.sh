@@ -50,7 +50,7 @@ cmake --build "$OMP" -j "$JOBS"
 (cd "$OMP" && ctest --output-on-failure -j "$JOBS" -L 'unit|mpi|app' -E 'fuzz|slurm|install|compile_fail|random_kill|pulse_measure')
 
 # 2. the OpenMP build that takes the device code paths
-FORCED_TARGETS="kernel_digest test_adamw test_sparsity test_gate test_patch test_model test_sft_trainer test_loco
+FORCED_TARGETS="kernel_digest test_adamw test_adamw_changes test_changed_list test_sparsity test_gate test_patch test_model test_sft_trainer test_loco
   test_train test_train_meter test_train_sync adamw_driver sparsity_driver pulse-train pulse-sft"
 FORCED_TESTS='^(test_kernel_digest|test_adamw|test_adamw_changes|test_changed_list|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
 # shellcheck disable=SC2086
