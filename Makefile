@@ -38,7 +38,8 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The same tests against a threaded Kokkos (OpenMP) built from ../shared/vendor (CI has it; skipped
-# without it), and kernel_digest identical for Serial and OpenMP at 1, 2 and 4 threads.
+# without it), then the kernels' device code paths forced on the host backends, and kernel_digest
+# identical for Serial, OpenMP at 1, 2 and 4 threads and the forced builds (cmake/openmp-check.sh).
 test-openmp: build
 	PULSE_PYTHON=$(PYTHON) cmake/openmp-check.sh $(BUILD) $(BUILD)-omp
 
