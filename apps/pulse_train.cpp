@@ -153,6 +153,9 @@ class Run {
   // Returns the process exit code.
   int train();
   void make_warm_start();
+  // What this process's steps came to (rank 0), for --json: steps, mean sparsity, patch bytes
+  // against dense, the last reward and pass@1.
+  nlohmann::json results() const { return totals_; }
 
  private:
   void declare_statistics();
@@ -169,6 +172,8 @@ class Run {
     bool listed = false;  // AdamW staged the changed list (trainer 0, no outer step after it)
   };
   void step(std::int64_t t);
+  nlohmann::json totals_ = nlohmann::json::object();
+  double sparsity_sum_ = 0, patch_bytes_sum_ = 0, dense_bytes_sum_ = 0;
   TrainResult train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before);
   double measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes);
   SyncStepStats publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
@@ -862,6 +867,14 @@ void Run::step(std::int64_t t) {
     row.set("/steps/eval_pass1", pass1);
     row.set_int("/steps/d2h_bytes", std::int64_t(copies_.d2h_bytes));
     row.set_int("/steps/h2d_bytes", std::int64_t(copies_.h2d_bytes));
+    const std::int64_t steps_run = t - first_step_ + 1;
+    sparsity_sum_ += 1.0 - double(sync_stats.changed) / double(n_);
+    patch_bytes_sum_ += double(sync_stats.patch_bytes), dense_bytes_sum_ += double(n_) * 2;
+    totals_["steps_run"] = steps_run, totals_["last_step"] = t;
+    totals_["mean_sparsity"] = sparsity_sum_ / double(steps_run);
+    totals_["dense_over_patch_bytes"] = patch_bytes_sum_ > 0 ? dense_bytes_sum_ / patch_bytes_sum_ : 0.0;
+    totals_["final_reward"] = train.reward;
+    if (!std::isnan(pass1)) totals_["final_eval_pass1"] = pass1;
   }
   const sync::Digest held = rank_ == 0 || !trainer_ ? sync_stats.state : sync::compute_digests(bf16_tensor_refs(table_, current)).state;
   recorder_->finish_step(row, step_s, comm_s, digest_word(held), version_);
@@ -931,6 +944,7 @@ int main(int argc, char** argv) {
         // call the other ranks never join, so a one-rank error must abort before unwinding.
         try {
           code = run->train();
+          if (rank == 0) summary.set("results", run->results());
         } catch (const std::exception& e) {
           std::cerr << "pulse-train: rank " << rank << ": " << e.what() << "\n";
           std::cerr.flush();

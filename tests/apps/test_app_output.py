@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 
+import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -141,6 +142,14 @@ def check_train(app, launcher, d):
            f"train: the output must be beside the config: {r.stderr}")
     expect(s.get("out") == "../project/configs/results/run.h5" and s.get("out_bytes") == os.path.getsize(out)
            and s.get("steps") == 2, f"train: {s}")
+    # Its results equal the statistics file's rows.
+    with h5py.File(out, "r") as f:
+        steps = {k: f["steps"][k][:] for k in ("sparsity", "patch_bytes", "dense_bytes", "reward")}
+    res = s.get("results", {})
+    expect(res.get("steps_run") == 2 and res.get("last_step") == 2
+           and abs(res.get("mean_sparsity", -1) - float(np.mean(steps["sparsity"]))) < 1e-12
+           and abs(res.get("dense_over_patch_bytes", -1) - steps["dense_bytes"].sum() / steps["patch_bytes"].sum()) < 1e-9
+           and res.get("final_reward") == float(steps["reward"][-1]), f"train: results {res} vs the file's {steps}")
 
 
 def main():
