@@ -35,7 +35,6 @@
 #include "kernels/absorption.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/bf16.hpp"
-#include "kernels/grad_norm.hpp"
 #include "kernels/host_copy.hpp"
 #include "loco/outer_sync.hpp"
 #include "model/gpt.hpp"
@@ -46,6 +45,7 @@
 #include "rl/task.hpp"
 #include "rl/tokenizer.hpp"
 #include "sync/digest.hpp"
+#include "train/parameter_store.hpp"
 #include "train/sparsity_meter.hpp"
 #include "train/stats_schema.hpp"
 #include "train/step_recorder.hpp"
@@ -186,9 +186,7 @@ class Run {
   // global weights, which the OuterSync constructor takes). One list for save and load.
   template <class Visit>
   void for_each_state_buffer(const Visit& visit) {
-    if (c_.precision == "mixed") visit("master", master_), visit("adam_m", m_), visit("adam_v", v_);
-    else visit("adam_m", m16_), visit("adam_v", v16_);
-    visit("weights", weights_);
+    params_->for_each_state_buffer(visit);
     if (!outer_) return;
     visit("outer.theta_global", outer_->theta_global());
     visit("outer.momentum", outer_->momentum_buffer());
@@ -222,13 +220,9 @@ class Run {
 
   // trainer state
   std::unique_ptr<GPT> model_;
-  TensorSegments<DefaultMem> segs_;
-  Kokkos::View<std::uint8_t*> decay_mask_;
-  Kokkos::View<float*> master_, m_, v_;               // mixed
-  Kokkos::View<bf16_bits*> weights_, grad_bf16_, m16_, v16_;  // weights_: bf16(theta) as computed with
+  std::unique_ptr<ParameterStore> params_;            // weights and optimizer state
   RolloutBatch batch_;                                // the batch reused for num_iterations steps
   std::unique_ptr<SparsityMeter> meter_;              // trainer 0
-  ChangeStaging<DefaultMem> staging_;                 // trainer 0: AdamW's changed list, per segment
   ChangeCompactor compactor_;                         // trainer 0: the list, gathered for the host
   std::unique_ptr<loco::OuterSync> outer_;            // diloco, pulseloco
   // every rank holding weights for generation or sync: host BF16 versions, newest last
@@ -306,7 +300,7 @@ RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
   auto sample_share = [&](int part, int parts) {
     const int per = c_.prompts_per_step / parts;
     // A trainer samples from the version it holds on the device; others upload theirs.
-    Kokkos::View<const bf16_bits*> weights = weights_;
+    Kokkos::View<const bf16_bits*> weights = trainer_ ? params_->weights() : Kokkos::View<const bf16_bits*>();
     if (!trainer_ || from_version != version_) weights = copies_.to_device(version_weights(from_version));
     RolloutBatch b = generate(generation, part * per, per, weights);
     b.policy_version = from_version;
@@ -394,7 +388,7 @@ void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& bef
   std::int64_t absorbed = 0;
   const Log2Range ratio_range{-24, 16}, weight_range{-40, 8};
   if (rank_ == 0) {
-    const Kokkos::View<const float*> update = weight_update(master_, before);
+    const Kokkos::View<const float*> update = weight_update(params_->master(), before);
     const AbsorptionStats a = absorption_stats(DefaultExec(), before, update, ratio_range, weight_range);
     auto pack = [](const Log2Histogram& h) {
       std::vector<std::int64_t> v(h.bins.begin(), h.bins.end());
@@ -570,23 +564,11 @@ int Run::train() {
   // Model, optimizer state and the version history.
   if (trainer_) {
     model_ = std::make_unique<GPT>(config_, rows_per_trainer_, seq_len_);
-    segs_ = make_segments(table_.offsets());
-    decay_mask_ = to_device(table_.weight_decay_mask());
-    weights_ = Kokkos::View<bf16_bits*>("weights_bf16", n_);
-    const auto master_host = to_device(initial_);
+    // Trainer 0 has AdamW list what it changed.
+    const Precision precision = c_.precision == "mixed" ? Precision::mixed : Precision::bf16;
+    params_ = std::make_unique<ParameterStore>(table_, precision, initial_, rank_ == 0);
     initial_.clear();
-    cast_to_bf16(DefaultExec(), master_host, weights_);
-    if (c_.precision == "mixed") {
-      master_ = master_host;
-      m_ = Kokkos::View<float*>("adam_m", n_), v_ = Kokkos::View<float*>("adam_v", n_);
-    } else {
-      m16_ = Kokkos::View<bf16_bits*>("adam_m", n_), v16_ = Kokkos::View<bf16_bits*>("adam_v", n_);
-      grad_bf16_ = Kokkos::View<bf16_bits*>("grad_bf16", n_);
-    }
-    if (rank_ == 0) {
-      meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
-      staging_ = make_change_staging(segs_);
-    }
+    if (rank_ == 0) meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
   }
   if (generator_) decoder_ = std::make_unique<GPTDecoder>(config_, (c_.prompts_per_step / (c_.inference_ranks ? c_.inference_ranks : num_trainers_)) * c_.group_size, seq_len_);
   if (rank_ == 0 && c_.eval_every > 0) {
@@ -598,7 +580,7 @@ int Run::train() {
 
   std::vector<bf16_bits> current;  // host BF16 weights of version_ on trainer 0 and inference ranks
   if (trainer_ && c_.trainer_sync != "ddp" && !c_.resume)
-    outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_, master_,
+    outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_, params_->master(),
                                                outer_hyper(), loco::parse_sparse_exchange(c_.sparse_exchange),
                                                c_.dense_threshold);
   if (c_.resume) {
@@ -607,10 +589,10 @@ int Run::train() {
     first_step_ = resume_step + 1;
     if (rank_ == 0) std::printf("pulse-train: resuming %s after step %lld\n", c_.out.c_str(), (long long)resume_step);
   } else {
-    if (trainer_) remember_version(to_host(weights_));
-    if (meter_) meter_->start(weights_);
+    if (trainer_) remember_version(to_host(params_->weights()));
+    if (meter_) meter_->start(params_->weights());
   }
-  if (trainer_) current = to_host(weights_);
+  if (trainer_) current = to_host(params_->weights());
   else current.assign(n_, 0);
   // Only trainer 0 and the inference ranks take part: trainer 0 is the one publisher.
   if (rank_ == 0 || !trainer_) weight_sync_->bootstrap(version_, current);  // receivers start from its bytes
@@ -650,7 +632,7 @@ int Run::train() {
   }
   // The final BF16 weights under the model's names (pulse-sync reads them).
   if (rank_ == 0) {
-    const std::vector<bf16_bits> w = to_host(weights_);
+    const std::vector<bf16_bits> w = to_host(params_->weights());
     std::vector<io::TensorToWrite> tensors;
     for (const TensorInfo& t : table_.tensors())
       tensors.push_back({t.name, io::DType::BF16, std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
@@ -682,7 +664,7 @@ Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm
   comm_s += timer.seconds();
   GrpoHyper hyper;
   hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
-  model_->set_weights(weights_);
+  model_->set_weights(params_->weights());
   model_->zero_grad();
   // DDP: the loss is the mean over every trainer's tokens, so the summed gradients are its
   // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
@@ -707,34 +689,16 @@ Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm
   h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
   if (before) {
     *before = Kokkos::View<float*>("master_before", n_);
-    Kokkos::deep_copy(*before, master_);
+    Kokkos::deep_copy(*before, params_->master());
   }
   // Trainer 0 has AdamW list what it changed, unless an outer step changes the weights again.
   const bool outer_step = outer_ && t % c_.inner_steps == 0;
   r.listed = rank_ == 0 && !outer_step;
-  if (c_.precision == "mixed") {
-    const GradNorm norm = grad_norm(DefaultExec(), segs_, model_->grads(), Precision::mixed);
-    r.grad_norm = norm.total;
-    const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::mixed) : 1.0f;
-    PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) + " (gradient norm " +
-                                         std::to_string(norm.total) + ")");
-    const AdamWScalars scalars = adamw_scalars(h, t, clip, Precision::mixed);
-    if (r.listed) adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, model_->grads(), m_, v_, weights_, staging_);
-    else adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, model_->grads(), m_, v_, weights_, false);
-  } else {
-    cast_to_bf16(DefaultExec(), model_->grads(), grad_bf16_);
-    const GradNorm norm = grad_norm(DefaultExec(), segs_, grad_bf16_, Precision::bf16);
-    r.grad_norm = norm.total;
-    const float clip = c_.grad_clip > 0 ? clip_coefficient(norm.total, c_.grad_clip, Precision::bf16) : 1.0f;
-    PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t));
-    const AdamWScalars scalars = adamw_scalars(h, t, clip, Precision::bf16);
-    if (r.listed) adamw_bf16(DefaultExec(), segs_, decay_mask_, scalars, weights_, grad_bf16_, m16_, v16_, staging_);
-    else adamw_bf16(DefaultExec(), segs_, decay_mask_, scalars, weights_, grad_bf16_, m16_, v16_);
-  }
+  r.grad_norm = params_->step(t, model_->grads(), h, c_.grad_clip, r.listed);
   // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
   if (outer_step) {
-    const loco::OuterStats o = outer_->outer_step(master_);
-    cast_to_bf16(DefaultExec(), master_, weights_);
+    const loco::OuterStats o = outer_->outer_step(params_->master());
+    params_->weights_from_master();
     comm_s += o.comm_seconds;
     row.set_int("/steps/outer_step", 1);
     row.set("/steps/gate_density", o.density);
@@ -750,20 +714,16 @@ Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm
 // the previous version), and the Adam ratios. Returns the seconds it took.
 double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes) {
   Kokkos::Timer timer;
-  if (listed) changes = compactor_.gather(segs_, staging_, copies_);
-  const StepSparsity sp = listed ? meter_->measure(weights_, changes) : meter_->measure(weights_, changes, copies_);
+  if (listed) changes = compactor_.gather(params_->segments(), params_->staging(), copies_);
+  const Kokkos::View<const bf16_bits*> weights = params_->weights();
+  const StepSparsity sp = listed ? meter_->measure(weights, changes) : meter_->measure(weights, changes, copies_);
   copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
   row.set_int("/steps/changed", sp.changed);
   row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
   row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
   row.set("/kstep/sparsity", sp.kstep);
-  if (c_.precision == "mixed") {
-    row.set("/steps/adam_ratio", adam_ratio_quantiles(m_, v_, 0.9, 0.999, 1e-8, t, adam_quantiles));
-  } else {
-    Kokkos::View<float*> m("m32", n_), v("v32", n_);
-    cast_to_float(DefaultExec(), m16_, m), cast_to_float(DefaultExec(), v16_, v);
-    row.set("/steps/adam_ratio", adam_ratio_quantiles(m, v, 0.9, 0.999, 1e-8, t, adam_quantiles));
-  }
+  const ParameterStore::Moments moments = params_->moments_fp32();
+  row.set("/steps/adam_ratio", adam_ratio_quantiles(moments.m, moments.v, 0.9, 0.999, 1e-8, t, adam_quantiles));
   copies_.downloaded(adam_quantiles.size() * sizeof(double));
   return timer.seconds();
 }
@@ -778,7 +738,7 @@ SyncStepStats Run::publish_step(const ChangedList& changes, std::vector<bf16_bit
     current = history_.back();
     apply_changes(changes, current);
   } else if (trainer_) {
-    current = copies_.to_host(weights_);
+    current = copies_.to_host(params_->weights());
   } else {
     current = history_.back();
   }
@@ -796,7 +756,7 @@ SyncStepStats Run::publish_step(const ChangedList& changes, std::vector<bf16_bit
 // 6. Held-out greedy pass@1 on trainer 0 when due, else NaN.
 double Run::evaluate(std::int64_t t) {
   if (rank_ != 0 || c_.eval_every <= 0 || (t % c_.eval_every != 0 && t != c_.steps)) return std::nan("");
-  eval_decoder_->set_weights(weights_);
+  eval_decoder_->set_weights(params_->weights());
   AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
   return greedy_pass_at_1(*eval_decoder_, tok_, eval_task, eval_problems_, seq_len_);
 }
