@@ -78,7 +78,9 @@ bool file_apply_fits(const std::string& base, const std::string& out, const std:
                      const ParsedPatch& patch) {
   struct stat st {};
   if (::stat(base.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || ends_with(base, ".zst")) return false;
-  if (!ends_with(out, ".safetensors") || (::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode))) return false;
+  // Where save_state would write a file for a state read from a file (sync/checkpoint.hpp).
+  const bool out_is_folder = ::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (out_is_folder || out.empty() || out.back() == '/' || ends_with(out, ".zst")) return false;
   if (patch.header.changes_layout || patch.header.changes_metadata) return false;
   return std::none_of(base_layout.begin(), base_layout.end(), [](const TensorRef& t) { return is_file_tensor(t.name); });
 }

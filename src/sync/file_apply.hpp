@@ -14,9 +14,9 @@
 namespace pulse::sync {
 
 // True when apply_file can take the apply: base a regular file that is not zstd-compressed,
-// out a .safetensors file (not a folder, not compressed; save_state would write a file there),
-// base_layout (from the base's header) carrying no folder files, and a patch that changes
-// neither the layout nor the metadata. Otherwise the caller loads the base whole.
+// out a path where save_state would write a plain file (not an existing folder, no trailing '/',
+// not ".zst"), base_layout (from the base's header) carrying no folder files, and a patch that
+// changes neither the layout nor the metadata. Otherwise the caller loads the base whole.
 bool file_apply_fits(const std::string& base, const std::string& out, const std::vector<TensorRef>& base_layout,
                      const ParsedPatch& patch);
 

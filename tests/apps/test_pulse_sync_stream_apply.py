@@ -118,6 +118,9 @@ def main():
                f"streamed output must keep the base's header: {r.stderr}")
         expect(out[len(header_bytes(out)):] == read_bytes(p("target.safetensors"))[len(header_bytes(out)):],
                "streamed output's data section must be the target's")
+        # Any output name where a file is written streams (a state from a file goes to a file).
+        r = run(app, "apply", "--base", p("ref_base.safetensors"), "--patch", p("ref.pulse"), "-o", p("ref_out.bin"))
+        expect(r.returncode == 0 and read_bytes(p("ref_out.bin")) == out, f"-o ref_out.bin must stream too: {r.stderr}")
 
         # Failures: no output, an existing output untouched, no temporary file left.
         patch = read_bytes(p("keydiff.pulse"))
