@@ -3,6 +3,7 @@
 //   pulse-sync diff A B [--json]                changed counts and sparsity per tensor
 //   pulse-sync encode --base A --target B -o P  write the patch A -> B
 //   pulse-sync apply --base A --patch P -o OUT  (or --in-place FILE) apply it, transactionally
+//                                               (file to file: streamed, sync/file_apply.hpp)
 //   pulse-sync verify FILE [--digest D] [--json] print or check the state digest
 //   pulse-sync inspect P [--json]               header and entries of a patch
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
@@ -29,6 +30,7 @@
 #include "io/folder_swap.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/codec_choice.hpp"
+#include "sync/file_apply.hpp"
 #include "sync/patch.hpp"
 #include "sync/relay.hpp"
 #include "sync/relay_names.hpp"
@@ -256,19 +258,38 @@ int cmd_encode(const EncodeArgs& args) {
   return 0;
 }
 
+// A .safetensors file to a .safetensors file streams (sync/file_apply.hpp): the base is copied
+// into the output and patched there, never loaded. Folders, compressed files and patches that
+// change the layout or metadata load the base whole; so does everything with stream false.
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
-              const std::string& public_key_path) {
+              const std::string& public_key_path, bool stream) {
   PublicKey key;
   if (!public_key_path.empty()) key = read_public_key(public_key_path);
-  Checkpoint state = load_checkpoint(base);
+  struct stat st {};
+  const bool plain_file = stream && ::stat(base.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+                          !(base.size() > 4 && base.compare(base.size() - 4, 4, ".zst") == 0);
+  std::optional<io::SafetensorsFile> header;  // a plain file's header bounds the patch
+  std::optional<Checkpoint> state;
+  if (plain_file)
+    header.emplace(io::SafetensorsFile::open_header(base));
+  else
+    state.emplace(load_checkpoint(base));
+  const std::vector<TensorRef> layout = header ? tensor_refs(*header) : state->layout;
   PatchLimits limits;
-  limits.max_patch_bytes = patch_bytes_limit(state.layout);
+  limits.max_patch_bytes = patch_bytes_limit(layout);
   const auto bytes = read_regular_file(patch_path, limits.max_patch_bytes, "patch");
   const ParsedPatch patch = parse_patch(bytes.data(), bytes.size(), limits, public_key_path.empty() ? nullptr : &key);
-  const auto t0 = std::chrono::steady_clock::now();
-  apply_to_checkpoint(patch, state);
-  const double seconds = seconds_since(t0);
-  const bool folder = save_state(out, state);
+  double seconds = 0;
+  bool folder = false;
+  if (plain_file && file_apply_fits(base, out, layout, patch)) {
+    apply_file(base, patch, out, &seconds);
+  } else {
+    if (!state) state.emplace(load_checkpoint(base));
+    const auto t0 = std::chrono::steady_clock::now();
+    apply_to_checkpoint(patch, *state);
+    seconds = seconds_since(t0);
+    folder = save_state(out, *state);
+  }
   std::printf("applied %s (version %llu -> %llu) in %.3f s, target state digest %s verified (tensors and metadata); "
               "wrote %s%s\n",
               patch_path.c_str(), static_cast<unsigned long long>(patch.header.base_version),
@@ -480,6 +501,8 @@ int main(int argc, char** argv) {
   out_opt->excludes(in_place_opt);
   apply->add_option("--public-key", public_key, "require a valid signature by this Ed25519 public key")
       ->check(CLI::ExistingFile);
+  bool no_stream = false;  // hidden: the load-whole path, for apps/bench/stream_apply_bench.py
+  apply->add_flag("--no-stream", no_stream, "load the base whole even for a file-to-file apply")->group("");
 
   std::string verify_path, digest;
   auto* verify = app.add_subcommand("verify", "print a checkpoint's state digest, or check it with --digest");
@@ -542,10 +565,10 @@ int main(int argc, char** argv) {
     if (*apply) {
       if (in_place.empty()) {
         PULSE_CHECK(!base.empty() && !out.empty(), "apply needs --base A -o OUT, or --in-place FILE");
-        return summary.print(cmd_apply(base, patch, out, public_key));
+        return summary.print(cmd_apply(base, patch, out, public_key, !no_stream));
       }
       PULSE_CHECK(base.empty(), "--in-place takes its base from FILE; drop --base");
-      return summary.print(cmd_apply(in_place, patch, in_place, public_key));
+      return summary.print(cmd_apply(in_place, patch, in_place, public_key, !no_stream));
     }
     if (*verify) return cmd_verify(verify_path, digest, json);
     if (*inspect) return cmd_inspect(inspect_path, json);

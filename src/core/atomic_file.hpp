@@ -20,6 +20,9 @@ class AtomicFile {
 
   void write(const void* data, std::size_t size);
   void commit();
+  // The temporary file, open read-write, for writers that copy or map into it
+  // (sync/file_apply.cpp).
+  int fd() const { return fd_; }
 
  private:
   std::string path_, temp_path_;
