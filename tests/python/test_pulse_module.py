@@ -327,7 +327,7 @@ def spinner_stamps_mid_call(call):
 
 
 def test_gil_released_during_encode_and_apply():
-    base = {"w": torch.randn(8 << 20).to(torch.bfloat16)}
+    base = {"w": torch.randn(32 << 20).to(torch.bfloat16)}  # calls of 20-100 ms: the thread gets scheduled
     target = copy_state(base)
     target["w"][::50] += 1
     patch = pulse.encode(base, target, base_version=0, target_version=1)
@@ -335,11 +335,15 @@ def test_gil_released_during_encode_and_apply():
     xs = gen.random(1 << 20).tolist()  # sorting these takes ~0.5 s, holding the GIL
     held_seconds, held_mid = spinner_stamps_mid_call(lambda: sorted(xs))
     assert held_mid == 0, "the check itself: a call holding the GIL must leave the thread idle"
-    receivers = [copy_state(base) for _ in range(5)]
+    receiver = copy_state(base)
+    back = pulse.encode(target, base, base_version=1, target_version=0)
+    patches = iter([patch, back] * 5)  # the receiver goes forth and back, one version per call
     for call in (lambda: pulse.encode(base, target, base_version=0, target_version=1),
-                 lambda: pulse.apply(receivers.pop(), patch), lambda: pulse.digest(target)):
-        # On a loaded machine the OS may not schedule the thread within a short call: a few tries.
-        tries = [spinner_stamps_mid_call(call) for _ in range(5)]
+                 lambda: pulse.apply(receiver, next(patches)), lambda: pulse.digest(target)):
+        # On a loaded machine the OS may not schedule the thread within a call: a few tries.
+        tries = []
+        while len(tries) < 10 and not any(mid > 0 for _, mid in tries):
+            tries.append(spinner_stamps_mid_call(call))
         assert any(mid > 0 for _, mid in tries), tries
 
 
