@@ -1,6 +1,5 @@
-// pulse-train's building blocks (src/train): TOML round trips, validate()'s refusals (integer
-// overflow, huge batches, paths that cannot be recorded, used relays), the resume comparison,
-// the checkpoint checksum, the removal of killed writers' temporary files (each rank on its own,
+// pulse-train's building blocks (src/train; its settings: test_train_config.cpp): the checkpoint
+// checksum, the removal of killed writers' temporary files (each rank on its own,
 // MPI_COMM_SELF), and a relay run resumed from an older checkpoint (MPI_COMM_WORLD).
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -17,137 +16,12 @@
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
 #include "train/weight_sync.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace pulse;
 namespace fs = std::filesystem;
 
-namespace {
-
-// A fresh folder under the system's temporary folder, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "pulse-train-test-XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-TrainConfig valid_config(const TempDir& dir) {
-  TrainConfig c;
-  c.out = (dir.path / "run.h5").string();
-  return c;
-}
-
-std::string validate_error(const TrainConfig& c, int world_size = 1) {
-  try {
-    validate(c, world_size);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
-
-TEST(TrainConfig, TomlRoundTripKeepsEverySetting) {
-  TrainConfig c;
-  c.out = "runs/x.h5", c.relay = "relay dir", c.seed = 0xFFFFFFFFFFFFFFFFull, c.lr = 1.0 / 3.0;
-  c.steps = 12345, c.trainer_sync = "pulseloco", c.dense_threshold = 0.125;
-  const TrainConfig back = parse_toml(to_toml(c));
-  EXPECT_EQ(to_toml(back), to_toml(c));
-  EXPECT_EQ(back.seed, c.seed);
-  EXPECT_EQ(back.lr, c.lr);  // 17 significant digits: the same double
-  EXPECT_EQ(back.relay, "relay dir");
-}
-
-TEST(TrainConfig, ParseRefusesUnknownKeys) {
-  EXPECT_THROW(parse_toml("learning-rate-typo = 1\n"), CLI::Error);
-}
-
-TEST(TrainConfig, ValidAcceptsDefaults) {
-  TempDir dir;
-  EXPECT_EQ(validate_error(valid_config(dir)), "");
-}
-
-TEST(TrainConfig, RefusesBatchesThatOverflowOrCannotFit) {
-  TempDir dir;
-  TrainConfig c = valid_config(dir);
-  c.prompts_per_step = 1073741824;  // x group-size 8 overflows an int
-  EXPECT_NE(validate_error(c).find("completions on one rank"), std::string::npos) << validate_error(c);
-  c = valid_config(dir);
-  c.group_size = 100000;
-  EXPECT_NE(validate_error(c).find("group-size must be at most"), std::string::npos);
-  c = valid_config(dir);
-  c.prompts_per_step = 4096, c.group_size = 8;  // 32768 rows on one rank
-  EXPECT_NE(validate_error(c), "");
-  EXPECT_EQ(validate_error(c, 2), "");  // split over two trainers: 16384 rows each
-  c = valid_config(dir);
-  c.prompts_per_step = 2147483647, c.group_size = 1024;  // the product needs 41 bits
-  EXPECT_NE(validate_error(c), "");
-}
-
-TEST(TrainConfig, RefusesPathsThatCannotBeRecordedOrWritten) {
-  TempDir dir;
-  TrainConfig c = valid_config(dir);
-  for (const std::string bad : {"run\xff.h5", "run\xc0\xaf.h5", "run\xed\xa0\x80.h5", "q\"uote.h5", "back\\slash.h5",
-                                "tab\t.h5", "cut\xe2\x82"}) {
-    c.out = (dir.path / bad).string();
-    EXPECT_NE(validate_error(c), "") << bad;
-  }
-  c.out = (dir.path / "caf\xc3\xa9-\xf0\x9f\x98\x80.h5").string();  // UTF-8 is fine
-  EXPECT_EQ(validate_error(c), "");
-  c.out = (dir.path / "missing" / "run.h5").string();
-  EXPECT_NE(validate_error(c).find("not a writable folder"), std::string::npos);
-  c.out = dir.path.string();
-  EXPECT_NE(validate_error(c), "");
-  std::ofstream(dir.path / "run.ckpt") << "x";  // the checkpoint folder's name is a file
-  c.out = (dir.path / "run.h5").string();
-  EXPECT_NE(validate_error(c).find("checkpoint folder"), std::string::npos);
-  c = valid_config(dir);
-  c.relay = "relay\x80";
-  EXPECT_NE(validate_error(c), "");
-}
-
-TEST(TrainConfig, NewRunRefusesUsedRelay) {
-  TempDir dir;
-  TrainConfig c = valid_config(dir);
-  c.inference_ranks = 1;
-  c.relay = (dir.path / "relay").string();
-  EXPECT_EQ(validate_error(c, 2), "");  // absent: fine
-  fs::create_directory(c.relay);
-  EXPECT_EQ(validate_error(c, 2), "");  // empty: fine
-  std::ofstream(fs::path(c.relay) / "HEAD") << "version 3 00\n";
-  EXPECT_NE(validate_error(c, 2).find("not an empty folder"), std::string::npos);
-  c.resume = true;
-  EXPECT_EQ(validate_error(c, 2), "");
-}
-
-TEST(TrainConfig, DifferingKeys) {
-  TrainConfig a, b;
-  EXPECT_TRUE(differing_keys(to_toml(a), to_toml(b)).empty());
-  b.lr = 5e-4, b.seed = 7, b.steps = 1000;
-  EXPECT_EQ(differing_keys(to_toml(a), to_toml(b)), (std::vector<std::string>{"lr", "seed", "steps"}));
-  // A key on one side only (a checkpoint of another program version) counts as different.
-  EXPECT_EQ(differing_keys("lr = 1\nextra = 2\n", "lr = 1\n"), std::vector<std::string>{"extra"});
-  EXPECT_EQ(toml_values(to_toml(b)).at("steps"), "1000");
-}
-
-TEST(TrainConfig, ResumeChangesAllowOnlyKeysThatKeepResults) {
-  TrainConfig a, b;
-  EXPECT_EQ(resume_changes(to_toml(a), b), "");
-  b.steps = 500, b.checkpoint_every = 7;
-  EXPECT_EQ(resume_changes(to_toml(a), b), "checkpoint-every 50 -> 7, steps 100 -> 500");
-  b.lr = 5e-4, b.seed = 7;
-  try {
-    resume_changes(to_toml(a), b);
-    FAIL() << "accepted a changed lr and seed";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("differ from the checkpoint's in lr, seed (only steps, checkpoint-every, out"),
-              std::string::npos)
-        << e.what();
-  }
-}
+using test::TempDir;
 
 TEST(TrainCheckpoint, ChecksumCoversBuffersAndMetadata) {
   RankCheckpoint s;
