@@ -10,6 +10,8 @@ import struct
 import numpy as np
 import torch
 
+import safetensors_ref  # noqa: E402  (beside this file, on the path of every script that imports it)
+
 WIDTH = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "I64": 8}
 
 
@@ -44,17 +46,11 @@ def llama_state(hidden, layers, vocab, intermediate, seed):
 
 
 def write_safetensors(path, tensors, metadata):
-    """tensors: list of (name, torch tensor)."""
-    header, offset, blobs = {"__metadata__": metadata} if metadata else {}, 0, []
-    for name, t in tensors:
-        raw = to_bytes(t)
-        header[name] = {"dtype": DTYPE_OF[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        offset += len(raw)
-        blobs.append(raw)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    """tensors: list of (name, torch tensor); written by safetensors_ref (BF16 as uint16 bits)."""
+    def as_numpy(t):
+        t = t.contiguous()
+        return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+    safetensors_ref.write(path, [(name, DTYPE_OF[t.dtype], as_numpy(t)) for name, t in tensors], metadata)
 
 
 def write_folder(folder, state, shards, metadata, files):
