@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "mpi_benchmarks.hpp"
 #include "comm/collectives.hpp"
 #include "kernels/host_copy.hpp"
 #include "loco/outer_sync.hpp"
@@ -72,31 +73,15 @@ void densities(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_OuterStep)->Apply(densities)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
 
-// Rank 0 reports; the others run the same benchmarks silently.
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
+  int code = 0;
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) {
-      benchmark::RunSpecifiedBenchmarks();
-    } else {
-      NullReporter quiet;
-      benchmark::RunSpecifiedBenchmarks(&quiet);
-    }
-    benchmark::Shutdown();
+    code = pulse::bench::run_mpi_benchmarks(argc, argv);
   }
   MPI_Finalize();
-  return 0;
+  return code;
 }

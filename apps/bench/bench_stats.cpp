@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "mpi_benchmarks.hpp"
 #include "io/stats_file.hpp"
 
 namespace {
@@ -142,28 +143,11 @@ void BM_CollectivesOnly(benchmark::State& state) {
 BENCHMARK(BM_CollectivesOnly)->Arg(0)->UseManualTime()->Iterations(1000)->Repetitions(3)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CollectivesOnly)->Arg(25)->UseManualTime()->Iterations(200)->Repetitions(3)->Unit(benchmark::kMillisecond);
 
-// Rank 0 reports; the others run the same benchmarks silently.
-class NullReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    NullReporter quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  }
-  benchmark::Shutdown();
+  const int code = pulse::bench::run_mpi_benchmarks(argc, argv);
   MPI_Finalize();
-  return 0;
+  return code;
 }
