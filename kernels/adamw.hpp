@@ -136,16 +136,14 @@ index_t adamw_mixed_pass(const ExecSpace& space, const TensorSegments<Mem>& segs
 
 }  // namespace detail
 
-// Mixed precision: updates master, m, v in place and writes bf16(master) into weights_bf16.
-// decay_mask holds one byte per tensor (1: weight decay on). With count_changes, returns the
-// number of elements whose BF16 bits changed (weights_bf16 must hold the previous copy);
-// otherwise returns -1 and does not read weights_bf16.
-template <class ExecSpace, class Mem, class MaskView, class MasterView, class GradView, class MomentView,
-          class Bf16View>
-index_t adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
-                    const AdamWScalars& s, const MasterView& master, const GradView& grad,
-                    const MomentView& m, const MomentView& v, const Bf16View& weights_bf16,
-                    bool count_changes) {
+namespace detail {
+
+// The buffers of a mixed-precision step: one element each per segment element, one decay flag
+// per tensor. Shared by the plain and the staged step.
+template <class Mem, class MaskView, class MasterView, class GradView, class MomentView, class Bf16View>
+void check_mixed_buffers(const TensorSegments<Mem>& segs, const MaskView& decay_mask, const MasterView& master,
+                         const GradView& grad, const MomentView& m, const MomentView& v,
+                         const Bf16View& weights_bf16) {
   static_assert(std::is_same_v<typename MasterView::value_type, float>);
   static_assert(std::is_same_v<typename GradView::non_const_value_type, float>);
   static_assert(std::is_same_v<typename MomentView::value_type, float>);
@@ -156,6 +154,35 @@ index_t adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, con
                   weights_bf16.extent(0) == std::size_t(n),
               "adamw_mixed: every buffer must hold " + std::to_string(n) + " elements");
   PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_mixed: one decay flag per tensor");
+}
+
+// The same for a pure-BF16 step.
+template <class Mem, class MaskView, class WeightView, class GradView, class MomentView>
+void check_bf16_buffers(const TensorSegments<Mem>& segs, const MaskView& decay_mask, const WeightView& weights,
+                        const GradView& grad, const MomentView& m, const MomentView& v) {
+  static_assert(std::is_same_v<typename WeightView::value_type, bf16_bits>);
+  static_assert(std::is_same_v<typename GradView::non_const_value_type, bf16_bits>);
+  static_assert(std::is_same_v<typename MomentView::value_type, bf16_bits>);
+  const index_t n = segs.num_elements;
+  PULSE_CHECK(weights.extent(0) == std::size_t(n) && grad.extent(0) == std::size_t(n) &&
+                  m.extent(0) == std::size_t(n) && v.extent(0) == std::size_t(n),
+              "adamw_bf16: every buffer must hold " + std::to_string(n) + " elements");
+  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_bf16: one decay flag per tensor");
+}
+
+}  // namespace detail
+
+// Mixed precision: updates master, m, v in place and writes bf16(master) into weights_bf16.
+// decay_mask holds one byte per tensor (1: weight decay on). With count_changes, returns the
+// number of elements whose BF16 bits changed (weights_bf16 must hold the previous copy);
+// otherwise returns -1 and does not read weights_bf16.
+template <class ExecSpace, class Mem, class MaskView, class MasterView, class GradView, class MomentView,
+          class Bf16View>
+index_t adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
+                    const AdamWScalars& s, const MasterView& master, const GradView& grad,
+                    const MomentView& m, const MomentView& v, const Bf16View& weights_bf16,
+                    bool count_changes) {
+  detail::check_mixed_buffers(segs, decay_mask, master, grad, m, v, weights_bf16);
   // Two instantiations: the loop without the count has no extra load and vectorises fully.
   if (count_changes)
     return detail::adamw_mixed_pass<true>(space, segs, decay_mask, s, master, grad, m, v, weights_bf16);
@@ -169,14 +196,7 @@ template <class ExecSpace, class Mem, class MaskView, class WeightView, class Gr
 index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
                    const AdamWScalars& s, const WeightView& weights, const GradView& grad,
                    const MomentView& m, const MomentView& v) {
-  static_assert(std::is_same_v<typename WeightView::value_type, bf16_bits>);
-  static_assert(std::is_same_v<typename GradView::non_const_value_type, bf16_bits>);
-  static_assert(std::is_same_v<typename MomentView::value_type, bf16_bits>);
-  const index_t n = segs.num_elements;
-  PULSE_CHECK(weights.extent(0) == std::size_t(n) && grad.extent(0) == std::size_t(n) &&
-                  m.extent(0) == std::size_t(n) && v.extent(0) == std::size_t(n),
-              "adamw_bf16: every buffer must hold " + std::to_string(n) + " elements");
-  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_bf16: one decay flag per tensor");
+  detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   index_t changed = 0;
@@ -266,11 +286,7 @@ void adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const 
   PULSE_CHECK(staging.indices.extent(0) == std::size_t(segs.num_elements) &&
                   staging.counts.extent(0) == segs.segments.extent(0),
               "adamw_mixed: the change staging does not match the segments");
-  PULSE_CHECK(master.extent(0) == std::size_t(segs.num_elements) && grad.extent(0) == master.extent(0) &&
-                  m.extent(0) == master.extent(0) && v.extent(0) == master.extent(0) &&
-                  weights_bf16.extent(0) == master.extent(0),
-              "adamw_mixed: every buffer must hold " + std::to_string(segs.num_elements) + " elements");
-  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_mixed: one decay flag per tensor");
+  detail::check_mixed_buffers(segs, decay_mask, master, grad, m, v, weights_bf16);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   const auto indices = staging.indices;
@@ -302,10 +318,7 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
   PULSE_CHECK(staging.indices.extent(0) == std::size_t(segs.num_elements) &&
                   staging.counts.extent(0) == segs.segments.extent(0),
               "adamw_bf16: the change staging does not match the segments");
-  PULSE_CHECK(weights.extent(0) == std::size_t(segs.num_elements) && grad.extent(0) == weights.extent(0) &&
-                  m.extent(0) == weights.extent(0) && v.extent(0) == weights.extent(0),
-              "adamw_bf16: every buffer must hold " + std::to_string(segs.num_elements) + " elements");
-  PULSE_CHECK(decay_mask.extent(0) == std::size_t(segs.num_tensors), "adamw_bf16: one decay flag per tensor");
+  detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   const auto indices = staging.indices;
