@@ -19,13 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_ref  # noqa: E402
 
-failures = []
-
-
-def expect(cond, message):
-    if not cond:
-        failures.append(message)
-        print("FAIL", message)
+from expect import expect, failures  # noqa: E402
 
 
 def run(cmd, cwd=None):

@@ -8,13 +8,7 @@ import re
 import subprocess
 import sys
 
-failures = []
-
-
-def expect(cond, message):
-    if not cond:
-        failures.append(message)
-        print("FAIL", message)
+from expect import expect, failures  # noqa: E402
 
 
 def run(app, *args):

@@ -35,13 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_ref  # noqa: E402
 
-failures = []
-
-
-def expect(cond, message):
-    if not cond:
-        failures.append(message)
-        print("FAIL:", message, flush=True)
+from expect import expect, failures  # noqa: E402
 
 
 # name -> (dtype, shape, kind): a 2-layer Llama-like model; the kinds are assigned by hand here.

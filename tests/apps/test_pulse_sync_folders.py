@@ -21,13 +21,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_folder_ref as hf  # noqa: E402
 
-failures = []
-
-
-def expect(cond, message):
-    if not cond:
-        failures.append(message)
-        print("FAIL", message)
+from expect import expect, failures  # noqa: E402
 
 
 def run(*args, prefix=(), timeout=120, file_size=None):
