@@ -1,13 +1,12 @@
 #include "measure/patch_size.hpp"
 
-#include <zstd.h>
 
 #include <algorithm>
 #include <map>
-#include <memory>
 #include <numeric>
 
 #include "core/error.hpp"
+#include "sync/compress.hpp"
 
 namespace pulse::measure {
 
@@ -24,15 +23,9 @@ void put_string(std::vector<std::uint8_t>& out, const std::string& s) {
   out.insert(out.end(), s.begin(), s.end());
 }
 
-// zstd's one-shot frame of the stream, as sync::compress writes it (an empty stream stays empty).
-std::uint64_t zstd_bytes(const std::vector<std::uint8_t>& raw, int level, std::vector<std::uint8_t>& out) {
-  if (raw.empty()) return 0;
-  thread_local std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> context(ZSTD_createCCtx(), ZSTD_freeCCtx);
-  PULSE_CHECK(context != nullptr, "zstd: out of memory");
-  out.resize(ZSTD_compressBound(raw.size()));
-  const std::size_t n = ZSTD_compressCCtx(context.get(), out.data(), out.size(), raw.data(), raw.size(), level);
-  PULSE_CHECK(!ZSTD_isError(n), std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
-  return n;
+// The stream as encode_patch compresses it (an empty stream stays empty).
+std::uint64_t compressed_bytes(const std::vector<std::uint8_t>& raw, int level) {
+  return sync::compress(sync::Compressor::zstd, level, raw).size();
 }
 
 }  // namespace
@@ -80,8 +73,8 @@ std::uint64_t UnitPatchSize::bytes(int level) {
     table_.push_back(kSparseEntry);
     sync::put_varint(table_, tensors_[i].changed);
   }
-  return kFixedHeaderBytes + table_.size() + zstd_bytes(index_stream_, level, coded_) +
-         zstd_bytes(value_stream_, level, coded_) + kChecksumBytes;
+  return kFixedHeaderBytes + table_.size() + compressed_bytes(index_stream_, level) +
+         compressed_bytes(value_stream_, level) + kChecksumBytes;
 }
 
 }  // namespace pulse::measure

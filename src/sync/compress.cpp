@@ -31,8 +31,11 @@ std::vector<std::uint8_t> compress(Compressor c, int level, const std::vector<st
   if (c == Compressor::none || raw.empty()) return raw;
   std::vector<std::uint8_t> out;
   if (c == Compressor::zstd) {
+    // One context per thread, reused: creating one per call costs more than a small stream.
+    thread_local std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> context(ZSTD_createCCtx(), ZSTD_freeCCtx);
+    PULSE_CHECK(context != nullptr, "zstd: out of memory");
     out.resize(ZSTD_compressBound(raw.size()));
-    const std::size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), level);
+    const std::size_t n = ZSTD_compressCCtx(context.get(), out.data(), out.size(), raw.data(), raw.size(), level);
     PULSE_CHECK(!ZSTD_isError(n), std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
     out.resize(n);
   } else {
