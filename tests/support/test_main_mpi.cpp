@@ -6,21 +6,27 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <string>
 
 namespace {
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The name is kept here: asking UnitTest for the current test inside OnTestPartResult takes
+  // a lock gtest already holds there, and the rank would hang instead of reporting.
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s failed at %s:%d\n%s\n", rank_, test->test_suite_name(), test->name(),
+    std::fprintf(stderr, "[rank %d] %s failed at %s:%d\n%s\n", rank_, test_.c_str(),
                  result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 
 }  // namespace
