@@ -3,9 +3,10 @@
 //   mpirun -n 3 pulse-train --config jobs/configs/smoke.toml --out runs/smoke.h5
 //
 // Ranks 0..T-1 train (data parallel: gradients summed with MPI_Allreduce), ranks T..N-1 only
-// generate rollouts from BF16 weights that reach them as PULSESync patches. One step reads top
-// to bottom in Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> measurement ->
-// patch -> statistics row -> checkpoint.
+// generate rollouts from BF16 weights that reach them as PULSESync patches. Each role is a class
+// (src/train): Generator, Trainer, Publisher, StepRecorder. One step reads top to bottom in
+// Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> measurement -> patch ->
+// statistics row; the loop in Run::train() checkpoints.
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
