@@ -3,9 +3,10 @@
 //   mpirun -n 3 pulse-train --config jobs/configs/smoke.toml --out runs/smoke.h5
 //
 // Ranks 0..T-1 train (data parallel: gradients summed with MPI_Allreduce), ranks T..N-1 only
-// generate rollouts from BF16 weights that reach them as PULSESync patches. One step reads top
-// to bottom in Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> measurement ->
-// patch -> statistics row -> checkpoint.
+// generate rollouts from BF16 weights that reach them as PULSESync patches. Each role is a class
+// (src/train): Generator, Trainer, Publisher, StepRecorder. One step reads top to bottom in
+// Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> measurement -> patch ->
+// statistics row; the loop in Run::train() checkpoints.
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -15,7 +16,6 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
-#include <deque>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -36,23 +36,21 @@
 #include "kernels/adamw.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/host_copy.hpp"
-#include "loco/outer_sync.hpp"
-#include "model/gpt.hpp"
 #include "model/gpt_decoder.hpp"
-#include "rl/grpo.hpp"
 #include "rl/rollout.hpp"
 #include "rl/sft_trainer.hpp"
 #include "rl/task.hpp"
 #include "rl/tokenizer.hpp"
 #include "sync/digest.hpp"
-#include "train/parameter_store.hpp"
+#include "train/generator.hpp"
+#include "train/publisher.hpp"
 #include "train/sparsity_meter.hpp"
 #include "train/stats_schema.hpp"
 #include "train/step_recorder.hpp"
 #include "train/transfer_counter.hpp"
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
-#include "train/weight_sync.hpp"
+#include "train/trainer.hpp"
 
 using namespace pulse;
 
@@ -77,14 +75,6 @@ int stop_requested(const Communicator& world) { return allreduce_value(world, in
 
 constexpr std::uint64_t eval_seed_offset = 0x9E3779B97F4A7C15ull;
 constexpr int exit_stopped_resumable = 75;  // EX_TEMPFAIL: checkpointed on a signal, resume with --resume
-
-// splitmix64 of a few words: seeds of problem sets and sampling streams.
-std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
-  std::uint64_t x = a ^ (b * 0x9E3779B97F4A7C15ull) ^ (c * 0xC2B2AE3D27D4EB4Full);
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 std::string ckpt_dir_of(const std::string& out) {
   std::filesystem::path p(out);
@@ -144,6 +134,54 @@ Kokkos::View<float*> weight_update(const Kokkos::View<const float*>& after, cons
   return update;
 }
 
+// What one step came to on this rank: the values of its statistics row and progress line.
+struct StepOutcome {
+  TrainStepResult train;
+  Publication published;
+  int verified = 1;
+  double apply_s = 0, verify_s = 0, measure_s = 0, pass1 = 0, step_s = 0, elapsed_s = 0;
+  std::uint64_t version = 0, rollout_version = 0;
+};
+
+// Rank 0's columns of /steps that the measurement does not set (n: the parameter count).
+void set_step_columns(io::StatsRow& row, std::int64_t t, const StepOutcome& s, index_t n, bool ddp,
+                      const TransferCounter& copies) {
+  const TrainStepResult& train = s.train;
+  const SyncStepStats& sync = s.published.sync;
+  row.set_int("/steps/step", t);
+  row.set("/steps/time_s", s.elapsed_s);
+  row.set("/steps/lr", train.lr);
+  row.set("/steps/loss", train.loss);
+  row.set("/steps/reward", train.reward);
+  row.set("/steps/grad_norm", train.grad_norm);
+  row.set("/steps/grad_sparsity", train.grad_sparsity);
+  row.set("/steps/clip_fraction", train.grpo.clip_fraction);
+  row.set("/steps/mean_ratio", train.grpo.mean_ratio);
+  row.set_int("/steps/tokens", train.tokens);
+  row.set_int("/steps/outer_step", train.outer_step || ddp ? 1 : 0);
+  if (train.outer_step) {
+    row.set("/steps/gate_density", train.outer.density);
+    row.set("/steps/outer_s", train.outer.comm_seconds + train.outer.compute_seconds);
+  }
+  row.set_int("/steps/patch_bytes", std::int64_t(sync.patch_bytes));
+  row.set_int("/steps/patch_raw_bytes", std::int64_t(sync.patch_raw_bytes));
+  row.set_int("/steps/dense_bytes", std::int64_t(n) * 2);
+  row.set("/steps/encode_s", sync.encode_seconds);
+  row.set("/steps/apply_s", s.apply_s);
+  row.set("/steps/verify_s", s.verify_s);
+  row.set_int("/steps/verify_ok", s.verified);
+  row.set_int("/steps/policy_version", std::int64_t(s.version));
+  row.set_int("/steps/rollout_version", std::int64_t(s.rollout_version));
+  row.set("/steps/step_s", s.step_s);
+  row.set("/steps/measure_s", s.measure_s);
+  row.set("/steps/sync_s", s.published.seconds);
+  row.set("/steps/eval_pass1", s.pass1);
+  row.set_int("/steps/d2h_bytes", std::int64_t(copies.d2h_bytes));
+  row.set_int("/steps/h2d_bytes", std::int64_t(copies.h2d_bytes));
+}
+
+// The run's ranks in their roles: trainers (ranks 0..T-1; trainer 0 also measures and publishes)
+// and inference ranks (T..N-1), which generate the rollouts when there are any.
 class Run {
  public:
   Run(const TrainConfig& c, const Communicator& world, std::string command_line);
@@ -160,48 +198,22 @@ class Run {
  private:
   void declare_statistics();
   void write_root_attributes();
-  RolloutBatch rollouts_for_step(std::int64_t t, double& comm_seconds);
-  RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts,
-                        const Kokkos::View<const bf16_bits*>& weights);
-  // What a trainer's step produced (rank 0's values go into the row).
-  struct TrainResult {
-    double lr = 0, loss = 0, reward = 0, measure_s = 0;
-    std::int64_t tokens = 0;
-    GrpoLossStats grpo{};
-    float grad_norm = 0;
-    bool listed = false;  // AdamW staged the changed list (trainer 0, no outer step after it)
-  };
+  // Every role of this rank, from the initial weights or the resumed checkpoint.
+  void start_roles();
   void step(std::int64_t t);
-  nlohmann::json totals_ = nlohmann::json::object();
-  double sparsity_sum_ = 0, patch_bytes_sum_ = 0, dense_bytes_sum_ = 0;
-  TrainResult train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before);
   double measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes);
-  SyncStepStats publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
-                             double& comm_s);
   double evaluate(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
+  void count_totals(std::int64_t t, const StepOutcome& s);
+  void print_progress(std::int64_t t, const StepOutcome& s) const;
   void save_checkpoint(std::int64_t t);
-  // Every device buffer of a trainer's checkpointed state, in checkpoint order: visit(name, view)
-  // with an FP32 or BF16 view, const where load_checkpoint restores it otherwise (the outer
-  // global weights, which the OuterSync constructor takes). One list for save and load.
-  template <class Visit>
-  void for_each_state_buffer(const Visit& visit) {
-    params_->for_each_state_buffer(visit);
-    if (!outer_) return;
-    visit("outer.theta_global", outer_->theta_global());
-    visit("outer.momentum", outer_->momentum_buffer());
-    if (outer_->error_buffer().extent(0)) visit("outer.error", outer_->error_buffer());
-  }
   void check_resumable();
-  void load_checkpoint(const RankCheckpoint& state);
   void on_every_rank(const std::function<void()>& check) const;
-  const std::vector<bf16_bits>& version_weights(std::uint64_t version) const;
-  loco::OuterHyper outer_hyper() const {
-    loco::OuterHyper h;
-    h.lr = c_.outer_lr, h.momentum = c_.outer_momentum;
-    return h;
+  void write_final_weights() const;
+  // A trainer's BF16 weights on the device (empty elsewhere).
+  Kokkos::View<const bf16_bits*> trainer_weights() const {
+    return trainer_ ? trainer_->weights() : Kokkos::View<const bf16_bits*>();
   }
-  void remember_version(const std::vector<bf16_bits>& weights);
 
   TrainConfig c_;
   Communicator world_, trainers_, sync_;
@@ -210,7 +222,7 @@ class Run {
   std::vector<Communicator> rollout_routes_;
   std::string command_line_;
   int num_trainers_, rank_;
-  bool trainer_, generator_;  // generator: samples rollouts (inference ranks, or trainers when there are none)
+  bool is_trainer_;
   CharTokenizer tok_ = arithmetic_tokenizer();
   GPTConfig config_;
   TensorTable table_;
@@ -218,22 +230,21 @@ class Run {
   int seq_len_, rows_per_trainer_;
   std::string ckpt_dir_;
 
-  // trainer state
-  std::unique_ptr<GPT> model_;
-  std::unique_ptr<ParameterStore> params_;            // weights and optimizer state
-  RolloutBatch batch_;                                // the batch reused for num_iterations steps
-  std::unique_ptr<SparsityMeter> meter_;              // trainer 0
-  ChangeCompactor compactor_;                         // trainer 0: the list, gathered for the host
-  std::unique_ptr<loco::OuterSync> outer_;            // diloco, pulseloco
-  // every rank holding weights for generation or sync: host BF16 versions, newest last
-  std::deque<std::vector<bf16_bits>> history_;
-  std::uint64_t version_ = 0;
-  std::unique_ptr<GPTDecoder> decoder_, eval_decoder_;
-  std::vector<AdditionProblem> eval_problems_;
-  std::unique_ptr<WeightSync> weight_sync_;
-  std::unique_ptr<io::StatsFile> stats_;
+  // The roles.
+  std::unique_ptr<Trainer> trainer_;      // trainer ranks
+  std::unique_ptr<Generator> generator_;  // rollouts: inference ranks, or trainers when there are none
+  std::unique_ptr<Publisher> publisher_;  // host versions of the weights, PULSESync
   std::unique_ptr<StepRecorder> recorder_;
+  // Measurement on trainer 0.
+  std::unique_ptr<SparsityMeter> meter_;
+  ChangeCompactor compactor_;  // the list, gathered for the host
+  std::unique_ptr<GPTDecoder> eval_decoder_;
+  std::vector<AdditionProblem> eval_problems_;
+
+  std::unique_ptr<io::StatsFile> stats_;
   TransferCounter copies_;  // host <-> device bytes of the current step
+  nlohmann::json totals_ = nlohmann::json::object();
+  double sparsity_sum_ = 0, patch_bytes_sum_ = 0, dense_bytes_sum_ = 0;
   std::int64_t first_step_ = 1, resume_step_ = 0;
   std::optional<RankCheckpoint> resumed_;  // this rank's checkpoint, read and checked by open()
   std::vector<std::string> resumes_;       // one line per resume of the run (HDF5 "resumes")
@@ -245,12 +256,11 @@ Run::Run(const TrainConfig& c, const Communicator& world, std::string command_li
     : c_(c), world_(world), command_line_(std::move(command_line)) {
   rank_ = world_.rank();
   num_trainers_ = world_.size() - c_.inference_ranks;
-  trainer_ = rank_ < num_trainers_;
-  generator_ = c_.inference_ranks == 0 ? trainer_ : !trainer_;
-  trainers_ = world_.split(trainer_ ? 0 : 1, rank_);
-  sync_ = world_.split(rank_ == 0 || !trainer_ ? 0 : 1, rank_);
+  is_trainer_ = rank_ < num_trainers_;
+  trainers_ = world_.split(is_trainer_ ? 0 : 1, rank_);
+  sync_ = world_.split(rank_ == 0 || !is_trainer_ ? 0 : 1, rank_);
   for (int r = num_trainers_; r < world_.size(); ++r)
-    rollout_routes_.push_back(world_.split(trainer_ || rank_ == r ? 0 : 1, rank_));
+    rollout_routes_.push_back(world_.split(is_trainer_ || rank_ == r ? 0 : 1, rank_));
 
   config_ = gpt_preset(c_.model);
   config_.vocab_size = tok_.vocab_size();
@@ -263,86 +273,6 @@ Run::Run(const TrainConfig& c, const Communicator& world, std::string command_li
   n_ = table_.num_elements();
   rows_per_trainer_ = c_.prompts_per_step / num_trainers_ * c_.group_size;
   ckpt_dir_ = ckpt_dir_of(c_.out);
-}
-
-const std::vector<bf16_bits>& Run::version_weights(std::uint64_t version) const {
-  const std::uint64_t back = version_ - version;
-  PULSE_CHECK(back < history_.size(), "internal: weights of version " + std::to_string(version) + " are gone");
-  return history_[history_.size() - 1 - back];
-}
-
-void Run::remember_version(const std::vector<bf16_bits>& weights) {
-  history_.push_back(weights);
-  while (history_.size() > std::size_t(c_.async_lag) + 1) history_.pop_front();
-}
-
-RolloutBatch Run::generate(std::uint64_t generation, int first_prompt, int num_prompts,
-                           const Kokkos::View<const bf16_bits*>& weights) {
-  AdditionTask task(c_.digits, mix(c_.seed, generation, 1));
-  std::vector<AdditionProblem> all;
-  for (int p = 0; p < c_.prompts_per_step; ++p) all.push_back(task.sample());
-  const std::vector<AdditionProblem> mine(all.begin() + first_prompt, all.begin() + first_prompt + num_prompts);
-  decoder_->set_weights(weights);
-  SamplingOptions options;
-  options.temperature = static_cast<float>(c_.temperature);
-  options.max_new_tokens = c_.digits + 2;
-  options.seed = mix(c_.seed, generation, 2);
-  options.first_row = std::uint64_t(first_prompt) * c_.group_size;  // the same draws however prompts are split
-  return sample_rollouts(*decoder_, tok_, task, mine, c_.group_size, seq_len_, options);
-}
-
-// The batch this rank trains on at step t: a new one every num_iterations steps, sampled from
-// weights version t-1-S (by this trainer, or by the inference ranks and shared with allgatherv).
-RolloutBatch Run::rollouts_for_step(std::int64_t t, double& comm_seconds) {
-  const std::uint64_t generation = std::uint64_t(t - 1) / c_.num_iterations;
-  const std::uint64_t from_version = std::uint64_t(std::max<std::int64_t>(0, t - 1 - c_.async_lag));
-  // The generating ranks split the prompts evenly; this rank samples share `part` of `parts`.
-  auto sample_share = [&](int part, int parts) {
-    const int per = c_.prompts_per_step / parts;
-    // A trainer samples from the version it holds on the device; others upload theirs.
-    Kokkos::View<const bf16_bits*> weights = trainer_ ? params_->weights() : Kokkos::View<const bf16_bits*>();
-    if (!trainer_ || from_version != version_) weights = copies_.to_device(version_weights(from_version));
-    RolloutBatch b = generate(generation, part * per, per, weights);
-    b.policy_version = from_version;
-    return b;
-  };
-  if (c_.inference_ranks == 0) return trainer_ ? sample_share(rank_, num_trainers_) : RolloutBatch{};
-  // Each inference rank broadcasts its share over its route (the trainers and itself), so an
-  // inference rank receives no other's rollouts.
-  std::vector<RolloutBatch> parts;
-  for (int i = 0; i < c_.inference_ranks; ++i) {
-    const int sender = num_trainers_ + i;
-    if (!trainer_ && rank_ != sender) continue;
-    const Communicator& route = rollout_routes_[i];
-    std::vector<std::uint8_t> bytes;
-    if (rank_ == sender) bytes = sample_share(i, c_.inference_ranks).serialize();
-    Kokkos::Timer timer;
-    std::uint64_t size = bytes.size();
-    broadcast(route, as_view(&size, 1), route.size() - 1, Channel::rollouts);
-    bytes.resize(size);
-    broadcast(route, as_view(bytes.data(), bytes.size()), route.size() - 1, Channel::rollouts);
-    comm_seconds += timer.seconds();
-    if (trainer_) parts.push_back(RolloutBatch::deserialize(bytes.data(), bytes.size()));
-  }
-  if (!trainer_) return {};
-  // Inference rank i's prompts are consecutive; trainer j takes its share of the concatenation.
-  RolloutBatch out = parts.front();
-  out.rows = rows_per_trainer_;
-  for (auto* v : {&out.tokens, &out.targets}) v->clear();
-  out.completion_mask.clear(), out.old_logprobs.clear(), out.rewards.clear();
-  const int first_row = rank_ * rows_per_trainer_;
-  int row = 0;
-  for (const RolloutBatch& p : parts)
-    for (int r = 0; r < p.rows; ++r, ++row) {
-      if (row < first_row || row >= first_row + rows_per_trainer_) continue;
-      const std::size_t a = std::size_t(r) * p.seq_len, e = a + p.seq_len;
-      out.tokens.insert(out.tokens.end(), p.tokens.begin() + a, p.tokens.begin() + e);
-      out.targets.insert(out.targets.end(), p.targets.begin() + a, p.targets.begin() + e);
-      out.completion_mask.insert(out.completion_mask.end(), p.completion_mask.begin() + a, p.completion_mask.begin() + e);
-      out.old_logprobs.insert(out.old_logprobs.end(), p.old_logprobs.begin() + a, p.old_logprobs.begin() + e);
-      out.rewards.push_back(p.rewards[r]);
-    }
-  return out;
 }
 
 void Run::declare_statistics() {
@@ -388,7 +318,7 @@ void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& bef
   std::int64_t absorbed = 0;
   const Log2Range ratio_range{-24, 16}, weight_range{-40, 8};
   if (rank_ == 0) {
-    const Kokkos::View<const float*> update = weight_update(params_->master(), before);
+    const Kokkos::View<const float*> update = weight_update(trainer_->params().master(), before);
     const AbsorptionStats a = absorption_stats(DefaultExec(), before, update, ratio_range, weight_range);
     auto pack = [](const Log2Histogram& h) {
       std::vector<std::int64_t> v(h.bins.begin(), h.bins.end());
@@ -412,19 +342,10 @@ void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& bef
 
 void Run::save_checkpoint(std::int64_t t) {
   RankCheckpoint state;
-  state.metadata = {{"program", "pulse-train"}, {"version", std::to_string(version_)},
-                    {"ranks", std::to_string(world_.size())}, {"config", to_toml(c_)}};
+  state.metadata = {{"program", "pulse-train"}, {"ranks", std::to_string(world_.size())}, {"config", to_toml(c_)}};
   for (const std::string& line : resumes_) state.metadata["resumes"] += line + "\n";
-  if (trainer_) {
-    for_each_state_buffer([&](const std::string& name, const auto& view) {
-      using T = typename std::decay_t<decltype(view)>::non_const_value_type;
-      state.add(name, std::is_same_v<T, float> ? io::DType::F32 : io::DType::BF16, to_host(view));
-    });
-    if (outer_) state.metadata["outer_steps"] = std::to_string(outer_->outer_steps());
-    // No batch before the first step (a checkpoint of the initial state): stored empty.
-    state.add("rollouts", io::DType::U8, batch_.rows ? batch_.serialize() : std::vector<std::uint8_t>{});
-  }
-  for (std::size_t i = 0; i < history_.size(); ++i) state.add("history." + std::to_string(i), io::DType::BF16, history_[i]);
+  if (trainer_) trainer_->save(state);
+  publisher_->save(state);
   if (meter_) {
     const auto snaps = meter_->snapshots();
     for (std::size_t i = 0; i < snaps.size(); ++i) state.add("ring." + std::to_string(i), io::DType::BF16, snaps[i]);
@@ -468,34 +389,6 @@ void Run::on_every_rank(const std::function<void()>& check) const {
   error.resize(length);
   broadcast(world_, as_view(error.data(), error.size()), first, Channel::control);
   throw Error(error);
-}
-
-void Run::load_checkpoint(const RankCheckpoint& state) {
-  version_ = std::stoull(state.meta("version"));
-  if (trainer_) {
-    if (c_.trainer_sync != "ddp") {
-      // The outer state restarts from the checkpoint's global weights (its buffers follow below).
-      outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_,
-                                                 to_device(state.get<float>("outer.theta_global", n_)), outer_hyper(),
-                                                 loco::parse_sparse_exchange(c_.sparse_exchange), c_.dense_threshold);
-      outer_->set_outer_steps(std::stoll(state.meta("outer_steps")));
-    }
-    for_each_state_buffer([&](const std::string& name, const auto& view) {
-      using View = std::decay_t<decltype(view)>;
-      if constexpr (!std::is_const_v<typename View::value_type>)
-        Kokkos::deep_copy(view, to_device(state.get<typename View::value_type>(name, n_)));
-    });
-    const auto bytes = state.get<std::uint8_t>("rollouts");
-    batch_ = bytes.empty() ? RolloutBatch{} : RolloutBatch::deserialize(bytes.data(), bytes.size());
-  }
-  history_.clear();
-  for (int i = 0; state.has("history." + std::to_string(i)); ++i)
-    history_.push_back(state.get<bf16_bits>("history." + std::to_string(i), n_));
-  if (meter_) {
-    std::vector<std::vector<bf16_bits>> snaps;
-    for (int i = 0; state.has("ring." + std::to_string(i)); ++i) snaps.push_back(state.get<bf16_bits>("ring." + std::to_string(i), n_));
-    meter_->restore(snaps);
-  }
 }
 
 // The SFT warm start: rank 0 trains from scratch on a+b=c and caches the BF16 weights at --init.
@@ -558,49 +451,42 @@ bool Run::open() {
   return true;
 }
 
-int Run::train() {
-  const std::int64_t resume_step = resume_step_;
-
-  // Model, optimizer state and the version history.
-  if (trainer_) {
-    model_ = std::make_unique<GPT>(config_, rows_per_trainer_, seq_len_);
-    // Trainer 0 has AdamW list what it changed.
-    const Precision precision = c_.precision == "mixed" ? Precision::mixed : Precision::bf16;
-    params_ = std::make_unique<ParameterStore>(table_, precision, initial_, rank_ == 0);
+void Run::start_roles() {
+  const RankCheckpoint* resumed = resumed_ ? &*resumed_ : nullptr;
+  if (is_trainer_) {
+    trainer_ = std::make_unique<Trainer>(c_, trainers_, config_, table_, rows_per_trainer_, seq_len_, initial_, resumed);
     initial_.clear();
     if (rank_ == 0) meter_ = std::make_unique<SparsityMeter>(table_, kstep_values);
   }
-  if (generator_) decoder_ = std::make_unique<GPTDecoder>(config_, (c_.prompts_per_step / (c_.inference_ranks ? c_.inference_ranks : num_trainers_)) * c_.group_size, seq_len_);
+  generator_ = std::make_unique<Generator>(c_, config_, seq_len_, rank_, num_trainers_, rollout_routes_);
   if (rank_ == 0 && c_.eval_every > 0) {
     eval_decoder_ = std::make_unique<GPTDecoder>(config_, std::min(c_.eval_problems, 256), seq_len_);
     AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
     for (int i = 0; i < c_.eval_problems; ++i) eval_problems_.push_back(eval_task.sample());
   }
-  if (rank_ == 0 || !trainer_) weight_sync_ = std::make_unique<WeightSync>(sync_, table_, c_.relay, c_.anchor_every, c_.keep_anchors);
-
-  std::vector<bf16_bits> current;  // host BF16 weights of version_ on trainer 0 and inference ranks
-  if (trainer_ && c_.trainer_sync != "ddp" && !c_.resume)
-    outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_, params_->master(),
-                                               outer_hyper(), loco::parse_sparse_exchange(c_.sparse_exchange),
-                                               c_.dense_threshold);
-  if (c_.resume) {
-    load_checkpoint(*resumed_);
+  // Trainer 0 is the one publisher; trainers keep versions when they generate.
+  const SyncRole role = rank_ == 0 ? SyncRole::sender : is_trainer_ ? SyncRole::trainer : SyncRole::receiver;
+  publisher_ = std::make_unique<Publisher>(sync_, table_, c_, role, c_.inference_ranks == 0);
+  if (resumed) {
+    publisher_->load(*resumed);
+    if (meter_) {
+      std::vector<std::vector<bf16_bits>> snaps;
+      for (int i = 0; resumed->has("ring." + std::to_string(i)); ++i)
+        snaps.push_back(resumed->get<bf16_bits>("ring." + std::to_string(i), n_));
+      meter_->restore(snaps);
+    }
     resumed_.reset();
-    first_step_ = resume_step + 1;
-    if (rank_ == 0) std::printf("pulse-train: resuming %s after step %lld\n", c_.out.c_str(), (long long)resume_step);
-  } else {
-    if (trainer_) remember_version(to_host(params_->weights()));
-    if (meter_) meter_->start(params_->weights());
+    first_step_ = resume_step_ + 1;
+    if (rank_ == 0) std::printf("pulse-train: resuming %s after step %lld\n", c_.out.c_str(), (long long)resume_step_);
+  } else if (meter_) {
+    meter_->start(trainer_->weights());
   }
-  if (trainer_) current = to_host(params_->weights());
-  else current.assign(n_, 0);
-  // Only trainer 0 and the inference ranks take part: trainer 0 is the one publisher.
-  if (rank_ == 0 || !trainer_) weight_sync_->bootstrap(version_, current);  // receivers start from its bytes
-  if (!trainer_ && !c_.resume) remember_version(current);
-  if (!trainer_ && c_.resume) PULSE_CHECK(history_.empty() || history_.back() == current,
-                                          "--resume: inference rank " + std::to_string(rank_) +
-                                              "'s checkpoint does not match trainer 0's weights");
+  // The inference ranks start from trainer 0's bytes.
+  publisher_->start(trainer_ ? to_host(trainer_->weights()) : std::vector<bf16_bits>{}, c_.resume);
+}
 
+int Run::train() {
+  start_roles();
   if (rank_ == 0)
     std::printf("pulse-train: %s (%lld parameters), %d trainer + %d inference ranks, %d x %d rollouts/step, "
                 "lr %g, %s, steps %lld..%d -> %s\n",
@@ -630,83 +516,24 @@ int Run::train() {
       return exit_stopped_resumable;
     }
   }
-  // The final BF16 weights under the model's names (pulse-sync reads them).
-  if (rank_ == 0) {
-    const std::vector<bf16_bits> w = to_host(params_->weights());
-    std::vector<io::TensorToWrite> tensors;
-    for (const TensorInfo& t : table_.tensors())
-      tensors.push_back({t.name, io::DType::BF16, std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
-                         w.data() + t.offset, std::size_t(t.numel) * 2});
-    const std::filesystem::path p(c_.out);
-    const std::string name = p.stem().string() + ".weights.safetensors";
-    const std::string path = (p.parent_path() / name).string();
-    remove_abandoned_temp_files(p.parent_path().empty() ? "." : p.parent_path().string(),
-                                [&](const std::string& base) { return base == name; });
-    io::write_safetensors(path, tensors, {{"format", "pt"}, {"program", "pulse-train"}, {"version", std::to_string(version_)}});
-    std::printf("pulse-train: done, wrote %s and %s\n", c_.out.c_str(), path.c_str());
-  }
+  if (rank_ == 0) write_final_weights();
   return 0;
 }
 
-// 2-3. GRPO gradients on bf16(theta) (token-level loss over the trainers' whole batch), gradient
-// clipping and AdamW, and on DiLoCo/PULSELoCo outer steps the outer update. Trainers only.
-Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm_s, Kokkos::View<float*>* before) {
-  TrainResult r;
-  const std::vector<float> adv = group_advantages(batch_.rewards, c_.group_size, GrpoHyper{}.advantage_eps);
-  std::int64_t local_tokens = 0;
-  for (const auto m : batch_.completion_mask) local_tokens += m;
-  Kokkos::Timer timer;
-  const bool ddp = c_.trainer_sync == "ddp";
-  r.tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
-  double reward_sum = 0;
-  for (const float x : batch_.rewards) reward_sum += x;
-  r.reward = allreduce_value(trainers_, reward_sum, ReduceOp::sum) / (double(rows_per_trainer_) * num_trainers_);
-  comm_s += timer.seconds();
-  GrpoHyper hyper;
-  hyper.clip_low = c_.clip_low, hyper.clip_high = c_.clip_high;
-  model_->set_weights(params_->weights());
-  model_->zero_grad();
-  // DDP: the loss is the mean over every trainer's tokens, so the summed gradients are its
-  // gradient. DiLoCo/PULSELoCo: each trainer optimises its own batch's mean.
-  const double normaliser = double(std::max<std::int64_t>(ddp ? r.tokens : local_tokens, 1));
-  r.grpo = grpo_backward(*model_, batch_, adv, hyper, normaliser);
-  copies_.uploaded(batch_.tokens.size() * sizeof(int) * 2 + batch_.completion_mask.size() +
-                   (batch_.old_logprobs.size() + adv.size()) * sizeof(float));
-  timer.reset();
-  if (ddp) allreduce(trainers_, model_->grads(), ReduceOp::sum, Channel::gradients);
-  r.loss = allreduce_value(trainers_, r.grpo.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers_);
-  comm_s += timer.seconds();
-
-  // Gradient sparsity is measured on the summed, unclipped gradient.
-  Kokkos::Timer measure_timer;
-  if (rank_ == 0) {
-    row.set("/steps/grad_sparsity", gradient_sparsity(model_->grads(), grad_thresholds));
-    copies_.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
-  }
-  r.measure_s += measure_timer.seconds();
-  AdamWHyper h;
-  h.lr = r.lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
-  h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
-  if (before) {
-    *before = Kokkos::View<float*>("master_before", n_);
-    Kokkos::deep_copy(*before, params_->master());
-  }
-  // Trainer 0 has AdamW list what it changed, unless an outer step changes the weights again.
-  const bool outer_step = outer_ && t % c_.inner_steps == 0;
-  r.listed = rank_ == 0 && !outer_step;
-  r.grad_norm = params_->step(t, model_->grads(), h, c_.grad_clip, r.listed);
-  // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
-  if (outer_step) {
-    const loco::OuterStats o = outer_->outer_step(params_->master());
-    params_->weights_from_master();
-    comm_s += o.comm_seconds;
-    row.set_int("/steps/outer_step", 1);
-    row.set("/steps/gate_density", o.density);
-    row.set("/steps/outer_s", o.comm_seconds + o.compute_seconds);
-  } else {
-    row.set_int("/steps/outer_step", ddp ? 1 : 0);
-  }
-  return r;
+// The final BF16 weights under the model's names (pulse-sync reads them).
+void Run::write_final_weights() const {
+  const std::vector<bf16_bits> w = to_host(trainer_->weights());
+  std::vector<io::TensorToWrite> tensors;
+  for (const TensorInfo& t : table_.tensors())
+    tensors.push_back({t.name, io::DType::BF16, std::vector<std::int64_t>(t.shape.begin(), t.shape.end()),
+                       w.data() + t.offset, std::size_t(t.numel) * 2});
+  const std::filesystem::path p(c_.out);
+  const std::string name = p.stem().string() + ".weights.safetensors";
+  const std::string path = (p.parent_path() / name).string();
+  remove_abandoned_temp_files(p.parent_path().empty() ? "." : p.parent_path().string(),
+                              [&](const std::string& base) { return base == name; });
+  io::write_safetensors(path, tensors, {{"format", "pt"}, {"program", "pulse-train"}, {"version", std::to_string(publisher_->version())}});
+  std::printf("pulse-train: done, wrote %s and %s\n", c_.out.c_str(), path.c_str());
 }
 
 // 4. Trainer 0: what changed in the BF16 weights the forward pass sees (the changed list, the
@@ -714,139 +541,97 @@ Run::TrainResult Run::train_step(std::int64_t t, io::StatsRow& row, double& comm
 // the previous version), and the Adam ratios. Returns the seconds it took.
 double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes) {
   Kokkos::Timer timer;
-  if (listed) changes = compactor_.gather(params_->segments(), params_->staging(), copies_);
-  const Kokkos::View<const bf16_bits*> weights = params_->weights();
+  const ParameterStore& params = trainer_->params();
+  if (listed) changes = compactor_.gather(params.segments(), params.staging(), copies_);
+  const Kokkos::View<const bf16_bits*> weights = params.weights();
   const StepSparsity sp = listed ? meter_->measure(weights, changes) : meter_->measure(weights, changes, copies_);
   copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
   row.set_int("/steps/changed", sp.changed);
   row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
   row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
   row.set("/kstep/sparsity", sp.kstep);
-  const ParameterStore::Moments moments = params_->moments_fp32();
+  const ParameterStore::Moments moments = params.moments_fp32();
   row.set("/steps/adam_ratio", adam_ratio_quantiles(moments.m, moments.v, 0.9, 0.999, 1e-8, t, adam_quantiles));
   copies_.downloaded(adam_quantiles.size() * sizeof(double));
   return timer.seconds();
 }
 
-// 5. PULSESync, trainer 0 -> inference ranks, patch from version-1 to version. `current` becomes
-// the new version on the host: trainer 0 applies its changed list to the previous version, other
-// trainers copy it whole (they hold no previous version), inference ranks patch theirs.
-SyncStepStats Run::publish_step(const ChangedList& changes, std::vector<bf16_bits>& current, double& sync_s,
-                                double& comm_s) {
-  SyncStepStats stats;
-  if (rank_ == 0) {
-    current = history_.back();
-    apply_changes(changes, current);
-  } else if (trainer_) {
-    current = copies_.to_host(params_->weights());
-  } else {
-    current = history_.back();
-  }
-  if (rank_ == 0 || !trainer_) {
-    Kokkos::Timer timer;
-    const std::vector<bf16_bits>* previous = rank_ == 0 ? &history_.back() : nullptr;
-    stats = weight_sync_->step(version_, previous, current);
-    sync_s = timer.seconds();
-    if (!trainer_) comm_s += sync_s;
-  }
-  if (generator_ || rank_ == 0) remember_version(current);
-  return stats;
-}
-
 // 6. Held-out greedy pass@1 on trainer 0 when due, else NaN.
 double Run::evaluate(std::int64_t t) {
   if (rank_ != 0 || c_.eval_every <= 0 || (t % c_.eval_every != 0 && t != c_.steps)) return std::nan("");
-  eval_decoder_->set_weights(params_->weights());
+  eval_decoder_->set_weights(trainer_->weights());
   AdditionTask eval_task(c_.digits, c_.seed + eval_seed_offset);
   return greedy_pass_at_1(*eval_decoder_, tok_, eval_task, eval_problems_, seq_len_);
 }
 
 void Run::step(std::int64_t t) {
   Kokkos::Timer step_timer;
-  double comm_s = 0, sync_s = 0;
+  double comm_s = 0;
   recorder_->start_step();
   io::StatsRow row;
   copies_ = TransferCounter{};
+  StepOutcome s;
 
   // 1. Rollouts: new every num_iterations steps, reused (with importance ratios) in between.
-  if ((t - 1) % c_.num_iterations == 0) {
-    RolloutBatch b = rollouts_for_step(t, comm_s);
-    if (trainer_) batch_ = std::move(b);
+  if (generator_->new_rollouts_due(t)) {
+    RolloutBatch b = generator_->rollouts_for_step(t, *publisher_, trainer_weights(), copies_, comm_s);
+    if (trainer_) trainer_->set_batch(std::move(b));
   }
-  // 2-3. Gradients and the optimizer step; trainer 0 keeps the master weights before it on
-  // absorption steps.
+  // 2-3. GRPO gradients, allreduce, AdamW and (DiLoCo/PULSELoCo) the outer step; trainer 0 keeps
+  // the master weights before it on absorption steps.
   const bool absorb = c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;
-  Kokkos::View<float*> before;
-  TrainResult train;
-  if (trainer_) train = train_step(t, row, comm_s, rank_ == 0 && absorb ? &before : nullptr);
-  ++version_;
+  if (trainer_) s.train = trainer_->step(t, rank_ == 0 && absorb, copies_);
+  comm_s += s.train.comm_s;
+  s.measure_s = s.train.measure_s;
   // 4. Measurement on trainer 0; the absorption histograms are written collectively.
   ChangedList changes;
-  Kokkos::Timer absorb_timer;
-  if (rank_ == 0) train.measure_s += measure_step(t, row, train.listed, changes);
+  if (rank_ == 0) s.measure_s += measure_step(t, row, s.train.listed, changes);
   if (absorb) {
-    absorb_timer.reset();
-    write_absorption(t, before);
-    if (rank_ == 0) train.measure_s += absorb_timer.seconds();
+    Kokkos::Timer absorb_timer;
+    write_absorption(t, s.train.master_before);
+    if (rank_ == 0) s.measure_s += absorb_timer.seconds();
   }
   // 5. PULSESync, every rank agreeing that the inference ranks hold the new version.
-  std::vector<bf16_bits> current;
-  const SyncStepStats sync_stats = publish_step(changes, current, sync_s, comm_s);
-  const int verified = allreduce_value(world_, int(sync_stats.verified), ReduceOp::min);
-  const double apply_s = allreduce_value(world_, sync_stats.apply_seconds, ReduceOp::max);
-  const double verify_s = allreduce_value(world_, sync_stats.verify_seconds, ReduceOp::max);
-  PULSE_CHECK(verified, "step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
+  s.published = publisher_->publish(changes, trainer_weights(), copies_);
+  if (!trainer_) comm_s += s.published.seconds;
+  s.verified = allreduce_value(world_, int(s.published.sync.verified), ReduceOp::min);
+  s.apply_s = allreduce_value(world_, s.published.sync.apply_seconds, ReduceOp::max);
+  s.verify_s = allreduce_value(world_, s.published.sync.verify_seconds, ReduceOp::max);
+  PULSE_CHECK(s.verified, "step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
+  s.version = publisher_->version();
   // 6. Held-out greedy pass@1.
-  const double pass1 = evaluate(t);
+  s.pass1 = evaluate(t);
 
   // 7. The statistics row (rank 0's values for /steps, every rank's own for /ranks).
-  const double step_s = step_timer.seconds();
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+  s.step_s = step_timer.seconds();
+  s.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
   if (rank_ == 0) {
-    row.set_int("/steps/step", t);
-    row.set("/steps/time_s", elapsed);
-    row.set("/steps/lr", train.lr);
-    row.set("/steps/loss", train.loss);
-    row.set("/steps/reward", train.reward);
-    row.set("/steps/grad_norm", train.grad_norm);
-    row.set("/steps/clip_fraction", train.grpo.clip_fraction);
-    row.set("/steps/mean_ratio", train.grpo.mean_ratio);
-    row.set_int("/steps/tokens", train.tokens);
-    row.set_int("/steps/patch_bytes", std::int64_t(sync_stats.patch_bytes));
-    row.set_int("/steps/patch_raw_bytes", std::int64_t(sync_stats.patch_raw_bytes));
-    row.set_int("/steps/dense_bytes", std::int64_t(n_) * 2);
-    row.set("/steps/encode_s", sync_stats.encode_seconds);
-    row.set("/steps/apply_s", apply_s);
-    row.set("/steps/verify_s", verify_s);
-    row.set_int("/steps/verify_ok", verified);
-    row.set_int("/steps/policy_version", std::int64_t(version_));
-    row.set_int("/steps/rollout_version", std::int64_t(batch_.policy_version));
-    row.set("/steps/step_s", step_s);
-    row.set("/steps/measure_s", train.measure_s);
-    row.set("/steps/sync_s", sync_s);
-    row.set("/steps/eval_pass1", pass1);
-    row.set_int("/steps/d2h_bytes", std::int64_t(copies_.d2h_bytes));
-    row.set_int("/steps/h2d_bytes", std::int64_t(copies_.h2d_bytes));
-    const std::int64_t steps_run = t - first_step_ + 1;
-    sparsity_sum_ += 1.0 - double(sync_stats.changed) / double(n_);
-    patch_bytes_sum_ += double(sync_stats.patch_bytes), dense_bytes_sum_ += double(n_) * 2;
-    totals_["steps_run"] = steps_run, totals_["last_step"] = t;
-    totals_["mean_sparsity"] = sparsity_sum_ / double(steps_run);
-    totals_["dense_over_patch_bytes"] = patch_bytes_sum_ > 0 ? dense_bytes_sum_ / patch_bytes_sum_ : 0.0;
-    totals_["final_reward"] = train.reward;
-    if (!std::isnan(pass1)) totals_["final_eval_pass1"] = pass1;
+    s.rollout_version = trainer_->batch().policy_version;
+    set_step_columns(row, t, s, n_, c_.trainer_sync == "ddp", copies_);
+    count_totals(t, s);
   }
-  const sync::Digest held = rank_ == 0 || !trainer_ ? sync_stats.state : sync::compute_digests(bf16_tensor_refs(table_, current)).state;
-  recorder_->finish_step(row, step_s, comm_s, digest_word(held), version_);
+  recorder_->finish_step(row, s.step_s, comm_s, digest_word(s.published.sync.state), s.version);
+  if (rank_ == 0 && !c_.quiet) print_progress(t, s);
+}
 
-  if (rank_ == 0 && !c_.quiet) {
-    const double eta = elapsed / double(t - first_step_ + 1) * double(c_.steps - t);
-    std::printf("step %lld/%d  eta %4.0fs  reward %.3f  loss %+.4f  sparsity %.4f  patch %s  %.2f s/step%s\n",
-                (long long)t, c_.steps, eta, train.reward, train.loss, 1.0 - double(sync_stats.changed) / double(n_),
-                human_bytes(double(sync_stats.patch_bytes)).c_str(), step_s,
-                std::isnan(pass1) ? "" : ("  pass@1 " + std::to_string(pass1).substr(0, 5)).c_str());
-    std::fflush(stdout);
-  }
+void Run::count_totals(std::int64_t t, const StepOutcome& s) {
+  const std::int64_t steps_run = t - first_step_ + 1;
+  sparsity_sum_ += 1.0 - double(s.published.sync.changed) / double(n_);
+  patch_bytes_sum_ += double(s.published.sync.patch_bytes), dense_bytes_sum_ += double(n_) * 2;
+  totals_["steps_run"] = steps_run, totals_["last_step"] = t;
+  totals_["mean_sparsity"] = sparsity_sum_ / double(steps_run);
+  totals_["dense_over_patch_bytes"] = patch_bytes_sum_ > 0 ? dense_bytes_sum_ / patch_bytes_sum_ : 0.0;
+  totals_["final_reward"] = s.train.reward;
+  if (!std::isnan(s.pass1)) totals_["final_eval_pass1"] = s.pass1;
+}
+
+void Run::print_progress(std::int64_t t, const StepOutcome& s) const {
+  const double eta = s.elapsed_s / double(t - first_step_ + 1) * double(c_.steps - t);
+  std::printf("step %lld/%d  eta %4.0fs  reward %.3f  loss %+.4f  sparsity %.4f  patch %s  %.2f s/step%s\n",
+              (long long)t, c_.steps, eta, s.train.reward, s.train.loss,
+              1.0 - double(s.published.sync.changed) / double(n_), human_bytes(double(s.published.sync.patch_bytes)).c_str(),
+              s.step_s, std::isnan(s.pass1) ? "" : ("  pass@1 " + std::to_string(s.pass1).substr(0, 5)).c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace
