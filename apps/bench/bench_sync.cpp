@@ -19,6 +19,7 @@
 
 #include "kernels/bf16.hpp"
 #include "sync/change_entropy.hpp"
+#include "sync/change_recency.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/patch.hpp"
 
@@ -163,6 +164,9 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
   Checkpoint current = load_checkpoint(dir + "/anchor-" + std::to_string(oldest) + ".safetensors");
   double steps = 0, changes = 0, dense = 0, ours = 0, ours_expclass = 0, expclass_streams = 0, paper = 0, entropy = 0,
          entropy_positions = 0, entropy_no_context = 0;
+  // Given also how recently each element changed (recency buckets, and every recency value).
+  ChangeRecency recency(current.layout);
+  double entropy_recency = 0, entropy_recency_positions = 0, entropy_recency_exact = 0;
   for (auto _ : state) {
     for (std::uint64_t v = oldest;; ++v) {
       const std::string path = dir + "/patch-" + std::to_string(v) + "-" + std::to_string(v + 1) + ".pulse";
@@ -188,6 +192,26 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
       entropy += e.bits();
       entropy_positions += e.position_bits;
       entropy_no_context += e.bits_no_context();
+      ElementContexts buckets, exact;
+      for (const auto& t : current.layout)
+        if (const auto* r = recency.of(t.name)) {
+          exact[t.name] = *r;
+          for (std::uint8_t x : exact[t.name]) buckets[t.name].push_back(std::uint8_t(ChangeRecency::bucket(x)));
+        }
+      const ChangeEntropy with_recency = change_entropy(current.layout, next.layout, &buckets);
+      entropy_recency += with_recency.bits();
+      entropy_recency_positions += with_recency.position_bits;
+      entropy_recency_exact += change_entropy(current.layout, next.layout, &exact).bits();
+      recency.age();
+      for (std::size_t i = 0; i < next.layout.size(); ++i) {
+        if (!recency.of(next.layout[i].name) || next.layout[i].dtype != "BF16") continue;
+        std::vector<std::uint64_t> changed;
+        const auto* a = reinterpret_cast<const bf16_bits*>(current.layout[i].data);
+        const auto* b = reinterpret_cast<const bf16_bits*>(next.layout[i].data);
+        for (std::size_t k = 0; k < next.layout[i].bytes / 2; ++k)
+          if (a[k] != b[k]) changed.push_back(k);
+        recency.mark_changed(next.layout[i].name, changed.data(), changed.size());
+      }
       current = std::move(next);
     }
   }
@@ -204,6 +228,9 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
   state.counters["paper_over_expclass"] = paper / ours_expclass;
   state.counters["dense_over_default"] = dense / ours;
   state.counters["dense_over_expclass"] = dense / ours_expclass;
+  state.counters["bits_entropy_exponent_class_recency"] = entropy_recency / changes;
+  state.counters["bits_entropy_positions_exponent_class_recency"] = entropy_recency_positions / changes;
+  state.counters["bits_entropy_exponent_class_recency_exact"] = entropy_recency_exact / changes;
 }
 
 // The same change pattern in every sparse-coded float dtype: weights ~ N(0, 0.02), 1% of the
