@@ -745,7 +745,7 @@ SyncStepStats Run::publish_step(const ChangedList& changes, std::vector<bf16_bit
   if (rank_ == 0 || !trainer_) {
     Kokkos::Timer timer;
     const std::vector<bf16_bits>* previous = rank_ == 0 ? &history_.back() : nullptr;
-    stats = weight_sync_->step(version_, previous, current);
+    stats = weight_sync_->step(version_, previous, rank_ == 0 ? &changes : nullptr, current);
     sync_s = timer.seconds();
     if (!trainer_) comm_s += sync_s;
   }
