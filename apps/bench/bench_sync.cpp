@@ -5,7 +5,9 @@
 // with lr calibrated to the target sparsity, and an element changes where bf16(w + u) differs.
 // With --trace=DIR (a relay folder of a run, e.g. pulse-train --relay DIR --anchor-every 1000
 // --keep-anchors 1000), BM_Trace/DIR replays its versions from the oldest anchor and reports the
-// same sizes for each recorded step, summed over the run.
+// same sizes for each recorded step, summed over the run, and the entropy given also each
+// element's recency (versions since it last changed, src/sync/change_recency.hpp). BM_EncodeChanges
+// times the sender coding from its list of changes (encode_changes) beside BM_Encode.
 //   pulse-bench-sync --benchmark_format=json [--trace=DIR ...]
 #include <benchmark/benchmark.h>
 #include <zstd.h>
@@ -294,6 +296,31 @@ void BM_Encode(benchmark::State& state) {
   state.counters["patch_bytes"] = double(bytes);
 }
 
+// The sender coding from the list of changes it already holds (pulse-train's trainer 0:
+// encode_changes) instead of comparing two versions; the same bytes as BM_Encode.
+void BM_EncodeChanges(benchmark::State& state) {
+  const std::size_t n = std::size_t(state.range(0));
+  const Step& s = step_at(n, state.range(1) / 1000.0);
+  const StateDigests base_digests = compute_digests(as_state(s.base));
+  std::vector<TensorChanges> changes{{"weight", {}, {}}};
+  for (std::size_t i = 0; i < n; ++i)
+    if (s.base[i] != s.target[i]) {
+      changes[0].indices.push_back(index_t(i));
+      changes[0].new_bits.push_back(s.target[i]);
+    }
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    StateDigests target_digests;
+    Kokkos::Timer timer;
+    bytes = encode_changes(as_state(s.base), changes, coding(state.range(2)), base_digests, &target_digests).size();
+    state.SetIterationTime(timer.seconds());
+  }
+  if (bytes != encode_patch(as_state(s.base), as_state(s.target), coding(state.range(2))).size())
+    state.SkipWithError("encode_changes and encode_patch differ");
+  state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
+  state.counters["patch_bytes"] = double(bytes);
+}
+
 // Steady state of a receiver: it verified its weights' digests at the previous apply.
 void BM_Apply(benchmark::State& state) {
   const std::size_t n = std::size_t(state.range(0));
@@ -319,6 +346,7 @@ BENCHMARK(BM_PatchSizeF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF32)->Iterations(1)->Unit(benchmark::kMillisecond);
 // Arguments: elements, sparsity in thousandths, coding (0 default, 2 expclass).
 BENCHMARK(BM_Encode)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EncodeChanges)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Apply)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
