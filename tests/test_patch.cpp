@@ -1,5 +1,6 @@
 // PULSESync patches: bit-exact round trips for every coding, special values and shapes, and
-// rejection of every corruption with the receiver's weights untouched.
+// rejection of every corruption with the receiver's weights untouched; patches coded from a
+// list of changes (encode_changes) are the bytes of encode_patch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
 #include "sync/patch.hpp"
+#include "sync/sparse_format.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
@@ -729,4 +731,109 @@ TEST(Patch, ExpclassDecodesOnlyAgainstTheOldWeightsItWasMadeFor) {
   EXPECT_THROW(apply_patch(parse_patch(good.data(), good.size()), m, {}, &forged), Error);
   expect_equal_state(other, before);
   EXPECT_EQ(round_trip(base, target, expclass(Compressor::zstd)) > 0, true);
+}
+
+namespace {
+
+// The change from base to target as encode_changes takes it, listing besides every change the
+// elements of `noop_every`-th index that keep their bits (the list may hold them).
+std::vector<TensorChanges> listed_changes(const State& base, const State& target, std::size_t noop_every) {
+  std::vector<TensorChanges> out;
+  for (std::size_t t = 0; t < base.size(); ++t) {
+    const auto format = sparse_format(base[t].dtype);
+    if (!format) continue;
+    TensorChanges c{base[t].name, {}, {}};
+    for (std::size_t i = 0; i < base[t].bytes.size() / format->bytes; ++i) {
+      const auto before = load_value(base[t].bytes.data(), i, format->bytes);
+      const auto after = load_value(target[t].bytes.data(), i, format->bytes);
+      if (before != after || (noop_every && i % noop_every == 0)) {
+        c.indices.push_back(index_t(i));
+        c.new_bits.push_back(std::uint32_t(after));
+      }
+    }
+    if (!c.indices.empty()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void expect_encode_changes_is_encode_patch(const State& base, const State& target, const EncodeOptions& opt,
+                                           std::size_t noop_every, const Metadata& metadata = {}) {
+  const StateDigests base_digests = compute_digests(refs(base), metadata);
+  StateDigests from_patch, from_changes;
+  const auto expected = encode_patch(refs(base), refs(target), opt, &base_digests, &from_patch, metadata, metadata);
+  const auto bytes =
+      encode_changes(refs(base), listed_changes(base, target, noop_every), opt, base_digests, &from_changes, metadata);
+  EXPECT_EQ(bytes, expected);
+  EXPECT_EQ(from_changes.state, from_patch.state);
+  EXPECT_EQ(from_changes.tensors, from_patch.tensors);
+}
+
+}  // namespace
+
+TEST(Patch, EncodeChangesWritesTheBytesOfEncodePatchForEveryCoding) {
+  std::mt19937 rng(21);
+  const State base = random_state(rng, 10007);
+  const KeyPair key = generate_keypair();
+  for (double density : {0.0, 0.001, 0.01, 0.5, 1.0}) {
+    State target = step(base, rng, density);
+    if (density == 0.5) reinterpret_cast<float*>(target[2].bytes.data())[1] = 7.0f;  // an F32 change
+    for (EncodeOptions opt : every_coding())
+      for (auto compressor : {Compressor::none, Compressor::zstd, Compressor::lz4})
+        for (std::size_t noop_every : {std::size_t(0), std::size_t(97)}) {
+          opt.compressor = compressor;
+          opt.base_version = 4;
+          opt.target_version = 5;
+          opt.signing_key = density == 0.01 ? &key.secret_key : nullptr;
+          SCOPED_TRACE(std::string(value_coding_name(opt.values)) + " " + index_coding_name(opt.indices) + " " +
+                       compressor_name(compressor) + " density " + std::to_string(density) + " no-ops every " +
+                       std::to_string(noop_every));
+          expect_encode_changes_is_encode_patch(base, target, opt, noop_every);
+        }
+  }
+  // A state with a metadata: the digests cover it.
+  const State target = step(base, rng, 0.01);
+  expect_encode_changes_is_encode_patch(base, target, expclass(), 0, {{"format", "pt"}});
+}
+
+TEST(Patch, EncodeChangesCodesEverySparseDtype) {
+  std::mt19937 rng(22);
+  const State base = every_dtype_state(rng);
+  State target = base;
+  for (auto& t : target)
+    if (const auto format = sparse_format(t.dtype))
+      for (std::size_t i = 0; i < t.bytes.size(); i += 5 * format->bytes) t.bytes[i] ^= std::byte(1 + (i & 3));
+  for (EncodeOptions opt : every_coding()) expect_encode_changes_is_encode_patch(base, target, opt, 7);
+  // And the patch applies to the base, reaching the target.
+  const auto bytes = encode_changes(refs(base), listed_changes(base, target, 0), expclass(), compute_digests(refs(base)));
+  State receiver = base;
+  auto m = mutables(receiver);
+  apply_patch(parse_patch(bytes.data(), bytes.size()), m);
+  expect_equal_state(receiver, target);
+}
+
+TEST(Patch, EncodeChangesRejectsListsThatAreNotAChange) {
+  std::mt19937 rng(23);
+  const State base = random_state(rng, 100);
+  const StateDigests digests = compute_digests(refs(base));
+  auto refuses = [&](const std::vector<TensorChanges>& changes, const std::string& message) {
+    try {
+      encode_changes(refs(base), changes, {}, digests);
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  const std::string w = "blocks.0.attn.qkv.weight";
+  refuses({{"nope", {0}, {1}}}, "which the base does not hold");
+  refuses({{"step", {0}, {1}}}, "which is not coded sparsely");
+  refuses({{w, {3, 2}, {1, 1}}}, "are not sorted distinct indices");
+  refuses({{w, {2, 2}, {1, 1}}}, "are not sorted distinct indices");
+  refuses({{w, {100}, {1}}}, "are not sorted distinct indices below 100");
+  refuses({{w, {-1}, {1}}}, "are not sorted distinct indices");
+  refuses({{w, {0}, {0x10000}}}, "hold a value wider than BF16");
+  refuses({{w, {0, 1}, {1}}}, "have 2 indices and 1 values");
+  refuses({{w, {0}, {1}}, {w, {1}, {1}}}, "twice");
+  StateDigests partial = digests;
+  partial.tensors.erase(w);
+  EXPECT_THROW(encode_changes(refs(base), {}, {}, partial), Error);
 }

@@ -10,6 +10,7 @@
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
 #include "sync/digest.hpp"
+#include "train/changed_list.hpp"
 #include "train/weight_sync.hpp"
 
 using namespace pulse;
@@ -121,4 +122,35 @@ TEST(WeightSyncMpi, TensorRefsViewTheTableSlices) {
   EXPECT_EQ(refs[2].name, "b");
   EXPECT_EQ(refs[2].data, reinterpret_cast<const std::byte*>(bits.data() + 20));
   EXPECT_EQ(refs[2].bytes, 66u);
+}
+
+// The sender passes each change as AdamW lists it (flat indices of the table, new bits; here with
+// an element that keeps its bits): the receivers reach every version as with step's comparison,
+// and the patch has the size of the compared one.
+TEST(WeightSyncMpi, ChangedListGivesTheSamePatchesAsComparingVersions) {
+  const Communicator world(MPI_COMM_WORLD);
+  const TensorTable table = sync_table();
+  const auto versions = sync_versions(table);
+  WeightSync listed(world, table, "", 10, 2), compared(world, table, "", 10, 2);
+  std::vector<bf16_bits> held = listed.is_sender() ? versions[0].bits : std::vector<bf16_bits>(table.num_elements());
+  std::vector<bf16_bits> held_compared = held;
+  listed.bootstrap(0, held);
+  compared.bootstrap(0, held_compared);
+  for (std::uint64_t v = 1; v < versions.size(); ++v) {
+    ChangedList changes;
+    for (std::size_t i = 0; i < held.size(); ++i)
+      if (versions[v].bits[i] != versions[v - 1].bits[i] || i == 7) {
+        changes.indices.push_back(index_t(i));
+        changes.values.push_back(versions[v].bits[i]);
+      }
+    if (listed.is_sender()) held = held_compared = versions[v].bits;
+    const std::vector<bf16_bits>* previous = listed.is_sender() ? &versions[v - 1].bits : nullptr;
+    const SyncStepStats a = listed.step(v, previous, listed.is_sender() ? &changes : nullptr, held);
+    const SyncStepStats b = compared.step(v, previous, held_compared);
+    EXPECT_EQ(held, versions[v].bits) << "version " << v;
+    EXPECT_TRUE(a.verified) << "version " << v;
+    EXPECT_EQ(a.changed, versions[v].changed) << "version " << v;
+    EXPECT_EQ(a.state, state_of(table, versions[v].bits)) << "version " << v;
+    EXPECT_EQ(a.patch_bytes, b.patch_bytes) << "version " << v;
+  }
 }

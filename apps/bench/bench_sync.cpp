@@ -5,7 +5,9 @@
 // with lr calibrated to the target sparsity, and an element changes where bf16(w + u) differs.
 // With --trace=DIR (a relay folder of a run, e.g. pulse-train --relay DIR --anchor-every 1000
 // --keep-anchors 1000), BM_Trace/DIR replays its versions from the oldest anchor and reports the
-// same sizes for each recorded step, summed over the run.
+// same sizes for each recorded step, summed over the run, and the entropy given also each
+// element's recency (versions since it last changed, src/sync/change_recency.hpp). BM_EncodeChanges
+// times the sender coding from its list of changes (encode_changes) beside BM_Encode.
 //   pulse-bench-sync --benchmark_format=json [--trace=DIR ...]
 #include <benchmark/benchmark.h>
 #include <zstd.h>
@@ -19,6 +21,7 @@
 
 #include "kernels/bf16.hpp"
 #include "sync/change_entropy.hpp"
+#include "sync/change_recency.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/patch.hpp"
 
@@ -163,6 +166,9 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
   Checkpoint current = load_checkpoint(dir + "/anchor-" + std::to_string(oldest) + ".safetensors");
   double steps = 0, changes = 0, dense = 0, ours = 0, ours_expclass = 0, expclass_streams = 0, paper = 0, entropy = 0,
          entropy_positions = 0, entropy_no_context = 0;
+  // Given also how recently each element changed (recency buckets, and every recency value).
+  ChangeRecency recency(current.layout);
+  double entropy_recency = 0, entropy_recency_positions = 0, entropy_recency_exact = 0;
   for (auto _ : state) {
     for (std::uint64_t v = oldest;; ++v) {
       const std::string path = dir + "/patch-" + std::to_string(v) + "-" + std::to_string(v + 1) + ".pulse";
@@ -188,6 +194,26 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
       entropy += e.bits();
       entropy_positions += e.position_bits;
       entropy_no_context += e.bits_no_context();
+      ElementContexts buckets, exact;
+      for (const auto& t : current.layout)
+        if (const auto* r = recency.of(t.name)) {
+          exact[t.name] = *r;
+          for (std::uint8_t x : exact[t.name]) buckets[t.name].push_back(std::uint8_t(ChangeRecency::bucket(x)));
+        }
+      const ChangeEntropy with_recency = change_entropy(current.layout, next.layout, &buckets);
+      entropy_recency += with_recency.bits();
+      entropy_recency_positions += with_recency.position_bits;
+      entropy_recency_exact += change_entropy(current.layout, next.layout, &exact).bits();
+      recency.age();
+      for (std::size_t i = 0; i < next.layout.size(); ++i) {
+        if (!recency.of(next.layout[i].name) || next.layout[i].dtype != "BF16") continue;
+        std::vector<std::uint64_t> changed;
+        const auto* a = reinterpret_cast<const bf16_bits*>(current.layout[i].data);
+        const auto* b = reinterpret_cast<const bf16_bits*>(next.layout[i].data);
+        for (std::size_t k = 0; k < next.layout[i].bytes / 2; ++k)
+          if (a[k] != b[k]) changed.push_back(k);
+        recency.mark_changed(next.layout[i].name, changed.data(), changed.size());
+      }
       current = std::move(next);
     }
   }
@@ -204,6 +230,9 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
   state.counters["paper_over_expclass"] = paper / ours_expclass;
   state.counters["dense_over_default"] = dense / ours;
   state.counters["dense_over_expclass"] = dense / ours_expclass;
+  state.counters["bits_entropy_exponent_class_recency"] = entropy_recency / changes;
+  state.counters["bits_entropy_positions_exponent_class_recency"] = entropy_recency_positions / changes;
+  state.counters["bits_entropy_exponent_class_recency_exact"] = entropy_recency_exact / changes;
 }
 
 // The same change pattern in every sparse-coded float dtype: weights ~ N(0, 0.02), 1% of the
@@ -267,6 +296,31 @@ void BM_Encode(benchmark::State& state) {
   state.counters["patch_bytes"] = double(bytes);
 }
 
+// The sender coding from the list of changes it already holds (pulse-train's trainer 0:
+// encode_changes) instead of comparing two versions; the same bytes as BM_Encode.
+void BM_EncodeChanges(benchmark::State& state) {
+  const std::size_t n = std::size_t(state.range(0));
+  const Step& s = step_at(n, state.range(1) / 1000.0);
+  const StateDigests base_digests = compute_digests(as_state(s.base));
+  std::vector<TensorChanges> changes{{"weight", {}, {}}};
+  for (std::size_t i = 0; i < n; ++i)
+    if (s.base[i] != s.target[i]) {
+      changes[0].indices.push_back(index_t(i));
+      changes[0].new_bits.push_back(s.target[i]);
+    }
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    StateDigests target_digests;
+    Kokkos::Timer timer;
+    bytes = encode_changes(as_state(s.base), changes, coding(state.range(2)), base_digests, &target_digests).size();
+    state.SetIterationTime(timer.seconds());
+  }
+  if (bytes != encode_patch(as_state(s.base), as_state(s.target), coding(state.range(2))).size())
+    state.SkipWithError("encode_changes and encode_patch differ");
+  state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
+  state.counters["patch_bytes"] = double(bytes);
+}
+
 // Steady state of a receiver: it verified its weights' digests at the previous apply.
 void BM_Apply(benchmark::State& state) {
   const std::size_t n = std::size_t(state.range(0));
@@ -292,6 +346,7 @@ BENCHMARK(BM_PatchSizeF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF32)->Iterations(1)->Unit(benchmark::kMillisecond);
 // Arguments: elements, sparsity in thousandths, coding (0 default, 2 expclass).
 BENCHMARK(BM_Encode)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EncodeChanges)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Apply)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <map>
 #include <string>
-#include <utility>
+#include <tuple>
 
 #include "sync/sparse_format.hpp"
 
@@ -28,32 +28,43 @@ double empirical_bits(const std::map<std::int64_t, std::uint64_t>& counts) {
 
 }  // namespace
 
-ChangeEntropy change_entropy(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target) {
+ChangeEntropy change_entropy(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
+                             const ElementContexts* contexts) {
   std::map<std::string, const TensorRef*> base_by_name;
   for (const auto& t : base) base_by_name[t.name] = &t;
   ChangeEntropy e;
-  std::map<std::pair<std::string, unsigned>, std::map<std::int64_t, std::uint64_t>> steps_by_class;
+  // Value contexts: dtype, exponent class, element context.
+  std::map<std::tuple<std::string, unsigned, unsigned>, std::map<std::int64_t, std::uint64_t>> steps_by_class;
   std::map<std::string, std::map<std::int64_t, std::uint64_t>> steps_by_dtype;
   for (const auto& t : target) {
     const auto it = base_by_name.find(t.name);
     const auto format = sparse_format(t.dtype);
     if (it == base_by_name.end() || !format || it->second->dtype != t.dtype || it->second->shape != t.shape) continue;
     const std::uint64_t n = t.bytes / format->bytes;
-    std::vector<std::uint64_t> elements(format->classes(), 0), changed(format->classes(), 0);
+    const std::uint8_t* context = nullptr;
+    if (contexts) {
+      const auto c = contexts->find(t.name);
+      if (c != contexts->end() && c->second.size() == n) context = c->second.data();
+    }
+    // Position contexts of this tensor: exponent class x element context.
+    const std::size_t classes = format->classes();
+    std::vector<std::uint64_t> elements(256 * classes, 0), changed(256 * classes, 0);
     std::uint64_t changed_total = 0;
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::uint64_t before = load_value(it->second->data, i, format->bytes);
       const std::uint64_t after = load_value(t.data, i, format->bytes);
+      const unsigned c = context ? context[i] : 0;
       const unsigned k = format->exponent_class(before);
-      ++elements[k];
+      ++elements[c * classes + k];
       if (before == after) continue;
-      ++changed[k];
+      ++changed[c * classes + k];
       ++changed_total;
       const std::int64_t step = std::int64_t(format->key(after)) - std::int64_t(format->key(before));
-      ++steps_by_class[{t.dtype, k}][step];
+      ++steps_by_class[{t.dtype, k, c}][step];
       ++steps_by_dtype[t.dtype][step];
     }
-    for (unsigned k = 0; k < format->classes(); ++k) e.position_bits += bernoulli_bits(double(elements[k]), double(changed[k]));
+    for (std::size_t k = 0; k < elements.size(); ++k)
+      if (elements[k]) e.position_bits += bernoulli_bits(double(elements[k]), double(changed[k]));
     e.position_bits_no_context += bernoulli_bits(double(n), double(changed_total));
     e.changes += changed_total;
   }

@@ -7,6 +7,8 @@
 // value (per tensor for positions, per dtype for values: what the receiver can compute), or
 // none. Estimates exclude the cost of describing the distributions themselves.
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "sync/digest.hpp"
@@ -23,7 +25,14 @@ struct ChangeEntropy {
   double bits_no_context() const { return position_bits_no_context + value_bits_no_context; }
 };
 
+// A context (0-255) per element of a tensor, by tensor name: e.g. the recency bucket of
+// change_recency.hpp, which sender and receiver both know.
+using ElementContexts = std::map<std::string, std::vector<std::uint8_t>>;
+
 // Over the tensors of sparse-coded dtypes that both states hold with the same dtype and shape.
-ChangeEntropy change_entropy(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target);
+// With contexts, the exponent class context is (exponent class, element context) for positions
+// and values; tensors without contexts (or with too few) take context 0.
+ChangeEntropy change_entropy(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
+                             const ElementContexts* contexts = nullptr);
 
 }  // namespace pulse::sync

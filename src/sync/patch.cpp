@@ -91,6 +91,16 @@ std::uint64_t layout_bytes(const std::string& name, const std::string& dtype, co
   return bytes;
 }
 
+// The digest a streaming xxh3-128 state holds; frees the state.
+Digest finish_digest(XXH3_state_t* state) {
+  XXH128_canonical_t canonical;
+  XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state));
+  XXH3_freeState(state);
+  Digest d;
+  std::memcpy(d.data(), canonical.digest, d.size());
+  return d;
+}
+
 // One pass over a sparse-coded tensor in cache-sized chunks: finds the changed indices (sorted),
 // their new and old values, and feeds the chunk, still in cache, to the digests, so base and
 // target are read from memory once. 16-bit tensors go through the compaction kernel.
@@ -144,16 +154,8 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
     if (old_state) XXH3_128bits_update(old_state, o, w * len);
     XXH3_128bits_update(new_state, t, w * len);
   }
-  auto finish = [](XXH3_state_t* state) {
-    XXH128_canonical_t canonical;
-    XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state));
-    XXH3_freeState(state);
-    Digest d;
-    std::memcpy(d.data(), canonical.digest, d.size());
-    return d;
-  };
-  if (old_state) *old_digest = finish(old_state);
-  new_digest = finish(new_state);
+  if (old_state) *old_digest = finish_digest(old_state);
+  new_digest = finish_digest(new_state);
 }
 
 void put_string(std::vector<std::uint8_t>& out, const std::string& s) {
@@ -246,113 +248,81 @@ std::map<std::string, const TensorRef*> by_name(const std::vector<TensorRef>& st
 // ---------------------------------------------------------------------------------------
 // encode
 
-std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
-                                       const EncodeOptions& options, const StateDigests* base_digests,
-                                       StateDigests* target_digests, const Metadata& base_metadata,
-                                       const Metadata& target_metadata) {
-  const bool exponent_class = options.values == ValueCoding::exponent_class;
-  PULSE_CHECK(exponent_class == (options.indices == IndexCoding::exponent_class),
+namespace {
+
+void check_codings(const EncodeOptions& options) {
+  PULSE_CHECK((options.values == ValueCoding::exponent_class) == (options.indices == IndexCoding::exponent_class),
               "the expclass coding codes indices and values together: choose it for both");
-  const auto base_by_name = by_name(base, "base"), target_by_name = by_name(target, "target");
-  for (const auto* state : {&base, &target})
-    for (const TensorRef& t : *state)
-      PULSE_CHECK(t.bytes == layout_bytes(t.name, t.dtype, t.shape),
-                  "tensor '" + t.name + "' holds " + std::to_string(t.bytes) + " bytes, not what its dtype and shape need");
-  // The layout change: base tensors the target lacks or re-declares, target tensors the base
-  // lacks or declares otherwise.
+}
+
+void check_sizes(const std::vector<TensorRef>& state) {
+  for (const TensorRef& t : state)
+    PULSE_CHECK(t.bytes == layout_bytes(t.name, t.dtype, t.shape),
+                "tensor '" + t.name + "' holds " + std::to_string(t.bytes) + " bytes, not what its dtype and shape need");
+}
+
+// Codes the changes of the sparse entries into the index and value streams, as the options say.
+class SparseCoder {
+ public:
+  explicit SparseCoder(const EncodeOptions& options) : options_(options) {}
+
+  // One tensor's changes (sorted indices, their new and old bits) against its old data.
+  void add(const SparseFormat& format, const std::byte* old_data, const std::vector<index_t>& indices,
+           const std::vector<std::uint32_t>& values, const std::vector<std::uint32_t>& old_values, PatchEntry& e) {
+    e.kind = EntryKind::sparse;
+    e.count = indices.size();
+    if (options_.values == ValueCoding::exponent_class) {
+      class_encoder_.add(format, old_data, indices.data(), values.data(), old_values.data(), indices.size());
+      return;
+    }
+    if (options_.indices == IndexCoding::gap_fixed)
+      e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
+    encode_gaps(options_.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
+    if (options_.values == ValueCoding::raw) {
+      for (unsigned plane = 0; plane < format.bytes; ++plane)  // byte planes compress better
+        for (std::uint32_t v : values) value_stream.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
+    } else {
+      for (std::size_t k = 0; k < values.size(); ++k)
+        put_varint(value_stream, zigzag(std::int64_t(format.key(values[k])) - std::int64_t(format.key(old_values[k]))));
+    }
+  }
+
+  // Completes the streams once every tensor was added.
+  void finish() {
+    if (options_.values != ValueCoding::exponent_class) return;
+    index_stream = class_encoder_.finish_indices();
+    value_stream = class_encoder_.finish_values();
+  }
+
+  std::vector<std::uint8_t> index_stream, value_stream;
+
+ private:
+  const EncodeOptions& options_;
+  ExponentClassEncoder class_encoder_;
+};
+
+// Everything a patch states, before it is written.
+struct PatchContent {
   std::vector<std::string> removed;
   std::vector<TensorLayout> added;
-  for (const auto& [name, b] : base_by_name) {
-    const auto it = target_by_name.find(name);
-    if (it == target_by_name.end() || it->second->dtype != b->dtype || it->second->shape != b->shape) removed.push_back(name);
-  }
-  for (const auto& [name, t] : target_by_name) {
-    const auto it = base_by_name.find(name);
-    if (it == base_by_name.end() || it->second->dtype != t->dtype || it->second->shape != t->shape)
-      added.push_back({t->name, t->dtype, t->shape});
-  }
-
-  std::vector<PatchEntry> entries;
-  std::vector<TensorLayout> target_layout;
+  const Metadata* target_metadata = nullptr;  // when the metadata changes
+  std::vector<TensorLayout> target_layout;    // in name order, one per entry
   std::vector<std::uint64_t> target_bytes;
+  std::vector<PatchEntry> entries;
+  Digest base_layout{}, base_state{}, target_state{};
   std::vector<std::uint8_t> index_stream, value_stream, whole_stream;
-  std::map<std::string, Digest> base_digest_of, target_digest_of;
-  std::vector<index_t> indices;
-  std::vector<std::uint32_t> values, old_values;
-  ExponentClassEncoder class_encoder;
-  for (const auto& [name, tp] : target_by_name) {
-    const TensorRef& t = *tp;
-    const auto it = base_by_name.find(name);
-    const TensorRef* b = it != base_by_name.end() && it->second->dtype == t.dtype && it->second->shape == t.shape
-                             ? it->second : nullptr;
-    PatchEntry e;
-    Digest base_digest{}, target_digest{};
-    if (b && base_digests) base_digest = known_digest(*base_digests, name);
-    const auto format = sparse_format(t.dtype);
-    if (b && format) {
-      e.kind = EntryKind::sparse;
-      scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
-                   indices, values, old_values);
-      e.count = indices.size();
-      if (exponent_class) {
-        class_encoder.add(*format, b->data, indices.data(), values.data(), old_values.data(), indices.size());
-      } else {
-        if (options.indices == IndexCoding::gap_fixed)
-          e.index_width = static_cast<std::uint8_t>(fixed_gap_width(indices.data(), indices.size(), 0));
-        encode_gaps(options.indices, e.index_width, indices.data(), indices.size(), 0, index_stream);
-        if (options.values == ValueCoding::raw) {
-          for (unsigned plane = 0; plane < format->bytes; ++plane)  // byte planes compress better
-            for (std::uint32_t v : values) value_stream.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
-        } else {
-          for (std::size_t k = 0; k < values.size(); ++k)
-            put_varint(value_stream, zigzag(std::int64_t(format->key(values[k])) - std::int64_t(format->key(old_values[k]))));
-        }
-      }
-    } else {
-      if (b && !base_digests) base_digest = tensor_digest(*b);
-      target_digest = tensor_digest(t);
-      if (!b || std::memcmp(b->data, t.data, t.bytes) != 0) {
-        e.kind = EntryKind::whole;
-        const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
-        whole_stream.insert(whole_stream.end(), p, p + t.bytes);
-      }
-    }
-    if (b) base_digest_of[name] = base_digest;
-    target_digest_of[name] = target_digest;
-    target_layout.push_back({t.name, t.dtype, t.shape});
-    target_bytes.push_back(t.bytes);
-    entries.push_back(e);
-  }
+};
 
-  Digest base_state;
-  if (base_digests) {
-    base_state = base_digests->state;
-  } else {
-    std::vector<Digest> in_base_order;
-    for (const auto& t : base)
-      in_base_order.push_back(base_digest_of.count(t.name) ? base_digest_of[t.name] : tensor_digest(t));
-    base_state = state_digest(base, in_base_order, base_metadata);
-  }
-  std::vector<Digest> in_target_order;
-  for (const auto& t : target) in_target_order.push_back(target_digest_of.at(t.name));
-  const Digest target_state = state_digest(target, in_target_order, target_metadata);
-  if (target_digests) {
-    target_digests->tensors = target_digest_of;
-    target_digests->state = target_state;
-  }
-
-  if (exponent_class) {
-    index_stream = class_encoder.finish_indices();
-    value_stream = class_encoder.finish_values();
-  }
-  const bool changes_layout = !removed.empty() || !added.empty();
-  const bool changes_metadata = base_metadata != target_metadata;
+// The patch's bytes (FORMAT.md): header, entry table, compressed streams, checksum, signature.
+std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchContent& c) {
+  const bool changes_layout = !c.removed.empty() || !c.added.empty();
+  const bool changes_metadata = c.target_metadata != nullptr;
   std::vector<std::uint8_t> table;
   if (changes_layout) {
-    put_varint(table, removed.size());
-    for (const auto& name : removed) put_string(table, name);
-    put_varint(table, added.size());
-    for (const auto& t : added) {
+    put_varint(table, c.removed.size());
+    for (const auto& name : c.removed) put_string(table, name);
+    put_varint(table, c.added.size());
+    for (const auto& t : c.added) {
       put_string(table, t.name);
       put_string(table, t.dtype);
       put_varint(table, t.shape.size());
@@ -360,29 +330,29 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     }
   }
   if (changes_metadata) {
-    put_varint(table, target_metadata.size());
-    for (const auto& [key, value] : target_metadata) {
+    put_varint(table, c.target_metadata->size());
+    for (const auto& [key, value] : *c.target_metadata) {
       put_string(table, key);
       put_string(table, value);
     }
   }
-  const auto summary = summarize(target_layout, target_bytes, entries);
+  const auto summary = summarize(c.target_layout, c.target_bytes, c.entries);
   put_varint(table, summary.size());
   for (const auto& s : summary) {
     put_string(table, s.dtype);
     for (std::uint64_t v : {s.tensors, s.elements, s.changed, s.whole_bytes}) put_varint(table, v);
   }
-  put_varint(table, entries.size());
-  for (const auto& e : entries) {
+  put_varint(table, c.entries.size());
+  for (const auto& e : c.entries) {
     table.push_back(static_cast<std::uint8_t>(e.kind));
     if (e.kind != EntryKind::sparse) continue;
     put_varint(table, e.count);
     if (options.indices == IndexCoding::gap_fixed) table.push_back(e.index_width);
   }
 
-  const auto coded_index = compress(options.compressor, options.level, index_stream);
-  const auto coded_value = compress(options.compressor, options.level, value_stream);
-  const auto coded_whole = compress(options.compressor, options.level, whole_stream);
+  const auto coded_index = compress(options.compressor, options.level, c.index_stream);
+  const auto coded_value = compress(options.compressor, options.level, c.value_stream);
+  const auto coded_whole = compress(options.compressor, options.level, c.whole_stream);
 
   Writer w;
   w.put_bytes(kMagic, 8);
@@ -394,12 +364,11 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   w.put<std::uint8_t>(0);
   w.put<std::uint64_t>(options.base_version);
   w.put<std::uint64_t>(options.target_version);
-  const Digest base_layout = layout_digest(base);
-  w.put_bytes(base_layout.data(), 16);
-  w.put_bytes(base_state.data(), 16);
-  w.put_bytes(target_state.data(), 16);
-  for (const auto* s : {&index_stream, &value_stream, &whole_stream}) {
-    const auto& coded = s == &index_stream ? coded_index : s == &value_stream ? coded_value : coded_whole;
+  w.put_bytes(c.base_layout.data(), 16);
+  w.put_bytes(c.base_state.data(), 16);
+  w.put_bytes(c.target_state.data(), 16);
+  for (const auto* s : {&c.index_stream, &c.value_stream, &c.whole_stream}) {
+    const auto& coded = s == &c.index_stream ? coded_index : s == &c.value_stream ? coded_value : coded_whole;
     w.put<std::uint64_t>(coded.size());
     w.put<std::uint64_t>(s->size());
   }
@@ -415,6 +384,177 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     w.put_bytes(sig.data(), sig.size());
   }
   return std::move(w.out);
+}
+
+// Digest of a tensor's bytes with the changes written (sorted indices, new bits), hashed in
+// cache-sized chunks of a copy, so the tensor itself stays as it is.
+Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, const std::vector<index_t>& indices,
+                           const std::vector<std::uint32_t>& values) {
+  constexpr std::size_t chunk = std::size_t(1) << 16;
+  thread_local std::vector<std::byte> copy;
+  XXH3_state_t* state = XXH3_createState();
+  PULSE_CHECK(state, "out of memory for a digest state");
+  XXH3_128bits_reset(state);
+  const unsigned w = format.bytes;
+  const std::size_t n = t.bytes / w;
+  std::size_t k = 0;
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t len = std::min(chunk, n - begin);
+    copy.assign(t.data + w * begin, t.data + w * (begin + len));
+    for (; k < indices.size() && std::size_t(indices[k]) < begin + len; ++k)
+      std::memcpy(copy.data() + w * (std::size_t(indices[k]) - begin), &values[k], w);  // little-endian hosts
+    XXH3_128bits_update(state, copy.data(), w * len);
+  }
+  return finish_digest(state);
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
+                                       const EncodeOptions& options, const StateDigests* base_digests,
+                                       StateDigests* target_digests, const Metadata& base_metadata,
+                                       const Metadata& target_metadata) {
+  check_codings(options);
+  const auto base_by_name = by_name(base, "base"), target_by_name = by_name(target, "target");
+  check_sizes(base);
+  check_sizes(target);
+  // The layout change: base tensors the target lacks or re-declares, target tensors the base
+  // lacks or declares otherwise.
+  PatchContent c;
+  for (const auto& [name, b] : base_by_name) {
+    const auto it = target_by_name.find(name);
+    if (it == target_by_name.end() || it->second->dtype != b->dtype || it->second->shape != b->shape) c.removed.push_back(name);
+  }
+  for (const auto& [name, t] : target_by_name) {
+    const auto it = base_by_name.find(name);
+    if (it == base_by_name.end() || it->second->dtype != t->dtype || it->second->shape != t->shape)
+      c.added.push_back({t->name, t->dtype, t->shape});
+  }
+
+  std::map<std::string, Digest> base_digest_of, target_digest_of;
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> values, old_values;
+  SparseCoder coder(options);
+  for (const auto& [name, tp] : target_by_name) {
+    const TensorRef& t = *tp;
+    const auto it = base_by_name.find(name);
+    const TensorRef* b = it != base_by_name.end() && it->second->dtype == t.dtype && it->second->shape == t.shape
+                             ? it->second : nullptr;
+    PatchEntry e;
+    Digest base_digest{}, target_digest{};
+    if (b && base_digests) base_digest = known_digest(*base_digests, name);
+    const auto format = sparse_format(t.dtype);
+    if (b && format) {
+      scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
+                   indices, values, old_values);
+      coder.add(*format, b->data, indices, values, old_values, e);
+    } else {
+      if (b && !base_digests) base_digest = tensor_digest(*b);
+      target_digest = tensor_digest(t);
+      if (!b || std::memcmp(b->data, t.data, t.bytes) != 0) {
+        e.kind = EntryKind::whole;
+        const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+        c.whole_stream.insert(c.whole_stream.end(), p, p + t.bytes);
+      }
+    }
+    if (b) base_digest_of[name] = base_digest;
+    target_digest_of[name] = target_digest;
+    c.target_layout.push_back({t.name, t.dtype, t.shape});
+    c.target_bytes.push_back(t.bytes);
+    c.entries.push_back(e);
+  }
+
+  if (base_digests) {
+    c.base_state = base_digests->state;
+  } else {
+    std::vector<Digest> in_base_order;
+    for (const auto& t : base)
+      in_base_order.push_back(base_digest_of.count(t.name) ? base_digest_of[t.name] : tensor_digest(t));
+    c.base_state = state_digest(base, in_base_order, base_metadata);
+  }
+  std::vector<Digest> in_target_order;
+  for (const auto& t : target) in_target_order.push_back(target_digest_of.at(t.name));
+  c.target_state = state_digest(target, in_target_order, target_metadata);
+  if (target_digests) {
+    target_digests->tensors = target_digest_of;
+    target_digests->state = c.target_state;
+  }
+  coder.finish();
+  c.index_stream = std::move(coder.index_stream);
+  c.value_stream = std::move(coder.value_stream);
+  c.base_layout = layout_digest(base);
+  if (base_metadata != target_metadata) c.target_metadata = &target_metadata;
+  return write_patch(options, c);
+}
+
+std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, const std::vector<TensorChanges>& changes,
+                                         const EncodeOptions& options, const StateDigests& base_digests,
+                                         StateDigests* target_digests, const Metadata& metadata) {
+  check_codings(options);
+  const auto base_by_name = by_name(base, "base");
+  check_sizes(base);
+  std::map<std::string, const TensorChanges*> changes_by_name;
+  for (const TensorChanges& ch : changes) {
+    const auto it = base_by_name.find(ch.name);
+    PULSE_CHECK(it != base_by_name.end(), "changes name tensor '" + ch.name + "', which the base does not hold");
+    PULSE_CHECK(is_sparse_dtype(it->second->dtype) || ch.indices.empty(),
+                "changes name tensor '" + ch.name + "' of " + it->second->dtype + ", which is not coded sparsely");
+    PULSE_CHECK(ch.indices.size() == ch.new_bits.size(), "changes of tensor '" + ch.name + "' have " +
+                                                             std::to_string(ch.indices.size()) + " indices and " +
+                                                             std::to_string(ch.new_bits.size()) + " values");
+    PULSE_CHECK(changes_by_name.emplace(ch.name, &ch).second, "changes name tensor '" + ch.name + "' twice");
+  }
+
+  PatchContent c;
+  std::map<std::string, Digest> target_digest_of;
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> values, old_values;
+  SparseCoder coder(options);
+  for (const auto& [name, b] : base_by_name) {
+    PatchEntry e;
+    Digest target_digest = known_digest(base_digests, name);
+    if (const auto format = sparse_format(b->dtype)) {
+      // The listed changes that change something, checked as the receiver would check them.
+      indices.clear();
+      values.clear();
+      old_values.clear();
+      const auto it = changes_by_name.find(name);
+      const std::uint64_t n = b->bytes / format->bytes;
+      if (it != changes_by_name.end()) {
+        const TensorChanges& ch = *it->second;
+        for (std::size_t k = 0; k < ch.indices.size(); ++k) {
+          PULSE_CHECK(ch.indices[k] >= 0 && std::uint64_t(ch.indices[k]) < n && (k == 0 || ch.indices[k] > ch.indices[k - 1]),
+                      "changes of tensor '" + name + "' are not sorted distinct indices below " + std::to_string(n));
+          PULSE_CHECK(ch.new_bits[k] <= format->mask(), "changes of tensor '" + name + "' hold a value wider than " + b->dtype);
+          const auto old_bits = std::uint32_t(load_value(b->data, std::uint64_t(ch.indices[k]), format->bytes));
+          if (old_bits == ch.new_bits[k]) continue;
+          indices.push_back(ch.indices[k]);
+          values.push_back(ch.new_bits[k]);
+          old_values.push_back(old_bits);
+        }
+      }
+      coder.add(*format, b->data, indices, values, old_values, e);
+      if (!indices.empty()) target_digest = digest_with_changes(*b, *format, indices, values);
+    }
+    target_digest_of[name] = target_digest;
+    c.target_layout.push_back({b->name, b->dtype, b->shape});
+    c.target_bytes.push_back(b->bytes);
+    c.entries.push_back(e);
+  }
+
+  c.base_state = base_digests.state;
+  std::vector<Digest> in_order;
+  for (const auto& t : base) in_order.push_back(target_digest_of.at(t.name));
+  c.target_state = state_digest(base, in_order, metadata);
+  if (target_digests) {
+    target_digests->tensors = target_digest_of;
+    target_digests->state = c.target_state;
+  }
+  coder.finish();
+  c.index_stream = std::move(coder.index_stream);
+  c.value_stream = std::move(coder.value_stream);
+  c.base_layout = layout_digest(base);
+  return write_patch(options, c);
 }
 
 // ---------------------------------------------------------------------------------------

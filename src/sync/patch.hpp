@@ -156,6 +156,22 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
                                        StateDigests* target_digests = nullptr, const Metadata& base_metadata = {},
                                        const Metadata& target_metadata = {});
 
+// One tensor's changes: sorted, distinct element indices and the new bits of each.
+struct TensorChanges {
+  std::string name;
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> new_bits;
+};
+
+// The patch encode_patch(base, target, options, &base_digests, target_digests, metadata,
+// metadata) writes, where target is base with `changes` written (tensors of sparse-coded dtypes,
+// each at most once; the layout and metadata stay), built from the changes without a copy of
+// the target or a comparison of two states: only changed tensors are hashed (as base plus
+// changes). A listed element whose new bits equal its old ones is no change.
+std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, const std::vector<TensorChanges>& changes,
+                                         const EncodeOptions& options, const StateDigests& base_digests,
+                                         StateDigests* target_digests = nullptr, const Metadata& metadata = {});
+
 // Throws pulse::Error with a one-line reason. With a public key, an unsigned patch or a bad
 // signature is rejected.
 ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const PatchLimits& limits = {},

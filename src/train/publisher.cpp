@@ -51,13 +51,13 @@ Publication Publisher::publish(const ChangedList& changes, const Kokkos::View<co
     current = history_.back();
     const std::vector<bf16_bits>* previous = nullptr;
     if (role_ == SyncRole::sender) {
-      // Trainer 0: its changed list turns the previous version into the new one; the patch goes
-      // from one to the other.
+      // Trainer 0: its changed list turns the previous version into the new one, and the patch
+      // is coded from the list (no comparison of the two versions).
       apply_changes(changes, current);
       previous = &history_.back();
     }
     Kokkos::Timer timer;
-    out.sync = weight_sync_->step(version_, previous, current);
+    out.sync = weight_sync_->step(version_, previous, role_ == SyncRole::sender ? &changes : nullptr, current);
     out.seconds = timer.seconds();
   }
   if (keep_versions_) remember_version(std::move(current));

@@ -1,11 +1,13 @@
 #include "train/weight_sync.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstring>
 
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
 #include "sync/digest.hpp"
+#include "train/changed_list.hpp"
 
 namespace pulse {
 
@@ -35,6 +37,23 @@ sync::Checkpoint as_checkpoint(const TensorTable& table, const std::vector<bf16_
   }
   for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();
   return c;
+}
+
+// The list's changes per tensor of the table, with indices within the tensor.
+std::vector<sync::TensorChanges> tensor_changes(const TensorTable& table, const ChangedList& list) {
+  std::vector<sync::TensorChanges> out;
+  for (const TensorInfo& t : table.tensors()) {
+    const auto begin = std::lower_bound(list.indices.begin(), list.indices.end(), index_t(t.offset));
+    const auto end = std::lower_bound(begin, list.indices.end(), index_t(t.offset + t.numel));
+    if (begin == end) continue;
+    sync::TensorChanges c{t.name, {}, {}};
+    for (auto it = begin; it != end; ++it) {
+      c.indices.push_back(*it - index_t(t.offset));
+      c.new_bits.push_back(list.values[std::size_t(it - list.indices.begin())]);
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 }  // namespace
@@ -71,6 +90,11 @@ void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weight
 
 SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bits>* previous,
                                std::vector<bf16_bits>& weights) {
+  return step(version, previous, nullptr, weights);
+}
+
+SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bits>* previous,
+                               const ChangedList* changes, std::vector<bf16_bits>& weights) {
   PULSE_CHECK(have_digests_, "weight sync: step before bootstrap");
   SyncStepStats stats;
   std::vector<std::uint8_t> patch;
@@ -88,7 +112,8 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
     const auto base_refs = bf16_tensor_refs(table_, *previous);
     const auto target_refs = bf16_tensor_refs(table_, weights);
     if (over_mpi) {
-      patch = sync::encode_patch(base_refs, target_refs, options, &digests_, &target);
+      patch = changes ? sync::encode_changes(base_refs, tensor_changes(table_, *changes), options, digests_, &target)
+                      : sync::encode_patch(base_refs, target_refs, options, &digests_, &target);
       PULSE_CHECK(version != replay_until_ || target.state == relay_head_state_,
                   "weight sync: the resumed run's version " + std::to_string(version) +
                       " differs from the one in relay '" + relay_dir_ + "' (not the same run, or not reproducible)");

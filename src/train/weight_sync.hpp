@@ -16,6 +16,8 @@
 
 namespace pulse {
 
+struct ChangedList;
+
 struct SyncStepStats {
   std::uint64_t patch_bytes = 0;      // coded patch as sent
   std::uint64_t patch_raw_bytes = 0;  // its index and value streams before compression
@@ -45,6 +47,11 @@ class WeightSync {
   // Collective: the sender passes versions version-1 (previous) and version (weights); each
   // receiver turns its copy of version-1 into version in place and verifies it.
   SyncStepStats step(std::uint64_t version, const std::vector<bf16_bits>* previous, std::vector<bf16_bits>& weights);
+  // As above, the sender also passing the change as AdamW listed it (train/changed_list.hpp:
+  // previous with `changes` written is weights): patches that go over MPI are coded from the
+  // list (sync::encode_changes, the same bytes) instead of comparing previous and weights.
+  SyncStepStats step(std::uint64_t version, const std::vector<bf16_bits>* previous, const ChangedList* changes,
+                     std::vector<bf16_bits>& weights);
 
  private:
   Communicator sync_;
