@@ -17,16 +17,26 @@ T load(const std::byte* data, std::uint64_t i) {
   return v;
 }
 
-// Adds the class counts of elements [begin, end) to two interleaved histograms (rows of
-// kMaxClasses): neighbours often share a class, and one histogram would make every increment
-// wait for the previous one (two measured faster than one or four).
+// Adds the class counts of elements [begin, end) to kLanes histograms (rows of kMaxClasses).
+// Neighbours often share a class, and one histogram would make every increment wait for the
+// previous one; eight rows, filled from 8-byte words read before any increment, run several
+// times faster than one or two rows read element by element.
+constexpr unsigned kLanes = 8;
+
 template <class T>
 void count_classes(const std::byte* data, std::uint64_t begin, std::uint64_t end, unsigned shift, unsigned class_mask,
                    std::uint64_t* histograms) {
+  constexpr unsigned kPerWord = 8 / sizeof(T);
+  constexpr unsigned kBits = 8 * sizeof(T);
   std::uint64_t i = begin;
-  for (; i + 2 <= end; i += 2) {
-    ++histograms[(load<T>(data, i) >> shift) & class_mask];
-    ++histograms[kMaxClasses + ((load<T>(data, i + 1) >> shift) & class_mask)];
+  for (; i + 2 * kPerWord <= end; i += 2 * kPerWord) {
+    std::uint64_t a, b;  // little-endian: element j of a word sits at bit kBits * j
+    std::memcpy(&a, data + sizeof(T) * i, 8);
+    std::memcpy(&b, data + sizeof(T) * (i + kPerWord), 8);
+    for (unsigned j = 0; j < kPerWord; ++j) {
+      ++histograms[(j % kLanes) * kMaxClasses + ((a >> (kBits * j + shift)) & class_mask)];
+      ++histograms[((kPerWord + j) % kLanes) * kMaxClasses + ((b >> (kBits * j + shift)) & class_mask)];
+    }
   }
   for (; i < end; ++i) ++histograms[(load<T>(data, i) >> shift) & class_mask];
 }
@@ -90,14 +100,16 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data,
   // Rank of each change among the elements of its class: class counts of the elements between
   // changes (the tail after the last change is not needed).
   thread_local std::vector<std::uint64_t> histograms, ranks;
-  histograms.assign(2 * kMaxClasses, 0);
+  histograms.assign(kLanes * kMaxClasses, 0);
   ranks.resize(count);
   std::vector<std::uint64_t> per_class(classes, 0);
   std::uint64_t next = 0;
   for (std::size_t j = 0; j < count; ++j) {
     count_classes(f, old_data, next, std::uint64_t(indices[j]), histograms.data());
     const unsigned k = f.exponent_class(old_bits[j]);
-    ranks[j] = histograms[k] + histograms[kMaxClasses + k];
+    std::uint64_t rank = 0;
+    for (unsigned lane = 0; lane < kLanes; ++lane) rank += histograms[lane * kMaxClasses + k];
+    ranks[j] = rank;
     ++histograms[k];
     ++per_class[k];
     next = std::uint64_t(indices[j]) + 1;
