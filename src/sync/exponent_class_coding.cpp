@@ -72,10 +72,8 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
   const unsigned shift = kShift < 32 ? kShift : f.mantissa_bits, mask = kShift < 32 ? kMask : classes - 1;
   const std::int64_t key_max = std::int64_t(f.mask());
   std::uint64_t found = 0;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    const T bits = load<T>(data, i);
-    const unsigned k = (bits >> shift) & mask;
-    if (__builtin_expect(left[k]-- != 0, 1)) continue;
+  // Where class k's count runs out: element i changes; true once every change is found.
+  auto reach = [&](std::uint64_t i, T bits, unsigned k) __attribute__((noinline)) {
     const std::uint64_t at = c.first[k] + taken[k]++;
     const std::int64_t key = std::int64_t(f.key(bits)) + c.steps[at];
     PULSE_CHECK(key >= 0 && key <= key_max, "patch value out of range" + context);
@@ -83,7 +81,27 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
     indices[found] = i;
     std::memcpy(new_values + sizeof(T) * found, &new_bits, sizeof(T));
     left[k] = taken[k] < c.count[k] ? c.gaps[at + 1] : UINT64_MAX;
-    if (++found == total) break;
+    return ++found == total;
+  };
+  // Two 8-byte words read before any count changes, as in count_classes.
+  constexpr unsigned kPerWord = 8 / sizeof(T);
+  std::uint64_t i = 0;
+  for (; i + 2 * kPerWord <= n; i += 2 * kPerWord) {
+    std::uint64_t a, b;
+    std::memcpy(&a, data + sizeof(T) * i, 8);
+    std::memcpy(&b, data + sizeof(T) * (i + kPerWord), 8);
+    for (unsigned j = 0; j < 2 * kPerWord; ++j) {
+      const T bits = static_cast<T>((j < kPerWord ? a : b) >> (8 * sizeof(T) * (j % kPerWord)));
+      const unsigned k = (bits >> shift) & mask;
+      if (__builtin_expect(left[k]-- != 0, 1)) continue;
+      if (reach(i + j, bits, k)) return found;
+    }
+  }
+  for (; i < n; ++i) {
+    const T bits = load<T>(data, i);
+    const unsigned k = (bits >> shift) & mask;
+    if (__builtin_expect(left[k]-- != 0, 1)) continue;
+    if (reach(i, bits, k)) return found;
   }
   return found;
 }
