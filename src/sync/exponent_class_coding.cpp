@@ -92,21 +92,21 @@ template <class Emit>
 std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask,
                                const ClassChanges& c, ClassCursor& cursor, Emit&& emit) {
   // The hot classes: the most common in a sample of the tensor, while they cover 90% of it.
-  constexpr std::uint64_t kSamples = 4096;
-  if (n < 16 * kSamples) return 0;
+  if (n < kBlock) return 0;
+  const std::uint64_t samples = std::min<std::uint64_t>(n, 4096);
   std::uint32_t sampled[kMaxClasses] = {};
-  for (std::uint64_t s = 0; s < kSamples; ++s) ++sampled[(load<std::uint16_t>(data, s * (n / kSamples)) >> shift) & class_mask];
+  for (std::uint64_t s = 0; s < samples; ++s) ++sampled[(load<std::uint16_t>(data, s * (n / samples)) >> shift) & class_mask];
   unsigned by_count[kMaxClasses];
   for (unsigned k = 0; k < kMaxClasses; ++k) by_count[k] = k;
   std::partial_sort(by_count, by_count + kMaxHot, by_count + kMaxClasses,
                     [&](unsigned x, unsigned y) { return sampled[x] > sampled[y]; });
   unsigned hot[kMaxHot], num_hot = 0;
   std::uint64_t covered = 0;
-  for (; num_hot < kMaxHot && 10 * covered < 9 * kSamples; ++num_hot) {
+  for (; num_hot < kMaxHot && 10 * covered < 9 * samples; ++num_hot) {
     hot[num_hot] = by_count[num_hot];
     covered += sampled[hot[num_hot]];
   }
-  if (4 * covered < 3 * kSamples) return 0;
+  if (4 * covered < 3 * samples) return 0;
 
   const __m128i count = _mm_cvtsi32_si128(int(shift));
   const __m256i class_bits = _mm256_set1_epi16(std::int16_t(class_mask));
