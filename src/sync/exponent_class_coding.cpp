@@ -223,31 +223,31 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data,
   if (count == 0) return;
   coded_ = true;
   const unsigned classes = f.classes();
-  // Rank of each change among the elements of its class: class counts of the elements between
-  // changes (the tail after the last change is not needed).
-  thread_local std::vector<std::uint64_t> histograms, ranks;
+  // The changes in class-major order, as the streams code them; within a class in index order.
+  std::vector<std::uint64_t> per_class(classes, 0), first(classes, 0);
+  for (std::size_t j = 0; j < count; ++j) ++per_class[f.exponent_class(old_bits[j])];
+  for (unsigned k = 1; k < classes; ++k) first[k] = first[k - 1] + per_class[k - 1];
+  // One pass in index order: each change's rank among the elements of its class (class counts
+  // of the elements between changes; the tail after the last change is not needed) gives its
+  // gap after the class's previous change. Gaps and key differences go straight to their
+  // class-major places, so the coding below reads them in order.
+  thread_local std::vector<std::uint64_t> histograms, gaps;
+  thread_local std::vector<std::int64_t> steps;
   histograms.assign(kLanes * kMaxClasses, 0);
-  ranks.resize(count);
-  std::vector<std::uint64_t> per_class(classes, 0);
+  gaps.resize(count);
+  steps.resize(count);
+  std::vector<std::uint64_t> at = first, next_rank(classes, 0);
   std::uint64_t next = 0;
   for (std::size_t j = 0; j < count; ++j) {
     count_classes(f, old_data, next, std::uint64_t(indices[j]), histograms.data());
     const unsigned k = f.exponent_class(old_bits[j]);
     std::uint64_t rank = 0;
     for (unsigned lane = 0; lane < kLanes; ++lane) rank += histograms[lane * kMaxClasses + k];
-    ranks[j] = rank;
     ++histograms[k];
-    ++per_class[k];
+    gaps[at[k]] = rank - next_rank[k];
+    steps[at[k]++] = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
+    next_rank[k] = rank + 1;
     next = std::uint64_t(indices[j]) + 1;
-  }
-  // Class-major order (stable, so ranks stay increasing within a class).
-  std::vector<std::uint64_t> first(classes, 0);
-  for (unsigned k = 1; k < classes; ++k) first[k] = first[k - 1] + per_class[k - 1];
-  thread_local std::vector<std::size_t> order;
-  order.resize(count);
-  {
-    std::vector<std::uint64_t> at = first;
-    for (std::size_t j = 0; j < count; ++j) order[at[f.exponent_class(old_bits[j])]++] = j;
   }
   std::uint64_t remaining = count;
   for (unsigned k = 0; k < classes && remaining > 0; ++k) {
@@ -255,12 +255,9 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data,
     indices_.encode(m.any, per_class[k] > 0);
     if (per_class[k] == 0) continue;
     indices_.encode_integer(m.count, per_class[k] - 1);
-    std::uint64_t next_rank = 0;
     for (std::uint64_t c = first[k]; c < first[k] + per_class[k]; ++c) {
-      const std::size_t j = order[c];
-      indices_.encode_integer(m.gap, ranks[j] - next_rank);
-      next_rank = ranks[j] + 1;
-      const std::int64_t d = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
+      indices_.encode_integer(m.gap, gaps[c]);
+      const std::int64_t d = steps[c];
       values_.encode(m.sign, d < 0);
       values_.encode_integer(m.step, std::uint64_t(d < 0 ? -d : d) - 1);
     }
