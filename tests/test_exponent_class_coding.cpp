@@ -13,6 +13,7 @@
 #include "sync/codec_choice.hpp"
 #include "sync/patch.hpp"
 #include "sync/range_coder.hpp"
+#include "sync/sparse_format.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
@@ -189,4 +190,77 @@ TEST(ExponentClassCoding, CodecChoiceWeighsItAgainstTheOthers) {
   const auto& slow = measured[best_codec(measured, 1e3)];
   EXPECT_EQ(slow.options.values, ValueCoding::exponent_class) << slow.name;
   for (const auto& m : measured) EXPECT_LE(slow.patch_bytes, m.patch_bytes) << m.name;
+}
+
+namespace {
+
+// Weight-like bits of a sparse-coded dtype from integers only (the same on every platform):
+// random sign and mantissa, an exponent spread over about 16 classes below the middle one (or
+// uniform bits when `uniform`). The target moves per_mille of the elements by a few key steps.
+struct RecordedCase {
+  std::string dtype;
+  std::size_t n;
+  unsigned per_mille;
+  bool uniform;
+};
+
+void weight_like_pair(const RecordedCase& c, std::uint64_t seed, std::vector<std::uint8_t>& base,
+                      std::vector<std::uint8_t>& target) {
+  const SparseFormat f = *sparse_format(c.dtype);
+  std::mt19937_64 rng(seed);
+  base.resize(c.n * f.bytes);
+  target.resize(c.n * f.bytes);
+  for (std::size_t i = 0; i < c.n; ++i) {
+    std::uint64_t bits = rng() & f.mask();
+    if (!c.uniform) {
+      const std::uint64_t middle = f.classes() / 2, spread = __builtin_popcountll(rng() & 0xFFFF);
+      const std::uint64_t exponent = middle > spread ? middle - spread : 0;
+      bits = (bits & ~(((std::uint64_t(f.classes()) - 1) << f.mantissa_bits))) | (exponent << f.mantissa_bits);
+    }
+    std::uint64_t next = bits;
+    if (rng() % 1000 < c.per_mille) {
+      const std::int64_t step = 1 + (rng() % 4 == 0 ? std::int64_t(rng() % 5) : 0);
+      const std::int64_t key = std::int64_t(f.key(bits)) + (rng() % 2 ? step : -step);
+      if (key >= 0 && key <= std::int64_t(f.mask())) next = f.from_key(std::uint64_t(key));
+    }
+    std::memcpy(base.data() + f.bytes * i, &bits, f.bytes);
+    std::memcpy(target.data() + f.bytes * i, &next, f.bytes);
+  }
+}
+
+}  // namespace
+
+TEST(ExponentClassCoding, EncodesTheBytesRecordedBeforeItsSpeedWork) {
+  // The expclass bytes are the format: a faster coder must write exactly what the coder wrote
+  // before (digests recorded from the encoder at commit ea0bd7e), and the patches must apply.
+  const std::vector<std::vector<RecordedCase>> patches{
+      {{"BF16", 100000, 10, false}, {"F16", 30011, 10, false}, {"F32", 20003, 10, false},
+       {"F8_E4M3", 5003, 10, false}, {"F8_E5M2", 4001, 20, false}, {"F8_E8M0", 3001, 30, false},
+       {"BF16", 1, 1000, false}, {"BF16", 0, 0, false}, {"BF16", 777, 0, false}},
+      {{"BF16", 1 << 20, 10, false}},
+      {{"BF16", 1 << 18, 10, true}},
+      {{"BF16", 1 << 18, 1, false}, {"F32", 1 << 16, 500, false}},
+      {{"BF16", 4099, 1000, true}, {"F16", 4099, 900, false}},
+  };
+  const std::vector<std::string> recorded{"02ff91a9c1d355d784a5ce4bc18623af", "83a7f595b47adc482021ffaf80292425",
+                                          "92d829ec2e7b0b7a62d2785b988ba2bc", "582b7a7f1674f3a599fff57a0dae2640",
+                                          "f68f5185dcc54f2ff2206b978414c1ef"};
+  for (std::size_t p = 0; p < patches.size(); ++p) {
+    std::vector<std::vector<std::uint8_t>> bases(patches[p].size()), targets(patches[p].size());
+    std::vector<TensorRef> base, target;
+    for (std::size_t t = 0; t < patches[p].size(); ++t) {
+      const RecordedCase& c = patches[p][t];
+      weight_like_pair(c, 100 * p + t, bases[t], targets[t]);
+      const std::string name = "t" + std::to_string(t);
+      base.push_back({name, c.dtype, {std::int64_t(c.n)}, reinterpret_cast<const std::byte*>(bases[t].data()), bases[t].size()});
+      target.push_back({name, c.dtype, {std::int64_t(c.n)}, reinterpret_cast<const std::byte*>(targets[t].data()), targets[t].size()});
+    }
+    const auto patch = encode_patch(base, target, exponent_class_options());
+    EXPECT_EQ(to_hex(digest_bytes(patch.data(), patch.size())), recorded[p]) << "patch " << p << ", " << patch.size() << " bytes";
+    std::vector<MutableTensor> receiver;
+    for (std::size_t t = 0; t < base.size(); ++t)
+      receiver.push_back({base[t].name, base[t].dtype, base[t].shape, reinterpret_cast<std::byte*>(bases[t].data()), bases[t].size()});
+    apply_patch(parse_patch(patch.data(), patch.size()), receiver);
+    for (std::size_t t = 0; t < base.size(); ++t) EXPECT_EQ(bases[t], targets[t]) << "patch " << p << ", tensor " << t;
+  }
 }

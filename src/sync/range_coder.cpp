@@ -7,18 +7,6 @@
 namespace pulse::sync {
 
 namespace {
-constexpr int kProbBits = 12;
-constexpr std::uint8_t kSettled = 24;
-
-// The model after coding `bit`.
-void adapt(BitModel& model, int bit) {
-  const int shift = 2 + model.seen / 8;
-  const std::uint32_t p0 = model.p0;
-  model.p0 = static_cast<std::uint16_t>(bit ? p0 - (p0 >> shift) : p0 + (((1u << kProbBits) - p0) >> shift));
-  model.seen += model.seen < kSettled;
-}
-constexpr std::uint32_t kTop = 1u << 24;  // renormalise below this range
-
 int bit_length(std::uint64_t x) { return 64 - __builtin_clzll(x); }
 }  // namespace
 
@@ -38,20 +26,6 @@ void RangeEncoder::shift_low() {
   low_ = (low_ & 0x00FFFFFFu) << 8;
 }
 
-// Both coders select with arithmetic instead of branches: the bits of a good model are the ones
-// a branch predictor cannot guess.
-void RangeEncoder::encode(BitModel& model, int bit) {
-  const std::uint32_t bound = (range_ >> kProbBits) * model.p0;
-  const std::uint32_t one = 0u - std::uint32_t(bit != 0);  // all ones for bit 1
-  low_ += bound & one;
-  range_ = (bound & ~one) | ((range_ - bound) & one);
-  adapt(model, bit);
-  while (range_ < kTop) {
-    range_ <<= 8;
-    shift_low();
-  }
-}
-
 void RangeEncoder::encode_even(std::uint64_t value, int bits) {
   // Up to 8 bits at a time: the range keeps at least 2^16 of precision.
   while (bits > 0) {
@@ -59,7 +33,7 @@ void RangeEncoder::encode_even(std::uint64_t value, int bits) {
     bits -= take;
     range_ >>= take;
     low_ += std::uint64_t(range_) * ((value >> bits) & ((1u << take) - 1));
-    while (range_ < kTop) {
+    while (range_ < kRangeTop) {
       range_ <<= 8;
       shift_low();
     }
@@ -83,57 +57,56 @@ std::vector<std::uint8_t> RangeEncoder::finish() {
 
 RangeDecoder::RangeDecoder(const std::uint8_t* data, std::size_t size, const char* stream)
     : data_(data), size_(size), stream_(stream) {
-  PULSE_CHECK(next_byte() == 0, std::string(stream_) + " stream does not start a range code (corrupt patch)");
-  for (int i = 0; i < 4; ++i) code_ = (code_ << 8) | next_byte();
+  Cursor c = cursor();
+  PULSE_CHECK(next_byte(c) == 0, std::string(stream_) + " stream does not start a range code (corrupt patch)");
+  for (int i = 0; i < 4; ++i) c.code = (c.code << 8) | next_byte(c);
+  keep(c);
 }
 
-std::uint8_t RangeDecoder::next_byte() {
-  PULSE_CHECK(pos_ < size_, std::string(stream_) + " stream ends inside its code (corrupt patch)");
-  return data_[pos_++];
+void RangeDecoder::ends_inside_code() const {
+  throw_error(__FILE__, __LINE__, std::string(stream_) + " stream ends inside its code (corrupt patch)");
 }
 
-int RangeDecoder::decode(BitModel& model) {
-  const std::uint32_t bound = (range_ >> kProbBits) * model.p0;
-  const int bit = code_ >= bound;
-  const std::uint32_t one = 0u - std::uint32_t(bit);
-  code_ -= bound & one;
-  range_ = (bound & ~one) | ((range_ - bound) & one);
-  adapt(model, bit);
-  while (range_ < kTop) {
-    range_ <<= 8;
-    code_ = (code_ << 8) | next_byte();
-  }
-  return bit;
-}
-
-std::uint64_t RangeDecoder::decode_even(int bits) {
+// Inlined into decode_integer, so that its cursor stays in registers.
+[[gnu::always_inline]] inline std::uint64_t RangeDecoder::even(Cursor& c, int bits) const {
   std::uint64_t value = 0;
   while (bits > 0) {
     const int take = std::min(bits, 8);
     bits -= take;
-    range_ >>= take;
+    c.range >>= take;
     // code < range << take always holds, so the quotient fits in take bits; a corrupt stream
     // gives some value, which later checks bound.
-    const std::uint32_t digit = std::min<std::uint32_t>(code_ / range_, (1u << take) - 1);
-    code_ -= digit * range_;
+    const std::uint32_t digit = std::min<std::uint32_t>(c.code / c.range, (1u << take) - 1);
+    c.code -= digit * c.range;
     value = (value << take) | digit;
-    while (range_ < kTop) {
-      range_ <<= 8;
-      code_ = (code_ << 8) | next_byte();
+    while (c.range < kRangeTop) {
+      c.range <<= 8;
+      c.code = (c.code << 8) | next_byte(c);
     }
   }
   return value;
 }
 
+std::uint64_t RangeDecoder::decode_even(int bits) {
+  Cursor c = cursor();
+  const std::uint64_t value = even(c, bits);
+  keep(c);
+  return value;
+}
+
 std::uint64_t RangeDecoder::decode_integer(IntegerModel& model, std::uint64_t max) {
   const int max_length = bit_length(max + 1) - 1;  // max < 2^63, so max + 1 does not wrap
+  Cursor c = cursor();
   int length = 0;
-  while (decode(model.length[std::min(length, IntegerModel::kContexts - 1)])) {
+  while (decide(c, model.length[std::min(length, IntegerModel::kContexts - 1)])) {
     PULSE_CHECK(++length <= max_length, std::string(stream_) + " stream codes a value out of range (corrupt patch)");
   }
-  if (length == 0) return 0;
-  std::uint64_t x = 2 | std::uint64_t(decode(model.top[std::min(length, IntegerModel::kContexts - 1)]));
-  x = (x << (length - 1)) | decode_even(length - 1);
+  std::uint64_t x = 1;
+  if (length > 0) {
+    x = 2 | std::uint64_t(decide(c, model.top[std::min(length, IntegerModel::kContexts - 1)]));
+    x = (x << (length - 1)) | even(c, length - 1);
+  }
+  keep(c);
   PULSE_CHECK(x - 1 <= max, std::string(stream_) + " stream codes a value out of range (corrupt patch)");
   return x - 1;
 }

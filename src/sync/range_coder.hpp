@@ -15,8 +15,19 @@ namespace pulse::sync {
 // at first and by less as it sees more (1/8, 1/16, then 1/32 after 24 bits): small patches
 // need models that learn fast, large ones models that settle.
 struct BitModel {
+  static constexpr int kProbBits = 12;
   std::uint16_t p0 = 1u << 11;
-  std::uint8_t seen = 0;  // bits coded, up to 24
+  // Bits coded, up to 24. Not a byte type: a store through one may alias anything, which made
+  // the coders write their state back to memory after every decision.
+  std::uint16_t seen = 0;
+
+  // The model after coding `bit`.
+  void adapt(int bit) {
+    const int shift = 2 + seen / 8;
+    const std::uint32_t p = p0;
+    p0 = static_cast<std::uint16_t>(bit ? p - (p >> shift) : p + (((1u << kProbBits) - p) >> shift));
+    seen += seen < 24;
+  }
 };
 
 // Adaptive Elias-gamma of v + 1: the bit length of v + 1 in unary (one model per position),
@@ -27,6 +38,8 @@ struct IntegerModel {
   BitModel top[kContexts];
 };
 
+// The hot calls (one binary decision) are defined below, inline: a patch codes dozens of them
+// per change.
 class RangeEncoder {
  public:
   void encode(BitModel& model, int bit);
@@ -56,11 +69,62 @@ class RangeDecoder {
   bool at_end() const { return pos_ == size_; }
 
  private:
-  std::uint8_t next_byte();
+  // The state a decision changes, copied into locals for a run of decisions: the compiler then
+  // keeps it in registers instead of storing it after each model update.
+  struct Cursor {
+    std::uint32_t range, code;
+    std::size_t pos;
+  };
+  Cursor cursor() const { return {range_, code_, pos_}; }
+  void keep(const Cursor& c) { range_ = c.range, code_ = c.code, pos_ = c.pos; }
+  int decide(Cursor& c, BitModel& model) const;
+  std::uint64_t even(Cursor& c, int bits) const;
+  std::uint8_t next_byte(Cursor& c) const {
+    if (c.pos == size_) ends_inside_code();
+    return data_[c.pos++];
+  }
+  [[noreturn]] void ends_inside_code() const;
   const std::uint8_t* data_;
   std::size_t size_, pos_ = 0;
   const char* stream_;
   std::uint32_t range_ = 0xFFFFFFFFu, code_ = 0;
 };
+
+// Both coders select with arithmetic instead of branches: the bits of a good model are the ones
+// a branch predictor cannot guess.
+constexpr std::uint32_t kRangeTop = 1u << 24;  // renormalise below this range
+
+inline void RangeEncoder::encode(BitModel& model, int bit) {
+  const std::uint32_t bound = (range_ >> BitModel::kProbBits) * model.p0;
+  const std::uint32_t one = 0u - std::uint32_t(bit != 0);  // all ones for bit 1
+  low_ += bound & one;
+  range_ = (bound & ~one) | ((range_ - bound) & one);
+  model.adapt(bit);
+  while (range_ < kRangeTop) {
+    range_ <<= 8;
+    shift_low();
+  }
+}
+
+inline int RangeDecoder::decide(Cursor& c, BitModel& model) const {
+  const std::uint32_t bound = (c.range >> BitModel::kProbBits) * model.p0;
+  const int bit = c.code >= bound;
+  const std::uint32_t one = 0u - std::uint32_t(bit);
+  c.code -= bound & one;
+  c.range = (bound & ~one) | ((c.range - bound) & one);
+  model.adapt(bit);
+  while (c.range < kRangeTop) {
+    c.range <<= 8;
+    c.code = (c.code << 8) | next_byte(c);
+  }
+  return bit;
+}
+
+inline int RangeDecoder::decode(BitModel& model) {
+  Cursor c = cursor();
+  const int bit = decide(c, model);
+  keep(c);
+  return bit;
+}
 
 }  // namespace pulse::sync
