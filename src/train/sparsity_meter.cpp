@@ -82,44 +82,42 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
                          std::vector<double>& out) {
   constexpr int shift = 48;                                   // bins: exponent and 4 mantissa bits
   constexpr std::uint64_t first_nan = 0x7FF0000000000001ull;  // patterns from here on are NaN or negative
-  const auto bin_of = [&](const index_t i) {
+  const auto bits_of = [&](const index_t i) {
     std::uint64_t bits;
     std::memcpy(&bits, values + i, sizeof bits);
-    return bits >> shift;
+    return bits;
   };
-  std::vector<index_t> bin_counts(std::size_t(first_nan >> shift) + 1);
+  const std::size_t num_bins = std::size_t(first_nan >> shift) + 1;
+  std::vector<index_t> below(num_bins + 1, 0);  // counts per bin, then the values in the bins before each
   for (index_t i = 0; i < count; ++i) {
-    std::uint64_t bits;
-    std::memcpy(&bits, values + i, sizeof bits);
+    const std::uint64_t bits = bits_of(i);
     if (bits >= first_nan) return false;
-    ++bin_counts[bits >> shift];
+    ++below[(bits >> shift) + 1];
   }
-  // Each wanted bin gets a slot (1, 2, ...) and a stretch of `picked`.
-  std::vector<std::uint8_t> slot(bin_counts.size(), 0);
-  std::vector<index_t> starts{0}, bin_starts;  // per slot; per rank, the values below its bin
-  std::vector<int> slot_of;                    // per rank
+  for (std::size_t b = 1; b <= num_bins; ++b) below[b] += below[b - 1];
+  // Each wanted bin gets a slot (1, 2, ...) and a stretch [starts[slot - 1], starts[slot]) of `picked`.
+  std::vector<std::uint8_t> slot(num_bins, 0);
+  std::vector<index_t> starts{0};
+  std::vector<std::size_t> bin_of_rank;
   for (const index_t rank : ranks) {
-    PULSE_CHECK(rank >= 0 && rank < count, "internal: order statistic " + std::to_string(rank) + " of " +
-                                                std::to_string(count));
-    std::size_t b = 0;
-    index_t below = 0;
-    while (below + bin_counts[b] <= rank) below += bin_counts[b++];
+    PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
+    const std::size_t b = std::size_t(std::upper_bound(below.begin(), below.end(), rank) - below.begin()) - 1;
     if (slot[b] == 0) {
-      PULSE_CHECK(starts.size() < 256, "internal: more than 255 quantiles");
+      if (starts.size() > 255) return false;  // more wanted bins than slots
       slot[b] = std::uint8_t(starts.size());
-      starts.push_back(starts.back() + bin_counts[b]);
+      starts.push_back(starts.back() + below[b + 1] - below[b]);
     }
-    slot_of.push_back(slot[b]);
-    bin_starts.push_back(below);
+    bin_of_rank.push_back(b);
   }
   std::vector<double> picked(std::size_t(starts.back()));
   std::vector<index_t> next(starts.begin(), starts.end() - 1);
   for (index_t i = 0; i < count; ++i)
-    if (const int s = slot[bin_of(i)]) picked[std::size_t(next[s - 1]++)] = values[i];
+    if (const int s = slot[bits_of(i) >> shift]) picked[std::size_t(next[s - 1]++)] = values[i];
   out.clear();
   for (std::size_t j = 0; j < ranks.size(); ++j) {
-    const auto begin = picked.begin() + starts[slot_of[j] - 1], end = picked.begin() + starts[slot_of[j]];
-    const auto at = begin + (ranks[j] - bin_starts[j]);
+    const std::size_t b = bin_of_rank[j];
+    const auto begin = picked.begin() + starts[slot[b] - 1], end = picked.begin() + starts[slot[b]];
+    const auto at = begin + (ranks[j] - below[b]);
     std::nth_element(begin, at, end);
     out.push_back(*at);
   }
