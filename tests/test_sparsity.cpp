@@ -217,6 +217,18 @@ TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
   }
 }
 
+// Host backends count a block of 4096 elements in 16 bits: whole blocks of changes must not wrap.
+TEST(SnapshotRing, CountsBlocksInWhichEveryElementChanged) {
+  const index_t n = 3 * 4096 + 5;
+  pulse::SnapshotRing<> ring(2, n);
+  ring.push(pulse::DefaultExec(), pulse::to_device(Bits(n, 0x3f80)));
+  ring.push(pulse::DefaultExec(), pulse::to_device(Bits(n, 0x3f81)));
+  Bits current(n, 0x3f82);
+  current[4096] = 0x3f81;  // equal to the newest snapshot only
+  EXPECT_EQ(ring.count_changed_k(pulse::DefaultExec(), pulse::to_device(current), {1, 2}),
+            (std::vector<index_t>{n - 1, n}));
+}
+
 TEST(SnapshotRing, RejectsBadArguments) {
   EXPECT_THROW(pulse::SnapshotRing<>(0, 5), pulse::Error);
   pulse::SnapshotRing<> ring(2, 5);
@@ -263,6 +275,15 @@ TEST(CountSmall, MatchesNaiveLoop) {
     EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), taus), expected) << "n " << n;
   }
   EXPECT_TRUE(pulse::count_small(pulse::DefaultExec(), pulse::to_device(std::vector<float>{1.0f}), {}).empty());
+}
+
+// Host backends count a block of 4096 elements in 16 bits: whole blocks of small gradients must not wrap.
+TEST(CountSmall, CountsBlocksInWhichEveryGradientIsSmall) {
+  const index_t n = 2 * 4096 + 3;
+  std::vector<float> grad(n, -0.0f);
+  grad[n - 1] = 1.0f;
+  EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), {0.0f, 2.0f}),
+            (std::vector<index_t>{n - 1, n}));
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 // against a case small enough to count by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "kernels/host_copy.hpp"
@@ -139,4 +141,90 @@ TEST(AdamRatioQuantiles, HandDerivedRatiosFromAStridedSample) {
                                          0.999, 1e-8, 1, {0.5});
   ASSERT_EQ(none.size(), 1u);
   EXPECT_TRUE(std::isnan(none[0]));
+}
+
+namespace {
+
+// The sample adam_ratio_quantiles draws, computed here on the host in the same double operations,
+// and its order statistics by a full sort.
+std::vector<double> sorted_reference_quantiles(const std::vector<float>& m, const std::vector<float>& v, double beta1,
+                                               double beta2, double eps, std::int64_t step,
+                                               const std::vector<double>& quantiles, index_t max_sample) {
+  const index_t n = index_t(m.size());
+  const index_t stride = std::max<index_t>(1, n / max_sample);
+  const double c1 = 1.0 - std::pow(beta1, double(step)), c2 = 1.0 - std::pow(beta2, double(step));
+  std::vector<double> sample;
+  for (index_t i = 0; i < n; i += stride) {
+    const double m_hat = double(m[i]) / c1, v_hat = double(v[i]) / c2;
+    sample.push_back(std::fabs(m_hat) / (std::sqrt(v_hat) + eps));
+  }
+  std::sort(sample.begin(), sample.end());
+  std::vector<double> out;
+  for (const double q : quantiles) {
+    const index_t k = std::min<index_t>(index_t(sample.size()) - 1, index_t(q * double(sample.size() - 1) + 0.5));
+    out.push_back(sample[k]);
+  }
+  return out;
+}
+
+std::uint64_t bits_of(double x) {
+  std::uint64_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+// Random moments, with ties (repeated values), zeros, several quantiles in one bin of the radix
+// selection and ratios spanning many binades: every quantile equals the sorted sample's, bit for bit.
+TEST(AdamRatioQuantiles, MatchFullSortOnRandomMoments) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<double> log_scale(-12, 2);
+  const std::vector<double> quantiles = {0.5, 0.9, 0.99, 0.999, 0.0, 1.0, 0.5, 0.501, 0.25};
+  for (const index_t n : {index_t(1), index_t(2), index_t(1000), index_t(70001), index_t(204992)}) {
+    for (const int kind : {0, 1, 2}) {
+      std::vector<float> m(n), v(n);
+      for (index_t i = 0; i < n; ++i) {
+        // kind 0: one scale; 1: ratios over 14 decades; 2: a few distinct values, many zeros
+        const double scale = kind == 1 ? std::pow(10.0, log_scale(rng)) : 1e-5;
+        m[i] = kind == 2 ? float(1e-5 * double(rng() % 4)) : float(scale * normal(rng));
+        v[i] = kind == 2 ? 1e-10f : float(scale * scale * (std::fabs(normal(rng)) + 0.01f));
+      }
+      for (const std::int64_t step : {std::int64_t(1), std::int64_t(37)}) {
+        if (kind == 1 && step == 37) {  // 401 quantiles: more than the 255 bins the selection copies out
+          std::vector<double> many;
+          for (int j = 0; j <= 400; ++j) many.push_back(j / 400.0);
+          EXPECT_EQ(adam_ratio_quantiles(to_device(m), to_device(v), 0.9, 0.999, 1e-8, step, many, 1 << 16),
+                    sorted_reference_quantiles(m, v, 0.9, 0.999, 1e-8, step, many, 1 << 16))
+              << "n " << n;
+        }
+        const auto got = adam_ratio_quantiles(to_device(m), to_device(v), 0.9, 0.999, 1e-8, step, quantiles, 1 << 16);
+        const auto want = sorted_reference_quantiles(m, v, 0.9, 0.999, 1e-8, step, quantiles, 1 << 16);
+        ASSERT_EQ(got.size(), want.size());
+        for (std::size_t j = 0; j < want.size(); ++j)
+          EXPECT_EQ(bits_of(got[j]), bits_of(want[j]))
+              << "n " << n << " kind " << kind << " step " << step << " q " << quantiles[j] << ": " << got[j]
+              << " vs " << want[j];
+      }
+    }
+  }
+}
+
+// A NaN, an infinity or a -0 ratio in the sample: the same order statistics as a sort (by value:
+// which of +0 and -0 comes out is the selection's choice).
+TEST(AdamRatioQuantiles, MatchFullSortWithNegativeZeroAndInfinity) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> m = {-0.0f, 0.0f, 1.0f, 2.0f, -3.0f, 0.0f, inf, 4.0f, -0.0f};
+  std::vector<float> v(m.size(), 0.5f);  // v_hat = 1 at step 1 with beta2 = 0.5: the ratio is 2 |m|
+  const std::vector<double> quantiles = {0.0, 0.25, 0.5, 0.75, 1.0};
+  const auto got = adam_ratio_quantiles(to_device(m), to_device(v), 0.5, 0.5, 0.0, 1, quantiles);
+  const auto want = sorted_reference_quantiles(m, v, 0.5, 0.5, 0.0, 1, quantiles, 1 << 16);
+  EXPECT_EQ(got, want);
+  // The same without the -0: all bits decided by value.
+  m[0] = m[8] = 0.0f;
+  const auto got_positive = adam_ratio_quantiles(to_device(m), to_device(v), 0.5, 0.5, 0.0, 1, quantiles);
+  const auto want_positive = sorted_reference_quantiles(m, v, 0.5, 0.5, 0.0, 1, quantiles, 1 << 16);
+  for (std::size_t j = 0; j < quantiles.size(); ++j) EXPECT_EQ(bits_of(got_positive[j]), bits_of(want_positive[j]));
+  EXPECT_EQ(got_positive, (std::vector<double>{0.0, 0.0, 2.0, 6.0, inf}));  // of 0 0 0 0 2 4 6 8 inf
 }

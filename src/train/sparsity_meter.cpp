@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <Kokkos_Sort.hpp>
 
+#include "core/error.hpp"
 #include "kernels/host_copy.hpp"
 
 namespace pulse {
@@ -68,6 +70,62 @@ void SparsityMeter::restore(const std::vector<std::vector<bf16_bits>>& oldest_fi
   for (const auto& snapshot : oldest_first) ring_.push(DefaultExec(), to_device(snapshot));
 }
 
+namespace {
+
+// The order statistics ranks[j] (0-based) of values[0, count), the value std::nth_element would
+// place at each rank, by a radix select: one pass counts the values per bin of the top bits of
+// their bit patterns (which order as the values do when no sign bit is set), a second copies out
+// the few bins that hold a wanted rank, and nth_element within such a bin finishes. Where a value
+// is NaN or has its sign bit set (-0 included) the order of equal values could decide the bits
+// returned, so it computes nothing and returns false.
+bool select_non_negative(const double* values, index_t count, const std::vector<index_t>& ranks,
+                         std::vector<double>& out) {
+  constexpr int shift = 48;                                   // bins: exponent and 4 mantissa bits
+  constexpr std::uint64_t first_nan = 0x7FF0000000000001ull;  // patterns from here on are NaN or negative
+  const auto bits_of = [&](const index_t i) {
+    std::uint64_t bits;
+    std::memcpy(&bits, values + i, sizeof bits);
+    return bits;
+  };
+  const std::size_t num_bins = std::size_t(first_nan >> shift) + 1;
+  std::vector<index_t> below(num_bins + 1, 0);  // counts per bin, then the values in the bins before each
+  for (index_t i = 0; i < count; ++i) {
+    const std::uint64_t bits = bits_of(i);
+    if (bits >= first_nan) return false;
+    ++below[(bits >> shift) + 1];
+  }
+  for (std::size_t b = 1; b <= num_bins; ++b) below[b] += below[b - 1];
+  // Each wanted bin gets a slot (1, 2, ...) and a stretch [starts[slot - 1], starts[slot]) of `picked`.
+  std::vector<std::uint8_t> slot(num_bins, 0);
+  std::vector<index_t> starts{0};
+  std::vector<std::size_t> bin_of_rank;
+  for (const index_t rank : ranks) {
+    PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
+    const std::size_t b = std::size_t(std::upper_bound(below.begin(), below.end(), rank) - below.begin()) - 1;
+    if (slot[b] == 0) {
+      if (starts.size() > 255) return false;  // more wanted bins than slots
+      slot[b] = std::uint8_t(starts.size());
+      starts.push_back(starts.back() + below[b + 1] - below[b]);
+    }
+    bin_of_rank.push_back(b);
+  }
+  std::vector<double> picked(std::size_t(starts.back()));
+  std::vector<index_t> next(starts.begin(), starts.end() - 1);
+  for (index_t i = 0; i < count; ++i)
+    if (const int s = slot[bits_of(i) >> shift]) picked[std::size_t(next[s - 1]++)] = values[i];
+  out.clear();
+  for (std::size_t j = 0; j < ranks.size(); ++j) {
+    const std::size_t b = bin_of_rank[j];
+    const auto begin = picked.begin() + starts[slot[b] - 1], end = picked.begin() + starts[slot[b]];
+    const auto at = begin + (ranks[j] - below[b]);
+    std::nth_element(begin, at, end);
+    out.push_back(*at);
+  }
+  return true;
+}
+
+}  // namespace
+
 std::vector<double> gradient_sparsity(const Kokkos::View<const float*>& grads, const std::vector<float>& thresholds) {
   const std::vector<index_t> small = count_small(DefaultExec(), grads, thresholds);
   std::vector<double> out;
@@ -83,7 +141,7 @@ std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, co
   const index_t stride = std::max<index_t>(1, n / max_sample);
   const index_t count = (n + stride - 1) / stride;
   const double c1 = 1.0 - std::pow(beta1, double(step)), c2 = 1.0 - std::pow(beta2, double(step));
-  Kokkos::View<double*> sample("pulse::adam_ratio_sample", count);
+  Kokkos::View<double*> sample(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::adam_ratio_sample"), count);
   Kokkos::parallel_for(
       "pulse::adam_ratio", FlatPolicy<DefaultExec>(DefaultExec(), 0, count), KOKKOS_LAMBDA(const index_t j) {
         const index_t i = j * stride;
@@ -91,13 +149,15 @@ std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, co
         sample(j) = (m_hat < 0 ? -m_hat : m_hat) / (::sqrt(v_hat) + eps);  // ::sqrt: host and device
       });
   // The order statistics are picked where the sample lives: only the quantiles leave the device.
+  std::vector<index_t> ranks;
+  for (const double q : quantiles) ranks.push_back(std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5)));
   std::vector<double> out;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMem>::accessible) {
     DefaultExec().fence();
     double* const host = sample.data();
+    if (select_non_negative(host, count, ranks, out)) return out;
     index_t placed = -1;  // host[placed] is in its sorted place, smaller ones before it, larger after
-    for (const double q : quantiles) {
-      const index_t k = std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5));
+    for (const index_t k : ranks) {
       // Ascending quantiles search only the part after the previous one.
       if (k >= placed && placed >= 0) std::nth_element(host + placed, host + k, host + count);
       else std::nth_element(host, host + k, host + count);
@@ -106,8 +166,7 @@ std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, co
     }
   } else {
     Kokkos::sort(sample);
-    for (const double q : quantiles) {
-      const index_t k = std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5));
+    for (const index_t k : ranks) {
       double value = 0;
       Kokkos::deep_copy(Kokkos::View<double, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(&value),
                         Kokkos::subview(sample, k));
