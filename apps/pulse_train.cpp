@@ -271,7 +271,7 @@ Run::Run(const TrainConfig& c, const Communicator& world, std::string command_li
                                                     " has " + std::to_string(config_.max_seq_len));
   table_ = gpt_tensor_table(config_);
   n_ = table_.num_elements();
-  rows_per_trainer_ = c_.prompts_per_step / num_trainers_ * c_.group_size;
+  rows_per_trainer_ = rows_per_trainer(c_, num_trainers_);
   ckpt_dir_ = ckpt_dir_of(c_.out);
 }
 

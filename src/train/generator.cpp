@@ -24,7 +24,7 @@ std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0) {
 Generator::Generator(const TrainConfig& c, const GPTConfig& config, int seq_len, int rank, int num_trainers,
                      std::vector<Communicator> routes)
     : c_(c), seq_len_(seq_len), rank_(rank), num_trainers_(num_trainers),
-      rows_per_trainer_(c.prompts_per_step / num_trainers * c.group_size), trainer_(rank < num_trainers),
+      rows_per_trainer_(rows_per_trainer(c, num_trainers)), trainer_(rank < num_trainers),
       samples_(c.inference_ranks == 0 ? trainer_ : !trainer_), routes_(std::move(routes)) {
   const int parts = c_.inference_ranks ? c_.inference_ranks : num_trainers_;
   if (samples_) decoder_ = std::make_unique<GPTDecoder>(config, c_.prompts_per_step / parts * c_.group_size, seq_len_);

@@ -271,4 +271,8 @@ std::string resume_changes(const std::string& recorded, const TrainConfig& now) 
   return join(changes);
 }
 
+int rows_per_trainer(const TrainConfig& config, int num_trainers) {
+  return config.prompts_per_step / num_trainers * config.group_size;
+}
+
 }  // namespace pulse

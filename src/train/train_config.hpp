@@ -74,6 +74,9 @@ void add_train_options(CLI::App& app, TrainConfig& config);
 // Throws pulse::Error with a one-line reason; world_size is the MPI rank count. Also checks that
 // --out's folder is writable, so that no run trains only to fail at its first file.
 void validate(const TrainConfig& config, int world_size);
+
+// Rollout rows (prompts x group size) each trainer trains on per step.
+int rows_per_trainer(const TrainConfig& config, int num_trainers);
 // The settings as TOML (what the HDF5 file records and --config reads back).
 std::string to_toml(const TrainConfig& config);
 // Settings from TOML text as --config reads it (unknown keys are errors); throws CLI::Error.
