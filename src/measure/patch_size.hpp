@@ -53,7 +53,7 @@ class UnitPatchSize {
 
   std::vector<Tensor> tensors_;  // the first used_ are the unit's
   std::size_t used_ = 0;
-  std::vector<std::uint8_t> index_stream_, value_stream_, table_;
+  std::vector<std::uint8_t> index_stream_, value_stream_;
 };
 
 }  // namespace pulse::measure

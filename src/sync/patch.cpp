@@ -313,8 +313,8 @@ struct PatchContent {
   std::vector<std::uint8_t> index_stream, value_stream, whole_stream;
 };
 
-// The patch's bytes (FORMAT.md): header, entry table, compressed streams, checksum, signature.
-std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchContent& c) {
+// The entry table (FORMAT.md): layout change, metadata, per-dtype summary, entries.
+std::vector<std::uint8_t> entry_table(const EncodeOptions& options, const PatchContent& c) {
   const bool changes_layout = !c.removed.empty() || !c.added.empty();
   const bool changes_metadata = c.target_metadata != nullptr;
   std::vector<std::uint8_t> table;
@@ -349,7 +349,14 @@ std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchC
     put_varint(table, e.count);
     if (options.indices == IndexCoding::gap_fixed) table.push_back(e.index_width);
   }
+  return table;
+}
 
+// The patch's bytes (FORMAT.md): header, entry table, compressed streams, checksum, signature.
+std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchContent& c) {
+  const bool changes_layout = !c.removed.empty() || !c.added.empty();
+  const bool changes_metadata = c.target_metadata != nullptr;
+  const std::vector<std::uint8_t> table = entry_table(options, c);
   const auto coded_index = compress(options.compressor, options.level, c.index_stream);
   const auto coded_value = compress(options.compressor, options.level, c.value_stream);
   const auto coded_whole = compress(options.compressor, options.level, c.whole_stream);
@@ -555,6 +562,20 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
   c.value_stream = std::move(coder.value_stream);
   c.base_layout = layout_digest(base);
   return write_patch(options, c);
+}
+
+std::uint64_t sparse_patch_bytes(const EncodeOptions& options, const std::vector<TensorLayout>& layout,
+                                 const std::vector<std::uint64_t>& changed, const std::vector<std::uint8_t>& index_stream,
+                                 const std::vector<std::uint8_t>& value_stream) {
+  PULSE_CHECK(options.indices != IndexCoding::gap_fixed && !options.signing_key && changed.size() == layout.size(),
+              "internal: sparse_patch_bytes takes unsigned, variable-width patches, one count per tensor");
+  PatchContent c;
+  c.target_layout = layout;
+  c.target_bytes.assign(layout.size(), 0);  // only tensors carried whole use them
+  for (const std::uint64_t count : changed) c.entries.push_back({EntryKind::sparse, 0, count});
+  return kFixedHeaderBytes + entry_table(options, c).size() +
+         compress(options.compressor, options.level, index_stream).size() +
+         compress(options.compressor, options.level, value_stream).size() + kChecksumBytes;
 }
 
 // ---------------------------------------------------------------------------------------

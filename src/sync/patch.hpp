@@ -172,6 +172,13 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
                                          const EncodeOptions& options, const StateDigests& base_digests,
                                          StateDigests* target_digests = nullptr, const Metadata& metadata = {});
 
+// The size of the unsigned patch encode_patch writes when every tensor of an unchanged layout
+// (given in name order, each with its changed count) is sparse-coded and the raw index and value
+// streams are these: a patch's size without writing it (pulse-measure). Not for gap-fixed.
+std::uint64_t sparse_patch_bytes(const EncodeOptions& options, const std::vector<TensorLayout>& layout,
+                                 const std::vector<std::uint64_t>& changed, const std::vector<std::uint8_t>& index_stream,
+                                 const std::vector<std::uint8_t>& value_stream);
+
 // Throws pulse::Error with a one-line reason. With a public key, an unsigned patch or a bad
 // signature is rejected.
 ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const PatchLimits& limits = {},
