@@ -352,6 +352,24 @@ std::vector<std::uint8_t> entry_table(const EncodeOptions& options, const PatchC
   return table;
 }
 
+// What both encoders do last: the target's state digest from its tensors' digests (reported
+// through target_digests when given), the coder's streams, and the base's layout digest.
+void finish_content(PatchContent& c, SparseCoder& coder, const std::vector<TensorRef>& base,
+                    const std::vector<TensorRef>& target, const std::map<std::string, Digest>& target_digest_of,
+                    const Metadata& target_metadata, StateDigests* target_digests) {
+  std::vector<Digest> in_target_order;
+  for (const auto& t : target) in_target_order.push_back(target_digest_of.at(t.name));
+  c.target_state = state_digest(target, in_target_order, target_metadata);
+  if (target_digests) {
+    target_digests->tensors = target_digest_of;
+    target_digests->state = c.target_state;
+  }
+  coder.finish();
+  c.index_stream = std::move(coder.index_stream);
+  c.value_stream = std::move(coder.value_stream);
+  c.base_layout = layout_digest(base);
+}
+
 // The patch's bytes (FORMAT.md): header, entry table, compressed streams, checksum, signature.
 std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchContent& c) {
   const bool changes_layout = !c.removed.empty() || !c.added.empty();
@@ -479,17 +497,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
       in_base_order.push_back(base_digest_of.count(t.name) ? base_digest_of[t.name] : tensor_digest(t));
     c.base_state = state_digest(base, in_base_order, base_metadata);
   }
-  std::vector<Digest> in_target_order;
-  for (const auto& t : target) in_target_order.push_back(target_digest_of.at(t.name));
-  c.target_state = state_digest(target, in_target_order, target_metadata);
-  if (target_digests) {
-    target_digests->tensors = target_digest_of;
-    target_digests->state = c.target_state;
-  }
-  coder.finish();
-  c.index_stream = std::move(coder.index_stream);
-  c.value_stream = std::move(coder.value_stream);
-  c.base_layout = layout_digest(base);
+  finish_content(c, coder, base, target, target_digest_of, target_metadata, target_digests);
   if (base_metadata != target_metadata) c.target_metadata = &target_metadata;
   return write_patch(options, c);
 }
@@ -550,17 +558,7 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
   }
 
   c.base_state = base_digests.state;
-  std::vector<Digest> in_order;
-  for (const auto& t : base) in_order.push_back(target_digest_of.at(t.name));
-  c.target_state = state_digest(base, in_order, metadata);
-  if (target_digests) {
-    target_digests->tensors = target_digest_of;
-    target_digests->state = c.target_state;
-  }
-  coder.finish();
-  c.index_stream = std::move(coder.index_stream);
-  c.value_stream = std::move(coder.value_stream);
-  c.base_layout = layout_digest(base);
+  finish_content(c, coder, base, base, target_digest_of, metadata, target_digests);  // the layout stays
   return write_patch(options, c);
 }
 
