@@ -1,22 +1,46 @@
-# ctest driver: build fuzz targets with clang in a sub-build (tests/fuzz as its own project),
-# write seed files, and fuzz each target for FUZZ_SECONDS.
-#   cmake -DFUZZ_SOURCE_DIR=... -DWORK_DIR=... -DGENERATOR=... -DCLANGXX=... [-DFUZZ_SECONDS=20]
-#         [-DFUZZ_SET=safetensors|patch|relay|train] -P run_fuzz_smoke.cmake
-# FUZZ_SET safetensors (default): parse_header, parse_safetensors_index and plan_folder (a model
+# ctest driver for the fuzz smoke tests. tests/fuzz is its own project, built with clang:
+#   cmake -DFUZZ_SOURCE_DIR=... -DBUILD_DIR=... -DGENERATOR=... -DCLANGXX=... -DFUZZ_SET=build -P run_fuzz_smoke.cmake
+# configures and builds every fuzz target and seed writer once, in parallel (test_fuzz_build, the
+# fixture the others need);
+#   cmake -DFUZZ_SOURCE_DIR=... -DBUILD_DIR=... -DWORK_DIR=... [-DFUZZ_SECONDS=20]
+#         -DFUZZ_SET=safetensors|patch|relay|train -P run_fuzz_smoke.cmake
+# writes seed files with that set's writer and fuzzes each of its targets for FUZZ_SECONDS.
+# FUZZ_SET safetensors: parse_header, parse_safetensors_index and plan_folder (a model
 # folder's flat form). patch: parse_patch +
 # apply_patch, as the checksummed input and with the checksum rewritten over each mutated input.
 # relay: HEAD and anchor records, and relay file names. train: pulse-train's config parser and its
 # rank checkpoint reader (also with the checksum rewritten).
-foreach(var FUZZ_SOURCE_DIR WORK_DIR GENERATOR CLANGXX)
-  if(NOT DEFINED ${var})
-    message(FATAL_ERROR "run_fuzz_smoke.cmake: ${var} is not set")
+function(require)
+  foreach(var ${ARGN})
+    if(NOT DEFINED ${var})
+      message(FATAL_ERROR "run_fuzz_smoke.cmake: ${var} is not set")
+    endif()
+  endforeach()
+endfunction()
+
+function(step name)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "fuzz smoke ${name} failed (${rc}):\n${out}")
   endif()
-endforeach()
+  message(STATUS "fuzz smoke ${name}: ok")
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+require(FUZZ_SOURCE_DIR BUILD_DIR FUZZ_SET)
+if(FUZZ_SET STREQUAL "build")
+  # The build folder is kept between runs (incremental rebuilds).
+  require(GENERATOR CLANGXX)
+  cmake_host_system_information(RESULT cores QUERY NUMBER_OF_LOGICAL_CORES)
+  step(configure ${CMAKE_COMMAND} -S "${FUZZ_SOURCE_DIR}" -B "${BUILD_DIR}" -G "${GENERATOR}"
+       -DCMAKE_CXX_COMPILER=${CLANGXX})
+  step(build ${CMAKE_COMMAND} --build "${BUILD_DIR}" --parallel ${cores})
+  return()
+endif()
+
+require(WORK_DIR)
 if(NOT FUZZ_SECONDS)
   set(FUZZ_SECONDS 20)
-endif()
-if(NOT FUZZ_SET)
-  set(FUZZ_SET safetensors)
 endif()
 if(FUZZ_SET STREQUAL "safetensors")
   set(seeder fuzz_safetensors_seeds)
@@ -35,26 +59,14 @@ elseif(FUZZ_SET STREQUAL "train")
   set(fuzzers fuzz_train_config fuzz_train_checkpoint fuzz_train_checkpoint_rechecksummed)
   set(dict train.dict)
 else()
-  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is safetensors, patch, relay or train, not '${FUZZ_SET}'")
+  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is build, safetensors, patch, relay or train, not '${FUZZ_SET}'")
 endif()
 
-set(build "${WORK_DIR}/build")
-# The build folder is kept between runs (incremental rebuilds); the corpus starts afresh.
+set(build "${BUILD_DIR}")
+# The corpus starts afresh.
 file(REMOVE_RECURSE "${WORK_DIR}/seeds")
 file(MAKE_DIRECTORY "${WORK_DIR}/seeds")
 
-function(step name)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "fuzz smoke ${name} failed (${rc}):\n${out}")
-  endif()
-  message(STATUS "fuzz smoke ${name}: ok")
-  set(step_output "${out}" PARENT_SCOPE)
-endfunction()
-
-step(configure ${CMAKE_COMMAND} -S "${FUZZ_SOURCE_DIR}" -B "${build}" -G "${GENERATOR}"
-     -DCMAKE_CXX_COMPILER=${CLANGXX})
-step(build ${CMAKE_COMMAND} --build "${build}" --target ${seeder} ${fuzzers})
 step(seeds "${build}/${seeder}" "${WORK_DIR}/seeds")
 foreach(fuzzer IN LISTS fuzzers)
   set(corpus "${WORK_DIR}/corpus-${fuzzer}")
