@@ -82,17 +82,23 @@ struct ClassCursor {
 #if defined(__AVX2__)
 // 16-bit elements whose classes are concentrated, as trained weights' are: a handful of common
 // ("hot") classes hold most elements. Per block of 64 elements, each hot class's elements form a
-// mask whose popcount counts down its gap at once; only the other elements take the scalar
-// count-down. The block's changes are emitted in element order. Returns the elements passed
-// (whole blocks), or 0 when the classes are too spread for this to pay.
+// 64-bit mask (one compare of the block's class bytes) whose popcount counts the class at once;
+// only the other elements are counted one by one. The encoder's ranks and the decoder's
+// count-down both pass over a tensor this way.
 constexpr unsigned kBlock = 64;
 constexpr unsigned kMaxHot = 8;
 
-template <class Emit>
-std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask,
-                               const ClassChanges& c, ClassCursor& cursor, Emit&& emit) {
-  // The hot classes: the most common in a sample of the tensor, while they cover 90% of it.
-  if (n < kBlock) return 0;
+struct HotClasses {
+  unsigned k[kMaxHot];
+  unsigned count = 0;
+};
+
+// The classes that hold at least 1/128 of a sample of the tensor (an element in every other
+// block), most common first; none when they cover less than 3/4 of it: the elements of other
+// classes would cost more one by one than the blocks save.
+HotClasses hot_classes(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask) {
+  HotClasses hot;
+  if (n < kBlock) return hot;
   const std::uint64_t samples = std::min<std::uint64_t>(n, 4096);
   std::uint32_t sampled[kMaxClasses] = {};
   for (std::uint64_t s = 0; s < samples; ++s) ++sampled[(load<std::uint16_t>(data, s * (n / samples)) >> shift) & class_mask];
@@ -100,37 +106,99 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned 
   for (unsigned k = 0; k < kMaxClasses; ++k) by_count[k] = k;
   std::partial_sort(by_count, by_count + kMaxHot, by_count + kMaxClasses,
                     [&](unsigned x, unsigned y) { return sampled[x] > sampled[y]; });
-  unsigned hot[kMaxHot], num_hot = 0;
   std::uint64_t covered = 0;
-  for (; num_hot < kMaxHot && 10 * covered < 9 * samples; ++num_hot) {
-    hot[num_hot] = by_count[num_hot];
-    covered += sampled[hot[num_hot]];
+  for (; hot.count < kMaxHot && 128 * sampled[by_count[hot.count]] >= samples; ++hot.count) {
+    hot.k[hot.count] = by_count[hot.count];
+    covered += sampled[hot.k[hot.count]];
   }
-  if (4 * covered < 3 * samples) return 0;
+  if (4 * covered < 3 * samples) hot.count = 0;
+  return hot;
+}
 
-  const __m128i count = _mm_cvtsi32_si128(int(shift));
-  const __m256i class_bits = _mm256_set1_epi16(std::int16_t(class_mask));
-  auto class_bytes = [&](const std::byte* p) {  // 32 elements' classes, in element order
+// The classes of a block's 64 elements, one byte each in element order.
+class BlockClasses {
+ public:
+  BlockClasses(unsigned shift, unsigned class_mask)
+      : shift_(_mm_cvtsi32_si128(int(shift))), class_bits_(_mm256_set1_epi16(std::int16_t(class_mask))) {}
+
+  void load(const std::byte* block) {
+    low_ = classes_of_32(block);
+    high_ = classes_of_32(block + 64);
+  }
+  // Bit j is set where element j of the block is of class k.
+  std::uint64_t members(unsigned k) const {
+    const __m256i key = _mm256_set1_epi8(char(k));
+    return std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(low_, key)))) |
+           std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(high_, key)))) << 32;
+  }
+
+ private:
+  __m256i classes_of_32(const std::byte* p) const {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-    const __m256i a = _mm256_and_si256(_mm256_srl_epi16(x, count), class_bits);
-    const __m256i b = _mm256_and_si256(_mm256_srl_epi16(y, count), class_bits);
+    const __m256i a = _mm256_and_si256(_mm256_srl_epi16(x, shift_), class_bits_);
+    const __m256i b = _mm256_and_si256(_mm256_srl_epi16(y, shift_), class_bits_);
     return _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);  // packus interleaves 128-bit lanes
-  };
+  }
+  __m128i shift_;
+  __m256i class_bits_;
+  __m256i low_, high_;
+};
+
+// The encoder's pass in blocks: the rank of each change is its class's count before the block
+// (`counts`, one row) plus its class's members in the block below it. Blocks end before the
+// last change (the tensor's length is not known here). Ranks changes [j, ...) in order through
+// rank(j, rank) and returns the elements counted.
+template <class Rank>
+std::uint64_t rank_in_blocks(const SparseFormat& f, const std::byte* data, const index_t* indices,
+                             const std::uint32_t* old_bits, std::size_t count, std::uint64_t* counts, std::size_t& j,
+                             Rank&& rank) {
+  const std::uint64_t end = std::uint64_t(indices[count - 1]) + 1;
+  const unsigned class_mask = f.classes() - 1;
+  const HotClasses hot = hot_classes(data, end, f.mantissa_bits, class_mask);
+  if (hot.count == 0) return 0;
+  BlockClasses block(f.mantissa_bits, class_mask);
+  std::uint64_t i = 0;
+  for (; i + kBlock <= end; i += kBlock) {
+    block.load(data + 2 * i);
+    for (; j < count && std::uint64_t(indices[j]) < i + kBlock; ++j) {
+      const unsigned k = f.exponent_class(old_bits[j]);
+      const std::uint64_t below = (std::uint64_t(1) << (std::uint64_t(indices[j]) - i)) - 1;
+      rank(j, counts[k] + std::uint64_t(__builtin_popcountll(block.members(k) & below)));
+    }
+    std::uint64_t in_hot = 0;
+    for (unsigned h = 0; h < hot.count; ++h) {
+      const std::uint64_t members = block.members(hot.k[h]);
+      in_hot |= members;
+      counts[hot.k[h]] += std::uint64_t(__builtin_popcountll(members));
+    }
+    for (std::uint64_t others = ~in_hot; others != 0; others &= others - 1)
+      ++counts[(load<std::uint16_t>(data, i + std::uint64_t(__builtin_ctzll(others))) >> f.mantissa_bits) & class_mask];
+  }
+  return i;
+}
+
+// The decoder's pass in blocks: each hot class's mask counts down its gap at once; the block's
+// changes are emitted in element order. Returns the elements passed (whole blocks), or 0 when
+// the classes are too spread for this to pay.
+template <class Emit>
+std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask,
+                               const ClassChanges& c, ClassCursor& cursor, Emit&& emit) {
+  const HotClasses hot = hot_classes(data, n, shift, class_mask);
+  if (hot.count == 0) return 0;
+  BlockClasses block(shift, class_mask);
   struct Found {
     std::uint64_t i, at;
   };
   std::uint64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    const __m256i low = class_bytes(data + 2 * i), high = class_bytes(data + 2 * i + 64);
+    block.load(data + 2 * i);
     Found found[kBlock];
     unsigned num_found = 0;
     std::uint64_t in_hot = 0;
-    for (unsigned h = 0; h < num_hot; ++h) {
-      const unsigned k = hot[h];
-      const __m256i key = _mm256_set1_epi8(char(k));
-      std::uint64_t members = std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(low, key)))) |
-                              std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(high, key)))) << 32;
+    for (unsigned h = 0; h < hot.count; ++h) {
+      const unsigned k = hot.k[h];
+      std::uint64_t members = block.members(k);
       in_hot |= members;
       if (cursor.left[k] == UINT64_MAX) continue;
       std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members));
@@ -237,16 +305,24 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data,
   gaps.resize(count);
   steps.resize(count);
   std::vector<std::uint64_t> at = first, next_rank(classes, 0);
-  std::uint64_t next = 0;
-  for (std::size_t j = 0; j < count; ++j) {
+  auto rank = [&](std::size_t j, std::uint64_t r) {
+    const unsigned k = f.exponent_class(old_bits[j]);
+    gaps[at[k]] = r - next_rank[k];
+    steps[at[k]++] = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
+    next_rank[k] = r + 1;
+  };
+  std::uint64_t next = 0;  // elements counted
+  std::size_t j = 0;
+#if defined(__AVX2__)
+  if (f.bytes == 2) next = rank_in_blocks(f, old_data, indices, old_bits, count, histograms.data(), j, rank);
+#endif
+  for (; j < count; ++j) {
     count_classes(f, old_data, next, std::uint64_t(indices[j]), histograms.data());
     const unsigned k = f.exponent_class(old_bits[j]);
-    std::uint64_t rank = 0;
-    for (unsigned lane = 0; lane < kLanes; ++lane) rank += histograms[lane * kMaxClasses + k];
+    std::uint64_t r = 0;
+    for (unsigned lane = 0; lane < kLanes; ++lane) r += histograms[lane * kMaxClasses + k];
     ++histograms[k];
-    gaps[at[k]] = rank - next_rank[k];
-    steps[at[k]++] = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
-    next_rank[k] = rank + 1;
+    rank(j, r);
     next = std::uint64_t(indices[j]) + 1;
   }
   std::uint64_t remaining = count;
