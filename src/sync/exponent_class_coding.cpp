@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -145,32 +146,30 @@ class BlockClasses {
   __m256i low_, high_;
 };
 
-// The encoder's pass in blocks: the rank of each change is its class's count before the block
-// (`counts`, one row) plus its class's members in the block below it. Blocks end before the
-// last change (the tensor's length is not known here). Ranks changes [j, ...) in order through
-// rank(j, rank) and returns the elements counted.
+// The encoder's pass in blocks from element `begin`: the rank of each change is its class's
+// count before the block (`counts`, one row) plus its class's members in the block below it.
+// Blocks end at the last change. Ranks changes [j, ...) in order through rank(rank) and
+// returns the elements counted.
 template <class Rank>
-std::uint64_t rank_in_blocks(const SparseFormat& f, const std::byte* data, const index_t* indices,
-                             const std::uint32_t* old_bits, std::size_t count, std::uint64_t* counts, std::size_t& j,
-                             Rank&& rank) {
+std::uint64_t rank_in_blocks(const SparseFormat& f, const std::byte* data, std::uint64_t begin,
+                             const std::vector<unsigned>& hot, const index_t* indices, const std::uint32_t* old_bits,
+                             std::size_t count, std::uint64_t* counts, std::size_t& j, Rank&& rank) {
   const std::uint64_t end = std::uint64_t(indices[count - 1]) + 1;
   const unsigned class_mask = f.classes() - 1;
-  const HotClasses hot = hot_classes(data, end, f.mantissa_bits, class_mask);
-  if (hot.count == 0) return 0;
   BlockClasses block(f.mantissa_bits, class_mask);
-  std::uint64_t i = 0;
+  std::uint64_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
     block.load(data + 2 * i);
     for (; j < count && std::uint64_t(indices[j]) < i + kBlock; ++j) {
       const unsigned k = f.exponent_class(old_bits[j]);
       const std::uint64_t below = (std::uint64_t(1) << (std::uint64_t(indices[j]) - i)) - 1;
-      rank(j, counts[k] + std::uint64_t(__builtin_popcountll(block.members(k) & below)));
+      rank(counts[k] + std::uint64_t(__builtin_popcountll(block.members(k) & below)));
     }
     std::uint64_t in_hot = 0;
-    for (unsigned h = 0; h < hot.count; ++h) {
-      const std::uint64_t members = block.members(hot.k[h]);
+    for (unsigned k : hot) {
+      const std::uint64_t members = block.members(k);
       in_hot |= members;
-      counts[hot.k[h]] += std::uint64_t(__builtin_popcountll(members));
+      counts[k] += std::uint64_t(__builtin_popcountll(members));
     }
     for (std::uint64_t others = ~in_hot; others != 0; others &= others - 1)
       ++counts[(load<std::uint16_t>(data, i + std::uint64_t(__builtin_ctzll(others))) >> f.mantissa_bits) & class_mask];
@@ -284,10 +283,48 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
 
 }  // namespace
 
+ExponentClassRanker::ExponentClassRanker(const SparseFormat& format, const std::byte* old_data, std::uint64_t n)
+    : format_(format), data_(old_data), counts_(kLanes * kMaxClasses, 0) {
+#if defined(__AVX2__)
+  if (format.bytes == 2) {
+    const HotClasses hot = hot_classes(old_data, n, format.mantissa_bits, format.classes() - 1);
+    hot_.assign(hot.k, hot.k + hot.count);
+  }
+#else
+  (void)n;
+#endif
+}
+
+void ExponentClassRanker::rank(const index_t* indices, const std::uint32_t* old_bits, std::size_t count,
+                               std::vector<std::uint64_t>& ranks) {
+  if (count == 0) return;
+  const SparseFormat& f = format_;
+  std::size_t j = 0;
+#if defined(__AVX2__)
+  if (!hot_.empty())
+    counted_ = rank_in_blocks(f, data_, counted_, hot_, indices, old_bits, count, counts_.data(), j,
+                              [&](std::uint64_t r) { ranks.push_back(r); });
+#endif
+  // Class counts of the elements between changes.
+  for (; j < count; ++j) {
+    count_classes(f, data_, counted_, std::uint64_t(indices[j]), counts_.data());
+    const unsigned k = f.exponent_class(old_bits[j]);
+    std::uint64_t r = 0;
+    for (unsigned lane = 0; lane < kLanes; ++lane) r += counts_[lane * kMaxClasses + k];
+    ++counts_[k];
+    ranks.push_back(r);
+    counted_ = std::uint64_t(indices[j]) + 1;
+  }
+  // The next block pass reads one row: fold the other lanes into it.
+  if (!hot_.empty())
+    for (unsigned lane = 1; lane < kLanes; ++lane)
+      for (unsigned k = 0; k < kMaxClasses; ++k) counts_[k] += std::exchange(counts_[lane * kMaxClasses + k], 0);
+}
+
 ExponentClassEncoder::ExponentClassEncoder() : models_(kMaxClasses) {}
 
-void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data, const index_t* indices,
-                               const std::uint32_t* new_bits, const std::uint32_t* old_bits, std::size_t count) {
+void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks, const std::uint32_t* new_bits,
+                               const std::uint32_t* old_bits, std::size_t count) {
   if (count == 0) return;
   coded_ = true;
   const unsigned classes = f.classes();
@@ -295,35 +332,18 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data,
   std::vector<std::uint64_t> per_class(classes, 0), first(classes, 0);
   for (std::size_t j = 0; j < count; ++j) ++per_class[f.exponent_class(old_bits[j])];
   for (unsigned k = 1; k < classes; ++k) first[k] = first[k - 1] + per_class[k - 1];
-  // One pass in index order: each change's rank among the elements of its class (class counts
-  // of the elements between changes; the tail after the last change is not needed) gives its
-  // gap after the class's previous change. Gaps and key differences go straight to their
-  // class-major places, so the coding below reads them in order.
-  thread_local std::vector<std::uint64_t> histograms, gaps;
+  // Each change's gap after its class's previous change and its key difference go straight to
+  // their class-major places, so the coding below reads them in order.
+  thread_local std::vector<std::uint64_t> gaps;
   thread_local std::vector<std::int64_t> steps;
-  histograms.assign(kLanes * kMaxClasses, 0);
   gaps.resize(count);
   steps.resize(count);
   std::vector<std::uint64_t> at = first, next_rank(classes, 0);
-  auto rank = [&](std::size_t j, std::uint64_t r) {
+  for (std::size_t j = 0; j < count; ++j) {
     const unsigned k = f.exponent_class(old_bits[j]);
-    gaps[at[k]] = r - next_rank[k];
+    gaps[at[k]] = ranks[j] - next_rank[k];
     steps[at[k]++] = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
-    next_rank[k] = r + 1;
-  };
-  std::uint64_t next = 0;  // elements counted
-  std::size_t j = 0;
-#if defined(__AVX2__)
-  if (f.bytes == 2) next = rank_in_blocks(f, old_data, indices, old_bits, count, histograms.data(), j, rank);
-#endif
-  for (; j < count; ++j) {
-    count_classes(f, old_data, next, std::uint64_t(indices[j]), histograms.data());
-    const unsigned k = f.exponent_class(old_bits[j]);
-    std::uint64_t r = 0;
-    for (unsigned lane = 0; lane < kLanes; ++lane) r += histograms[lane * kMaxClasses + k];
-    ++histograms[k];
-    rank(j, r);
-    next = std::uint64_t(indices[j]) + 1;
+    next_rank[k] = ranks[j] + 1;
   }
   std::uint64_t remaining = count;
   for (unsigned k = 0; k < classes && remaining > 0; ++k) {

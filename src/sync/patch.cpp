@@ -101,12 +101,25 @@ Digest finish_digest(XXH3_state_t* state) {
   return d;
 }
 
-// One pass over a sparse-coded tensor in cache-sized chunks: finds the changed indices (sorted),
-// their new and old values, and feeds the chunk, still in cache, to the digests, so base and
-// target are read from memory once. 16-bit tensors go through the compaction kernel.
+// A sparse-coded tensor's changes: sorted indices, the new and old bits of each, and for the
+// expclass coding their ranks (ExponentClassRanker).
+struct Changes {
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> values, old_values;
+  std::vector<std::uint64_t> ranks;
+  void clear() {
+    indices.clear();
+    values.clear();
+    old_values.clear();
+    ranks.clear();
+  }
+};
+
+// One pass over a sparse-coded tensor in cache-sized chunks: finds the changes and feeds the
+// chunk, still in cache, to the digests and (with `rank`) the ranker, so base and target are
+// read from memory once. 16-bit tensors go through the compaction kernel.
 void scan_changes(const SparseFormat& format, const std::byte* old_data, const std::byte* new_data, std::size_t n,
-                  Digest* old_digest, Digest& new_digest, std::vector<index_t>& indices,
-                  std::vector<std::uint32_t>& values, std::vector<std::uint32_t>& old_values) {
+                  Digest* old_digest, Digest& new_digest, bool rank, Changes& changes) {
   using ConstView = Kokkos::View<const bf16_bits*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
   constexpr std::size_t chunk = std::size_t(1) << 16;
   thread_local std::vector<index_t> chunk_indices(chunk);
@@ -116,12 +129,15 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
   PULSE_CHECK(new_state && (!old_digest || old_state), "out of memory for a digest state");
   if (old_state) XXH3_128bits_reset(old_state);
   XXH3_128bits_reset(new_state);
-  indices.clear();
-  values.clear();
-  old_values.clear();
+  changes.clear();
+  std::vector<index_t>& indices = changes.indices;
+  std::vector<std::uint32_t>&values = changes.values, &old_values = changes.old_values;
+  std::optional<ExponentClassRanker> ranker;
+  if (rank) ranker.emplace(format, old_data, n);
   const unsigned w = format.bytes;
   const Kokkos::DefaultHostExecutionSpace space;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t chunk_first = indices.size();
     const std::size_t len = std::min(chunk, n - begin);
     const std::byte* o = old_data + w * begin;
     const std::byte* t = new_data + w * begin;
@@ -151,6 +167,8 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
           old_values.push_back(std::uint32_t(load_value(o, i, w)));
         }
     }
+    if (ranker)
+      ranker->rank(indices.data() + chunk_first, old_values.data() + chunk_first, indices.size() - chunk_first, changes.ranks);
     if (old_state) XXH3_128bits_update(old_state, o, w * len);
     XXH3_128bits_update(new_state, t, w * len);
   }
@@ -266,13 +284,17 @@ class SparseCoder {
  public:
   explicit SparseCoder(const EncodeOptions& options) : options_(options) {}
 
-  // One tensor's changes (sorted indices, their new and old bits) against its old data.
-  void add(const SparseFormat& format, const std::byte* old_data, const std::vector<index_t>& indices,
-           const std::vector<std::uint32_t>& values, const std::vector<std::uint32_t>& old_values, PatchEntry& e) {
+  // Whether add() needs the changes' ranks.
+  bool ranks() const { return options_.values == ValueCoding::exponent_class; }
+
+  // One tensor's changes.
+  void add(const SparseFormat& format, const Changes& changes, PatchEntry& e) {
+    const std::vector<index_t>& indices = changes.indices;
+    const std::vector<std::uint32_t>&values = changes.values, &old_values = changes.old_values;
     e.kind = EntryKind::sparse;
     e.count = indices.size();
     if (options_.values == ValueCoding::exponent_class) {
-      class_encoder_.add(format, old_data, indices.data(), values.data(), old_values.data(), indices.size());
+      class_encoder_.add(format, changes.ranks.data(), values.data(), old_values.data(), indices.size());
       return;
     }
     if (options_.indices == IndexCoding::gap_fixed)
@@ -411,10 +433,11 @@ std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchC
   return std::move(w.out);
 }
 
-// Digest of a tensor's bytes with the changes written (sorted indices, new bits), hashed in
-// cache-sized chunks of a copy, so the tensor itself stays as it is.
-Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, const std::vector<index_t>& indices,
-                           const std::vector<std::uint32_t>& values) {
+// Digest of a tensor's bytes with the changes written, hashed in cache-sized chunks of a copy,
+// so the tensor itself stays as it is; with `rank`, the chunks in cache also rank the changes.
+Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, bool rank, Changes& changes) {
+  const std::vector<index_t>& indices = changes.indices;
+  const std::vector<std::uint32_t>& values = changes.values;
   constexpr std::size_t chunk = std::size_t(1) << 16;
   thread_local std::vector<std::byte> copy;
   XXH3_state_t* state = XXH3_createState();
@@ -422,12 +445,17 @@ Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, const
   XXH3_128bits_reset(state);
   const unsigned w = format.bytes;
   const std::size_t n = t.bytes / w;
+  std::optional<ExponentClassRanker> ranker;
+  if (rank) ranker.emplace(format, t.data, n);
+  changes.ranks.clear();
   std::size_t k = 0;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t len = std::min(chunk, n - begin);
+    const std::size_t chunk_first = k;
     copy.assign(t.data + w * begin, t.data + w * (begin + len));
     for (; k < indices.size() && std::size_t(indices[k]) < begin + len; ++k)
       std::memcpy(copy.data() + w * (std::size_t(indices[k]) - begin), &values[k], w);  // little-endian hosts
+    if (ranker) ranker->rank(indices.data() + chunk_first, changes.old_values.data() + chunk_first, k - chunk_first, changes.ranks);
     XXH3_128bits_update(state, copy.data(), w * len);
   }
   return finish_digest(state);
@@ -457,8 +485,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   }
 
   std::map<std::string, Digest> base_digest_of, target_digest_of;
-  std::vector<index_t> indices;
-  std::vector<std::uint32_t> values, old_values;
+  thread_local Changes tensor_changes;  // kept: a large tensor's lists would be allocated and faulted in again
   SparseCoder coder(options);
   for (const auto& [name, tp] : target_by_name) {
     const TensorRef& t = *tp;
@@ -471,8 +498,8 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     const auto format = sparse_format(t.dtype);
     if (b && format) {
       scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
-                   indices, values, old_values);
-      coder.add(*format, b->data, indices, values, old_values, e);
+                   coder.ranks(), tensor_changes);
+      coder.add(*format, tensor_changes, e);
     } else {
       if (b && !base_digests) base_digest = tensor_digest(*b);
       target_digest = tensor_digest(t);
@@ -522,17 +549,14 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
 
   PatchContent c;
   std::map<std::string, Digest> target_digest_of;
-  std::vector<index_t> indices;
-  std::vector<std::uint32_t> values, old_values;
+  thread_local Changes tensor_changes;  // kept, as in encode_patch
   SparseCoder coder(options);
   for (const auto& [name, b] : base_by_name) {
     PatchEntry e;
     Digest target_digest = known_digest(base_digests, name);
     if (const auto format = sparse_format(b->dtype)) {
       // The listed changes that change something, checked as the receiver would check them.
-      indices.clear();
-      values.clear();
-      old_values.clear();
+      tensor_changes.clear();
       const auto it = changes_by_name.find(name);
       const std::uint64_t n = b->bytes / format->bytes;
       if (it != changes_by_name.end()) {
@@ -543,13 +567,13 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
           PULSE_CHECK(ch.new_bits[k] <= format->mask(), "changes of tensor '" + name + "' hold a value wider than " + b->dtype);
           const auto old_bits = std::uint32_t(load_value(b->data, std::uint64_t(ch.indices[k]), format->bytes));
           if (old_bits == ch.new_bits[k]) continue;
-          indices.push_back(ch.indices[k]);
-          values.push_back(ch.new_bits[k]);
-          old_values.push_back(old_bits);
+          tensor_changes.indices.push_back(ch.indices[k]);
+          tensor_changes.values.push_back(ch.new_bits[k]);
+          tensor_changes.old_values.push_back(old_bits);
         }
       }
-      coder.add(*format, b->data, indices, values, old_values, e);
-      if (!indices.empty()) target_digest = digest_with_changes(*b, *format, indices, values);
+      if (!tensor_changes.indices.empty()) target_digest = digest_with_changes(*b, *format, coder.ranks(), tensor_changes);
+      coder.add(*format, tensor_changes, e);
     }
     target_digest_of[name] = target_digest;
     c.target_layout.push_back({b->name, b->dtype, b->shape});
