@@ -177,20 +177,19 @@ std::uint64_t rank_in_blocks(const SparseFormat& f, const std::byte* data, std::
   return i;
 }
 
-// The decoder's pass in blocks: each hot class's mask counts down its gap at once; the block's
-// changes are emitted in element order. Returns the elements passed (whole blocks), or 0 when
-// the classes are too spread for this to pay.
+// The decoder's pass in blocks over elements [begin, end): each hot class's mask counts down its
+// gap at once; the block's changes are emitted in element order. Returns the elements passed
+// (whole blocks).
 template <class Emit>
-std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask,
-                               const ClassChanges& c, ClassCursor& cursor, Emit&& emit) {
-  const HotClasses hot = hot_classes(data, n, shift, class_mask);
-  if (hot.count == 0) return 0;
+std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::uint64_t end, const HotClasses& hot,
+                               unsigned shift, unsigned class_mask, const ClassChanges& c, ClassCursor& cursor,
+                               Emit&& emit) {
   BlockClasses block(shift, class_mask);
   struct Found {
     std::uint64_t i, at;
   };
-  std::uint64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
+  std::uint64_t i = begin;
+  for (; i + kBlock <= end; i += kBlock) {
     block.load(data + 2 * i);
     Found found[kBlock];
     unsigned num_found = 0;
@@ -229,7 +228,7 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned 
 template <class T, unsigned kShift = 32, unsigned kMask = 0>
 std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::uint64_t n, const ClassChanges& c,
                              std::uint64_t total, std::uint64_t* indices, std::uint8_t* new_values,
-                             const std::string& context) {
+                             const std::string& context, const ExponentClassDecoder::Passed& passed) {
   ClassCursor cursor;
   const unsigned classes = f.classes();
   for (unsigned k = 0; k < classes; ++k) {
@@ -255,28 +254,43 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
     cursor.advance(c, k);
     return found == total;
   };
-  std::uint64_t i = 0;
-#if defined(__AVX2__)
-  if constexpr (sizeof(T) == 2) i = locate_in_blocks(data, n, shift, mask, c, cursor, emit);
-  if (found == total) return found;
-#endif
-  // Two 8-byte words read before any count changes, as in count_classes.
-  constexpr unsigned kPerWord = 8 / sizeof(T);
-  for (; i + 2 * kPerWord <= n; i += 2 * kPerWord) {
-    std::uint64_t a, b;
-    std::memcpy(&a, data + sizeof(T) * i, 8);
-    std::memcpy(&b, data + sizeof(T) * (i + kPerWord), 8);
-    for (unsigned j = 0; j < 2 * kPerWord; ++j) {
-      const T bits = static_cast<T>((j < kPerWord ? a : b) >> (8 * sizeof(T) * (j % kPerWord)));
-      const unsigned k = (bits >> shift) & mask;
-      if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
-      if (reach(i + j, k)) return found;
+  // Counts down elements [i, end) one by one, two 8-byte words read before any count changes,
+  // as in count_classes; true once every change is found.
+  auto count_down = [&](std::uint64_t i, std::uint64_t end) {
+    constexpr unsigned kPerWord = 8 / sizeof(T);
+    for (; i + 2 * kPerWord <= end; i += 2 * kPerWord) {
+      std::uint64_t a, b;
+      std::memcpy(&a, data + sizeof(T) * i, 8);
+      std::memcpy(&b, data + sizeof(T) * (i + kPerWord), 8);
+      for (unsigned j = 0; j < 2 * kPerWord; ++j) {
+        const T bits = static_cast<T>((j < kPerWord ? a : b) >> (8 * sizeof(T) * (j % kPerWord)));
+        const unsigned k = (bits >> shift) & mask;
+        if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
+        if (reach(i + j, k)) return true;
+      }
     }
-  }
-  for (; i < n; ++i) {
-    const unsigned k = (load<T>(data, i) >> shift) & mask;
-    if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
-    if (reach(i, k)) return found;
+    for (; i < end; ++i) {
+      const unsigned k = (load<T>(data, i) >> shift) & mask;
+      if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
+      if (reach(i, k)) return true;
+    }
+    return false;
+  };
+#if defined(__AVX2__)
+  HotClasses hot;
+  if constexpr (sizeof(T) == 2) hot = hot_classes(data, n, shift, mask);
+#endif
+  // In chunks, so that `passed` finds each chunk's elements in cache.
+  for (std::uint64_t begin = 0; begin < n;) {
+    const std::uint64_t end = std::min(n, begin + ExponentClassDecoder::kPassChunk);
+    std::uint64_t i = begin;
+#if defined(__AVX2__)
+    if (hot.count > 0) i = locate_in_blocks(data, i, end, hot, shift, mask, c, cursor, emit);
+#endif
+    const bool done = found == total || count_down(i, end);
+    if (passed) passed(done ? n : end, found);
+    if (done) break;
+    begin = end;
   }
   return found;
 }
@@ -378,7 +392,7 @@ ExponentClassDecoder::ExponentClassDecoder(const std::uint8_t* index_stream, std
 
 void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_data, std::uint64_t n,
                                   std::uint64_t count, std::uint64_t* indices, std::uint8_t* new_values,
-                                  const std::string& context) {
+                                  const std::string& context, const Passed& passed) {
   if (count == 0) return;
   PULSE_CHECK(!indices_.empty() && count <= n, "patch changes more elements than it declares" + context);
   RangeDecoder& ix = indices_.front();
@@ -412,12 +426,12 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   c.gaps = gaps.data();
   c.steps = steps.data();
   std::uint64_t found = 0;
-  if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context);
+  if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context, passed);
   if (f.bytes == 2 && f.mantissa_bits == 7)  // BF16
-    found = locate_changes<std::uint16_t, 7, 0xFF>(f, old_data, n, c, count, indices, new_values, context);
+    found = locate_changes<std::uint16_t, 7, 0xFF>(f, old_data, n, c, count, indices, new_values, context, passed);
   else if (f.bytes == 2)
-    found = locate_changes<std::uint16_t>(f, old_data, n, c, count, indices, new_values, context);
-  if (f.bytes == 4) found = locate_changes<std::uint32_t>(f, old_data, n, c, count, indices, new_values, context);
+    found = locate_changes<std::uint16_t>(f, old_data, n, c, count, indices, new_values, context, passed);
+  if (f.bytes == 4) found = locate_changes<std::uint32_t>(f, old_data, n, c, count, indices, new_values, context, passed);
   PULSE_CHECK(found == count, "patch index out of range" + context);
 }
 

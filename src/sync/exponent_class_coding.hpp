@@ -7,6 +7,7 @@
 // as key differences, all with adaptive models per class (range_coder.hpp) that the tensors of
 // one patch share. Nothing but the streams is needed to decode (no tables, no earlier patches).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -65,11 +66,17 @@ class ExponentClassDecoder {
   // `changes` is the patch's total; a patch without changes has empty streams.
   ExponentClassDecoder(const std::uint8_t* index_stream, std::size_t index_size, const std::uint8_t* value_stream,
                        std::size_t value_size, std::uint64_t changes);
+  // Progress of the pass over a tensor's old elements: every change below element `end` is
+  // among the first `found`. Called at most every kPassChunk elements, while they are in cache,
+  // and last with end = n (unless the tensor has no change).
+  using Passed = std::function<void(std::uint64_t end, std::uint64_t found)>;
+  static constexpr std::uint64_t kPassChunk = std::uint64_t(1) << 16;
+
   // Decodes one tensor's `count` changes against its old data (n elements): their sorted
   // indices and new values (format.bytes each). Throws pulse::Error naming `context` on
   // anything out of range; writes nothing to old_data.
   void decode(const SparseFormat& format, const std::byte* old_data, std::uint64_t n, std::uint64_t count,
-              std::uint64_t* indices, std::uint8_t* new_values, const std::string& context);
+              std::uint64_t* indices, std::uint8_t* new_values, const std::string& context, const Passed& passed = {});
   // Throws unless both streams were read to their last byte.
   void check_consumed() const;
 
