@@ -193,11 +193,16 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
     block.load(data + 2 * i);
     Found found[kBlock];
     unsigned num_found = 0;
-    std::uint64_t in_hot = 0;
+    // All masks first: one loop that keeps in_hot in a register (interleaved with the count-down
+    // below, it went through memory, a chain of store-to-load forwards per block).
+    std::uint64_t masks[kMaxHot], in_hot = 0;
+    for (unsigned h = 0; h < hot.count; ++h) {
+      masks[h] = block.members(hot.k[h]);
+      in_hot |= masks[h];
+    }
     for (unsigned h = 0; h < hot.count; ++h) {
       const unsigned k = hot.k[h];
-      std::uint64_t members = block.members(k);
-      in_hot |= members;
+      std::uint64_t members = masks[h];
       if (cursor.left[k] == UINT64_MAX) continue;
       std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members));
       while (cursor.left[k] < in_block) {  // the class's next change lies in this block
