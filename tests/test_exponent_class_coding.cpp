@@ -3,6 +3,7 @@
 // against (a hand-derived case), and the coding's size against the entropy and keydiff.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -11,6 +12,7 @@
 #include "kernels/bf16.hpp"
 #include "sync/change_entropy.hpp"
 #include "sync/codec_choice.hpp"
+#include "sync/exponent_class_coding.hpp"
 #include "sync/patch.hpp"
 #include "sync/range_coder.hpp"
 #include "sync/sparse_format.hpp"
@@ -262,5 +264,72 @@ TEST(ExponentClassCoding, EncodesTheBytesRecordedBeforeItsSpeedWork) {
       receiver.push_back({base[t].name, base[t].dtype, base[t].shape, reinterpret_cast<std::byte*>(bases[t].data()), bases[t].size()});
     apply_patch(parse_patch(patch.data(), patch.size()), receiver);
     for (std::size_t t = 0; t < base.size(); ++t) EXPECT_EQ(bases[t], targets[t]) << "patch " << p << ", tensor " << t;
+  }
+}
+
+TEST(ExponentClassCoding, RanksInPiecesAndDecoderProgressMatchAReference) {
+  // The ranker against ranks counted element by element, with the changes handed over in pieces
+  // of random size (empty ones too, and pieces that cross the blocks and chunks of the fast
+  // paths); then the decoder against the encoder's changes, its progress reports checked
+  // against the sorted indices. Concentrated classes take the block paths for 16-bit dtypes,
+  // uniform bits (and 8-, 32-bit dtypes) the element-by-element ones.
+  std::mt19937_64 rng(21);
+  for (const RecordedCase c : {RecordedCase{"BF16", 300007, 10, false}, RecordedCase{"BF16", 70001, 30, true},
+                               RecordedCase{"F16", 140003, 10, false}, RecordedCase{"F32", 70001, 20, false},
+                               RecordedCase{"F8_E4M3", 9001, 50, false}, RecordedCase{"BF16", 130, 300, false}}) {
+    const SparseFormat f = *sparse_format(c.dtype);
+    std::vector<std::uint8_t> base, target;
+    weight_like_pair(c, rng(), base, target);
+    const auto* old_data = reinterpret_cast<const std::byte*>(base.data());
+    std::vector<index_t> indices;
+    std::vector<std::uint32_t> new_bits, old_bits;
+    std::vector<std::uint64_t> expected, seen(f.classes(), 0);
+    for (std::size_t i = 0; i < c.n; ++i) {
+      const auto before = load_value(old_data, i, f.bytes);
+      const auto after = load_value(reinterpret_cast<const std::byte*>(target.data()), i, f.bytes);
+      const unsigned k = f.exponent_class(before);
+      if (before != after) {
+        indices.push_back(index_t(i));
+        new_bits.push_back(std::uint32_t(after));
+        old_bits.push_back(std::uint32_t(before));
+        expected.push_back(seen[k]);
+      }
+      ++seen[k];
+    }
+    ASSERT_GT(indices.size(), 10u) << c.dtype;
+    ExponentClassRanker ranker(f, old_data, c.n);
+    std::vector<std::uint64_t> ranks;
+    for (std::size_t j = 0; j < indices.size();) {
+      const std::size_t piece = std::min<std::size_t>(indices.size() - j, rng() % 4 == 0 ? 0 : rng() % 2000);
+      ranker.rank(indices.data() + j, old_bits.data() + j, piece, ranks);
+      j += piece;
+    }
+    ASSERT_EQ(ranks, expected) << c.dtype << " " << c.n;
+
+    ExponentClassEncoder encoder;
+    encoder.add(f, ranks.data(), new_bits.data(), old_bits.data(), indices.size());
+    const auto index_stream = encoder.finish_indices(), value_stream = encoder.finish_values();
+    ExponentClassDecoder decoder(index_stream.data(), index_stream.size(), value_stream.data(), value_stream.size(),
+                                 indices.size());
+    std::vector<std::uint64_t> decoded(indices.size());
+    std::vector<std::uint8_t> values(indices.size() * f.bytes);
+    std::uint64_t last_end = 0, calls = 0;
+    decoder.decode(f, old_data, c.n, indices.size(), decoded.data(), values.data(), "",
+                   [&](std::uint64_t end, std::uint64_t found) {
+                     ++calls;
+                     EXPECT_GT(end, last_end);
+                     EXPECT_TRUE(end == c.n || end - last_end <= ExponentClassDecoder::kPassChunk) << end;
+                     last_end = end;
+                     // Every change below `end` is among the first `found`, which are all below it.
+                     const auto below = std::lower_bound(indices.begin(), indices.end(), index_t(end)) - indices.begin();
+                     EXPECT_EQ(std::uint64_t(below), found) << c.dtype << " end " << end;
+                   });
+    decoder.check_consumed();
+    EXPECT_EQ(last_end, c.n);
+    EXPECT_GE(calls, 1u);
+    for (std::size_t j = 0; j < indices.size(); ++j) {
+      ASSERT_EQ(decoded[j], std::uint64_t(indices[j])) << c.dtype << " change " << j;
+      ASSERT_EQ(load_value(reinterpret_cast<const std::byte*>(values.data()), j, f.bytes), new_bits[j]);
+    }
   }
 }

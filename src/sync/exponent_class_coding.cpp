@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -82,17 +83,23 @@ struct ClassCursor {
 #if defined(__AVX2__)
 // 16-bit elements whose classes are concentrated, as trained weights' are: a handful of common
 // ("hot") classes hold most elements. Per block of 64 elements, each hot class's elements form a
-// mask whose popcount counts down its gap at once; only the other elements take the scalar
-// count-down. The block's changes are emitted in element order. Returns the elements passed
-// (whole blocks), or 0 when the classes are too spread for this to pay.
+// 64-bit mask (one compare of the block's class bytes) whose popcount counts the class at once;
+// only the other elements are counted one by one. The encoder's ranks and the decoder's
+// count-down both pass over a tensor this way.
 constexpr unsigned kBlock = 64;
 constexpr unsigned kMaxHot = 8;
 
-template <class Emit>
-std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask,
-                               const ClassChanges& c, ClassCursor& cursor, Emit&& emit) {
-  // The hot classes: the most common in a sample of the tensor, while they cover 90% of it.
-  if (n < kBlock) return 0;
+struct HotClasses {
+  unsigned k[kMaxHot];
+  unsigned count = 0;
+};
+
+// The classes that hold at least 1/128 of a sample of the tensor (an element in every other
+// block), most common first; none when they cover less than 3/4 of it: the elements of other
+// classes would cost more one by one than the blocks save.
+HotClasses hot_classes(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask) {
+  HotClasses hot;
+  if (n < kBlock) return hot;
   const std::uint64_t samples = std::min<std::uint64_t>(n, 4096);
   std::uint32_t sampled[kMaxClasses] = {};
   for (std::uint64_t s = 0; s < samples; ++s) ++sampled[(load<std::uint16_t>(data, s * (n / samples)) >> shift) & class_mask];
@@ -100,38 +107,102 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned 
   for (unsigned k = 0; k < kMaxClasses; ++k) by_count[k] = k;
   std::partial_sort(by_count, by_count + kMaxHot, by_count + kMaxClasses,
                     [&](unsigned x, unsigned y) { return sampled[x] > sampled[y]; });
-  unsigned hot[kMaxHot], num_hot = 0;
   std::uint64_t covered = 0;
-  for (; num_hot < kMaxHot && 10 * covered < 9 * samples; ++num_hot) {
-    hot[num_hot] = by_count[num_hot];
-    covered += sampled[hot[num_hot]];
+  for (; hot.count < kMaxHot && 128 * sampled[by_count[hot.count]] >= samples; ++hot.count) {
+    hot.k[hot.count] = by_count[hot.count];
+    covered += sampled[hot.k[hot.count]];
   }
-  if (4 * covered < 3 * samples) return 0;
+  if (4 * covered < 3 * samples) hot.count = 0;
+  return hot;
+}
 
-  const __m128i count = _mm_cvtsi32_si128(int(shift));
-  const __m256i class_bits = _mm256_set1_epi16(std::int16_t(class_mask));
-  auto class_bytes = [&](const std::byte* p) {  // 32 elements' classes, in element order
+// The classes of a block's 64 elements, one byte each in element order.
+class BlockClasses {
+ public:
+  BlockClasses(unsigned shift, unsigned class_mask)
+      : shift_(_mm_cvtsi32_si128(int(shift))), class_bits_(_mm256_set1_epi16(std::int16_t(class_mask))) {}
+
+  void load(const std::byte* block) {
+    low_ = classes_of_32(block);
+    high_ = classes_of_32(block + 64);
+  }
+  // Bit j is set where element j of the block is of class k.
+  std::uint64_t members(unsigned k) const {
+    const __m256i key = _mm256_set1_epi8(char(k));
+    return std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(low_, key)))) |
+           std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(high_, key)))) << 32;
+  }
+
+ private:
+  __m256i classes_of_32(const std::byte* p) const {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-    const __m256i a = _mm256_and_si256(_mm256_srl_epi16(x, count), class_bits);
-    const __m256i b = _mm256_and_si256(_mm256_srl_epi16(y, count), class_bits);
+    const __m256i a = _mm256_and_si256(_mm256_srl_epi16(x, shift_), class_bits_);
+    const __m256i b = _mm256_and_si256(_mm256_srl_epi16(y, shift_), class_bits_);
     return _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);  // packus interleaves 128-bit lanes
-  };
+  }
+  __m128i shift_;
+  __m256i class_bits_;
+  __m256i low_, high_;
+};
+
+// The encoder's pass in blocks from element `begin`: the rank of each change is its class's
+// count before the block (`counts`, one row) plus its class's members in the block below it.
+// Blocks end at the last change. Ranks changes [j, ...) in order through rank(rank) and
+// returns the elements counted.
+template <class Rank>
+std::uint64_t rank_in_blocks(const SparseFormat& f, const std::byte* data, std::uint64_t begin,
+                             const std::vector<unsigned>& hot, const index_t* indices, const std::uint32_t* old_bits,
+                             std::size_t count, std::uint64_t* counts, std::size_t& j, Rank&& rank) {
+  const std::uint64_t end = std::uint64_t(indices[count - 1]) + 1;
+  const unsigned class_mask = f.classes() - 1;
+  BlockClasses block(f.mantissa_bits, class_mask);
+  std::uint64_t i = begin;
+  for (; i + kBlock <= end; i += kBlock) {
+    block.load(data + 2 * i);
+    for (; j < count && std::uint64_t(indices[j]) < i + kBlock; ++j) {
+      const unsigned k = f.exponent_class(old_bits[j]);
+      const std::uint64_t below = (std::uint64_t(1) << (std::uint64_t(indices[j]) - i)) - 1;
+      rank(counts[k] + std::uint64_t(__builtin_popcountll(block.members(k) & below)));
+    }
+    std::uint64_t in_hot = 0;
+    for (unsigned k : hot) {
+      const std::uint64_t members = block.members(k);
+      in_hot |= members;
+      counts[k] += std::uint64_t(__builtin_popcountll(members));
+    }
+    for (std::uint64_t others = ~in_hot; others != 0; others &= others - 1)
+      ++counts[(load<std::uint16_t>(data, i + std::uint64_t(__builtin_ctzll(others))) >> f.mantissa_bits) & class_mask];
+  }
+  return i;
+}
+
+// The decoder's pass in blocks over elements [begin, end): each hot class's mask counts down its
+// gap at once; the block's changes are emitted in element order. Returns the elements passed
+// (whole blocks).
+template <class Emit>
+std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::uint64_t end, const HotClasses& hot,
+                               unsigned shift, unsigned class_mask, const ClassChanges& c, ClassCursor& cursor,
+                               Emit&& emit) {
+  BlockClasses block(shift, class_mask);
   struct Found {
     std::uint64_t i, at;
   };
-  std::uint64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    const __m256i low = class_bytes(data + 2 * i), high = class_bytes(data + 2 * i + 64);
+  std::uint64_t i = begin;
+  for (; i + kBlock <= end; i += kBlock) {
+    block.load(data + 2 * i);
     Found found[kBlock];
     unsigned num_found = 0;
-    std::uint64_t in_hot = 0;
-    for (unsigned h = 0; h < num_hot; ++h) {
-      const unsigned k = hot[h];
-      const __m256i key = _mm256_set1_epi8(char(k));
-      std::uint64_t members = std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(low, key)))) |
-                              std::uint64_t(std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(high, key)))) << 32;
-      in_hot |= members;
+    // All masks first: one loop that keeps in_hot in a register (interleaved with the count-down
+    // below, it went through memory, a chain of store-to-load forwards per block).
+    std::uint64_t masks[kMaxHot], in_hot = 0;
+    for (unsigned h = 0; h < hot.count; ++h) {
+      masks[h] = block.members(hot.k[h]);
+      in_hot |= masks[h];
+    }
+    for (unsigned h = 0; h < hot.count; ++h) {
+      const unsigned k = hot.k[h];
+      std::uint64_t members = masks[h];
       if (cursor.left[k] == UINT64_MAX) continue;
       std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members));
       while (cursor.left[k] < in_block) {  // the class's next change lies in this block
@@ -162,7 +233,7 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t n, unsigned 
 template <class T, unsigned kShift = 32, unsigned kMask = 0>
 std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::uint64_t n, const ClassChanges& c,
                              std::uint64_t total, std::uint64_t* indices, std::uint8_t* new_values,
-                             const std::string& context) {
+                             const std::string& context, const ExponentClassDecoder::Passed& passed) {
   ClassCursor cursor;
   const unsigned classes = f.classes();
   for (unsigned k = 0; k < classes; ++k) {
@@ -188,38 +259,91 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
     cursor.advance(c, k);
     return found == total;
   };
-  std::uint64_t i = 0;
-#if defined(__AVX2__)
-  if constexpr (sizeof(T) == 2) i = locate_in_blocks(data, n, shift, mask, c, cursor, emit);
-  if (found == total) return found;
-#endif
-  // Two 8-byte words read before any count changes, as in count_classes.
-  constexpr unsigned kPerWord = 8 / sizeof(T);
-  for (; i + 2 * kPerWord <= n; i += 2 * kPerWord) {
-    std::uint64_t a, b;
-    std::memcpy(&a, data + sizeof(T) * i, 8);
-    std::memcpy(&b, data + sizeof(T) * (i + kPerWord), 8);
-    for (unsigned j = 0; j < 2 * kPerWord; ++j) {
-      const T bits = static_cast<T>((j < kPerWord ? a : b) >> (8 * sizeof(T) * (j % kPerWord)));
-      const unsigned k = (bits >> shift) & mask;
-      if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
-      if (reach(i + j, k)) return found;
+  // Counts down elements [i, end) one by one, two 8-byte words read before any count changes,
+  // as in count_classes; true once every change is found.
+  auto count_down = [&](std::uint64_t i, std::uint64_t end) {
+    constexpr unsigned kPerWord = 8 / sizeof(T);
+    for (; i + 2 * kPerWord <= end; i += 2 * kPerWord) {
+      std::uint64_t a, b;
+      std::memcpy(&a, data + sizeof(T) * i, 8);
+      std::memcpy(&b, data + sizeof(T) * (i + kPerWord), 8);
+      for (unsigned j = 0; j < 2 * kPerWord; ++j) {
+        const T bits = static_cast<T>((j < kPerWord ? a : b) >> (8 * sizeof(T) * (j % kPerWord)));
+        const unsigned k = (bits >> shift) & mask;
+        if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
+        if (reach(i + j, k)) return true;
+      }
     }
-  }
-  for (; i < n; ++i) {
-    const unsigned k = (load<T>(data, i) >> shift) & mask;
-    if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
-    if (reach(i, k)) return found;
+    for (; i < end; ++i) {
+      const unsigned k = (load<T>(data, i) >> shift) & mask;
+      if (__builtin_expect(cursor.left[k]-- != 0, 1)) continue;
+      if (reach(i, k)) return true;
+    }
+    return false;
+  };
+#if defined(__AVX2__)
+  HotClasses hot;
+  if constexpr (sizeof(T) == 2) hot = hot_classes(data, n, shift, mask);
+#endif
+  // In chunks, so that `passed` finds each chunk's elements in cache.
+  for (std::uint64_t begin = 0; begin < n;) {
+    const std::uint64_t end = std::min(n, begin + ExponentClassDecoder::kPassChunk);
+    std::uint64_t i = begin;
+#if defined(__AVX2__)
+    if (hot.count > 0) i = locate_in_blocks(data, i, end, hot, shift, mask, c, cursor, emit);
+#endif
+    const bool done = found == total || count_down(i, end);
+    if (passed) passed(done ? n : end, found);
+    if (done) break;
+    begin = end;
   }
   return found;
 }
 
 }  // namespace
 
+ExponentClassRanker::ExponentClassRanker(const SparseFormat& format, const std::byte* old_data, std::uint64_t n)
+    : format_(format), data_(old_data), counts_(kLanes * kMaxClasses, 0) {
+#if defined(__AVX2__)
+  if (format.bytes == 2) {
+    const HotClasses hot = hot_classes(old_data, n, format.mantissa_bits, format.classes() - 1);
+    hot_.assign(hot.k, hot.k + hot.count);
+  }
+#else
+  (void)n;
+#endif
+}
+
+void ExponentClassRanker::rank(const index_t* indices, const std::uint32_t* old_bits, std::size_t count,
+                               std::vector<std::uint64_t>& ranks) {
+  if (count == 0) return;
+  const SparseFormat& f = format_;
+  std::size_t j = 0;
+#if defined(__AVX2__)
+  if (!hot_.empty())
+    counted_ = rank_in_blocks(f, data_, counted_, hot_, indices, old_bits, count, counts_.data(), j,
+                              [&](std::uint64_t r) { ranks.push_back(r); });
+#endif
+  // Class counts of the elements between changes.
+  for (; j < count; ++j) {
+    count_classes(f, data_, counted_, std::uint64_t(indices[j]), counts_.data());
+    const unsigned k = f.exponent_class(old_bits[j]);
+    std::uint64_t r = 0;
+    for (unsigned lane = 0; lane < kLanes; ++lane) r += counts_[lane * kMaxClasses + k];
+    ++counts_[k];
+    ranks.push_back(r);
+    counted_ = std::uint64_t(indices[j]) + 1;
+  }
+  // The next block pass reads one row: fold the other lanes into it.
+  if (!hot_.empty())
+    for (unsigned lane = 1; lane < kLanes; ++lane)
+      for (unsigned k = 0; k < kMaxClasses; ++k) counts_[k] += std::exchange(counts_[lane * kMaxClasses + k], 0);
+}
+
 ExponentClassEncoder::ExponentClassEncoder() : models_(kMaxClasses) {}
 
-void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data, const index_t* indices,
-                               const std::uint32_t* new_bits, const std::uint32_t* old_bits, std::size_t count) {
+void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks, const std::uint32_t* new_bits,
+                               const std::uint32_t* old_bits, std::size_t count) {
   if (count == 0) return;
   coded_ = true;
   const unsigned classes = f.classes();
@@ -227,27 +351,18 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::byte* old_data,
   std::vector<std::uint64_t> per_class(classes, 0), first(classes, 0);
   for (std::size_t j = 0; j < count; ++j) ++per_class[f.exponent_class(old_bits[j])];
   for (unsigned k = 1; k < classes; ++k) first[k] = first[k - 1] + per_class[k - 1];
-  // One pass in index order: each change's rank among the elements of its class (class counts
-  // of the elements between changes; the tail after the last change is not needed) gives its
-  // gap after the class's previous change. Gaps and key differences go straight to their
-  // class-major places, so the coding below reads them in order.
-  thread_local std::vector<std::uint64_t> histograms, gaps;
+  // Each change's gap after its class's previous change and its key difference go straight to
+  // their class-major places, so the coding below reads them in order.
+  thread_local std::vector<std::uint64_t> gaps;
   thread_local std::vector<std::int64_t> steps;
-  histograms.assign(kLanes * kMaxClasses, 0);
   gaps.resize(count);
   steps.resize(count);
   std::vector<std::uint64_t> at = first, next_rank(classes, 0);
-  std::uint64_t next = 0;
   for (std::size_t j = 0; j < count; ++j) {
-    count_classes(f, old_data, next, std::uint64_t(indices[j]), histograms.data());
     const unsigned k = f.exponent_class(old_bits[j]);
-    std::uint64_t rank = 0;
-    for (unsigned lane = 0; lane < kLanes; ++lane) rank += histograms[lane * kMaxClasses + k];
-    ++histograms[k];
-    gaps[at[k]] = rank - next_rank[k];
+    gaps[at[k]] = ranks[j] - next_rank[k];
     steps[at[k]++] = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
-    next_rank[k] = rank + 1;
-    next = std::uint64_t(indices[j]) + 1;
+    next_rank[k] = ranks[j] + 1;
   }
   std::uint64_t remaining = count;
   for (unsigned k = 0; k < classes && remaining > 0; ++k) {
@@ -282,7 +397,7 @@ ExponentClassDecoder::ExponentClassDecoder(const std::uint8_t* index_stream, std
 
 void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_data, std::uint64_t n,
                                   std::uint64_t count, std::uint64_t* indices, std::uint8_t* new_values,
-                                  const std::string& context) {
+                                  const std::string& context, const Passed& passed) {
   if (count == 0) return;
   PULSE_CHECK(!indices_.empty() && count <= n, "patch changes more elements than it declares" + context);
   RangeDecoder& ix = indices_.front();
@@ -316,12 +431,12 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   c.gaps = gaps.data();
   c.steps = steps.data();
   std::uint64_t found = 0;
-  if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context);
+  if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context, passed);
   if (f.bytes == 2 && f.mantissa_bits == 7)  // BF16
-    found = locate_changes<std::uint16_t, 7, 0xFF>(f, old_data, n, c, count, indices, new_values, context);
+    found = locate_changes<std::uint16_t, 7, 0xFF>(f, old_data, n, c, count, indices, new_values, context, passed);
   else if (f.bytes == 2)
-    found = locate_changes<std::uint16_t>(f, old_data, n, c, count, indices, new_values, context);
-  if (f.bytes == 4) found = locate_changes<std::uint32_t>(f, old_data, n, c, count, indices, new_values, context);
+    found = locate_changes<std::uint16_t>(f, old_data, n, c, count, indices, new_values, context, passed);
+  if (f.bytes == 4) found = locate_changes<std::uint32_t>(f, old_data, n, c, count, indices, new_values, context, passed);
   PULSE_CHECK(found == count, "patch index out of range" + context);
 }
 

@@ -7,6 +7,7 @@
 // as key differences, all with adaptive models per class (range_coder.hpp) that the tensors of
 // one patch share. Nothing but the streams is needed to decode (no tables, no earlier patches).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,11 +26,30 @@ struct ExponentClassModel {
   IntegerModel step;    // |key difference| - 1
 };
 
+// The rank of each change of a tensor among the elements of its exponent class, counted in one
+// pass over the tensor's old elements. Changes may come in pieces, in index order, so a caller
+// that scans a tensor in chunks ranks each chunk's changes while its elements are in cache.
+class ExponentClassRanker {
+ public:
+  // The tensor's old elements (n) stay in place while the ranker is used.
+  ExponentClassRanker(const SparseFormat& format, const std::byte* old_data, std::uint64_t n);
+  // Appends the ranks of the next changes: sorted indices above the previous ones, old bits of each.
+  void rank(const index_t* indices, const std::uint32_t* old_bits, std::size_t count, std::vector<std::uint64_t>& ranks);
+
+ private:
+  SparseFormat format_;
+  const std::byte* data_;
+  std::vector<std::uint64_t> counts_;  // per class, in lanes (exponent_class_coding.cpp)
+  std::uint64_t counted_ = 0;          // elements counted so far
+  std::vector<unsigned> hot_;          // 16-bit elements: the classes counted by blocks (AVX2)
+};
+
 class ExponentClassEncoder {
  public:
   ExponentClassEncoder();
-  // Codes one tensor's changes: their sorted indices, and the new and old bits of each.
-  void add(const SparseFormat& format, const std::byte* old_data, const index_t* indices, const std::uint32_t* new_bits,
+  // Codes one tensor's changes: the new and old bits and the rank (ExponentClassRanker) of
+  // each, in index order.
+  void add(const SparseFormat& format, const std::uint64_t* ranks, const std::uint32_t* new_bits,
            const std::uint32_t* old_bits, std::size_t count);
   // The index and value streams (empty when no change was coded).
   std::vector<std::uint8_t> finish_indices();
@@ -46,11 +66,17 @@ class ExponentClassDecoder {
   // `changes` is the patch's total; a patch without changes has empty streams.
   ExponentClassDecoder(const std::uint8_t* index_stream, std::size_t index_size, const std::uint8_t* value_stream,
                        std::size_t value_size, std::uint64_t changes);
+  // Progress of the pass over a tensor's old elements: every change below element `end` is
+  // among the first `found`. Called at most every kPassChunk elements, while they are in cache,
+  // and last with end = n (unless the tensor has no change).
+  using Passed = std::function<void(std::uint64_t end, std::uint64_t found)>;
+  static constexpr std::uint64_t kPassChunk = std::uint64_t(1) << 16;
+
   // Decodes one tensor's `count` changes against its old data (n elements): their sorted
   // indices and new values (format.bytes each). Throws pulse::Error naming `context` on
   // anything out of range; writes nothing to old_data.
   void decode(const SparseFormat& format, const std::byte* old_data, std::uint64_t n, std::uint64_t count,
-              std::uint64_t* indices, std::uint8_t* new_values, const std::string& context);
+              std::uint64_t* indices, std::uint8_t* new_values, const std::string& context, const Passed& passed = {});
   // Throws unless both streams were read to their last byte.
   void check_consumed() const;
 

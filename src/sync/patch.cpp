@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <utility>
 
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
@@ -101,12 +102,25 @@ Digest finish_digest(XXH3_state_t* state) {
   return d;
 }
 
-// One pass over a sparse-coded tensor in cache-sized chunks: finds the changed indices (sorted),
-// their new and old values, and feeds the chunk, still in cache, to the digests, so base and
-// target are read from memory once. 16-bit tensors go through the compaction kernel.
+// A sparse-coded tensor's changes: sorted indices, the new and old bits of each, and for the
+// expclass coding their ranks (ExponentClassRanker).
+struct Changes {
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> values, old_values;
+  std::vector<std::uint64_t> ranks;
+  void clear() {
+    indices.clear();
+    values.clear();
+    old_values.clear();
+    ranks.clear();
+  }
+};
+
+// One pass over a sparse-coded tensor in cache-sized chunks: finds the changes and feeds the
+// chunk, still in cache, to the digests and (with `rank`) the ranker, so base and target are
+// read from memory once. 16-bit tensors go through the compaction kernel.
 void scan_changes(const SparseFormat& format, const std::byte* old_data, const std::byte* new_data, std::size_t n,
-                  Digest* old_digest, Digest& new_digest, std::vector<index_t>& indices,
-                  std::vector<std::uint32_t>& values, std::vector<std::uint32_t>& old_values) {
+                  Digest* old_digest, Digest& new_digest, bool rank, Changes& changes) {
   using ConstView = Kokkos::View<const bf16_bits*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
   constexpr std::size_t chunk = std::size_t(1) << 16;
   thread_local std::vector<index_t> chunk_indices(chunk);
@@ -116,12 +130,15 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
   PULSE_CHECK(new_state && (!old_digest || old_state), "out of memory for a digest state");
   if (old_state) XXH3_128bits_reset(old_state);
   XXH3_128bits_reset(new_state);
-  indices.clear();
-  values.clear();
-  old_values.clear();
+  changes.clear();
+  std::vector<index_t>& indices = changes.indices;
+  std::vector<std::uint32_t>&values = changes.values, &old_values = changes.old_values;
+  std::optional<ExponentClassRanker> ranker;
+  if (rank) ranker.emplace(format, old_data, n);
   const unsigned w = format.bytes;
   const Kokkos::DefaultHostExecutionSpace space;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t chunk_first = indices.size();
     const std::size_t len = std::min(chunk, n - begin);
     const std::byte* o = old_data + w * begin;
     const std::byte* t = new_data + w * begin;
@@ -151,6 +168,8 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
           old_values.push_back(std::uint32_t(load_value(o, i, w)));
         }
     }
+    if (ranker)
+      ranker->rank(indices.data() + chunk_first, old_values.data() + chunk_first, indices.size() - chunk_first, changes.ranks);
     if (old_state) XXH3_128bits_update(old_state, o, w * len);
     XXH3_128bits_update(new_state, t, w * len);
   }
@@ -266,13 +285,17 @@ class SparseCoder {
  public:
   explicit SparseCoder(const EncodeOptions& options) : options_(options) {}
 
-  // One tensor's changes (sorted indices, their new and old bits) against its old data.
-  void add(const SparseFormat& format, const std::byte* old_data, const std::vector<index_t>& indices,
-           const std::vector<std::uint32_t>& values, const std::vector<std::uint32_t>& old_values, PatchEntry& e) {
+  // Whether add() needs the changes' ranks.
+  bool ranks() const { return options_.values == ValueCoding::exponent_class; }
+
+  // One tensor's changes.
+  void add(const SparseFormat& format, const Changes& changes, PatchEntry& e) {
+    const std::vector<index_t>& indices = changes.indices;
+    const std::vector<std::uint32_t>&values = changes.values, &old_values = changes.old_values;
     e.kind = EntryKind::sparse;
     e.count = indices.size();
     if (options_.values == ValueCoding::exponent_class) {
-      class_encoder_.add(format, old_data, indices.data(), values.data(), old_values.data(), indices.size());
+      class_encoder_.add(format, changes.ranks.data(), values.data(), old_values.data(), indices.size());
       return;
     }
     if (options_.indices == IndexCoding::gap_fixed)
@@ -411,26 +434,69 @@ std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchC
   return std::move(w.out);
 }
 
-// Digest of a tensor's bytes with the changes written (sorted indices, new bits), hashed in
-// cache-sized chunks of a copy, so the tensor itself stays as it is.
-Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, const std::vector<index_t>& indices,
-                           const std::vector<std::uint32_t>& values) {
+// The digest of a tensor's bytes with sorted changes written, fed in order as a pass reaches
+// them: each cache-sized piece that holds a change is copied and the change written to the
+// copy, so the tensor itself stays as it is (a patch is verified before anything is written).
+class DigestWithChanges {
+ public:
+  DigestWithChanges(const std::byte* data, unsigned width) : data_(data), width_(width), state_(XXH3_createState()) {
+    PULSE_CHECK(state_, "out of memory for a digest state");
+    XXH3_128bits_reset(state_);
+  }
+  ~DigestWithChanges() {
+    if (state_) XXH3_freeState(state_);
+  }
+  DigestWithChanges(const DigestWithChanges&) = delete;
+  DigestWithChanges& operator=(const DigestWithChanges&) = delete;
+
+  // Hashes the elements up to `end`, whose changes are among the first `found`: at indices[k],
+  // the low `width` bytes at values + value_stride * k (little-endian hosts).
+  template <class Index>
+  void pass(std::uint64_t end, const Index* indices, const void* values, unsigned value_stride, std::uint64_t found) {
+    constexpr std::uint64_t piece = std::uint64_t(1) << 16;
+    thread_local std::vector<std::byte> copy;
+    const auto* v = static_cast<const std::byte*>(values);
+    while (done_ < end) {
+      const std::uint64_t piece_end = std::min(end, done_ + piece);
+      const std::byte* bytes = data_ + width_ * done_;
+      if (next_ < found && std::uint64_t(indices[next_]) < piece_end) {
+        copy.assign(bytes, data_ + width_ * piece_end);
+        for (; next_ < found && std::uint64_t(indices[next_]) < piece_end; ++next_)
+          std::memcpy(copy.data() + width_ * (std::uint64_t(indices[next_]) - done_), v + value_stride * next_, width_);
+        bytes = copy.data();
+      }
+      XXH3_128bits_update(state_, bytes, width_ * (piece_end - done_));
+      done_ = piece_end;
+    }
+  }
+
+  Digest finish() { return finish_digest(std::exchange(state_, nullptr)); }
+
+ private:
+  const std::byte* data_;
+  unsigned width_;
+  XXH3_state_t* state_;
+  std::uint64_t done_ = 0, next_ = 0;  // elements hashed, changes written
+};
+
+// Digest of a tensor's bytes with the changes written; with `rank`, the chunks in cache also
+// rank the changes.
+Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, bool rank, Changes& changes) {
   constexpr std::size_t chunk = std::size_t(1) << 16;
-  thread_local std::vector<std::byte> copy;
-  XXH3_state_t* state = XXH3_createState();
-  PULSE_CHECK(state, "out of memory for a digest state");
-  XXH3_128bits_reset(state);
-  const unsigned w = format.bytes;
-  const std::size_t n = t.bytes / w;
+  const std::vector<index_t>& indices = changes.indices;
+  const std::size_t n = t.bytes / format.bytes;
+  std::optional<ExponentClassRanker> ranker;
+  if (rank) ranker.emplace(format, t.data, n);
+  changes.ranks.clear();
+  DigestWithChanges digest(t.data, format.bytes);
   std::size_t k = 0;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
-    const std::size_t len = std::min(chunk, n - begin);
-    copy.assign(t.data + w * begin, t.data + w * (begin + len));
-    for (; k < indices.size() && std::size_t(indices[k]) < begin + len; ++k)
-      std::memcpy(copy.data() + w * (std::size_t(indices[k]) - begin), &values[k], w);  // little-endian hosts
-    XXH3_128bits_update(state, copy.data(), w * len);
+    const std::size_t end = std::min(n, begin + chunk), chunk_first = k;
+    while (k < indices.size() && std::size_t(indices[k]) < end) ++k;
+    if (ranker) ranker->rank(indices.data() + chunk_first, changes.old_values.data() + chunk_first, k - chunk_first, changes.ranks);
+    digest.pass(end, indices.data(), changes.values.data(), sizeof(std::uint32_t), k);
   }
-  return finish_digest(state);
+  return digest.finish();
 }
 
 }  // namespace
@@ -457,8 +523,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   }
 
   std::map<std::string, Digest> base_digest_of, target_digest_of;
-  std::vector<index_t> indices;
-  std::vector<std::uint32_t> values, old_values;
+  thread_local Changes tensor_changes;  // kept: a large tensor's lists would be allocated and faulted in again
   SparseCoder coder(options);
   for (const auto& [name, tp] : target_by_name) {
     const TensorRef& t = *tp;
@@ -471,8 +536,8 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     const auto format = sparse_format(t.dtype);
     if (b && format) {
       scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
-                   indices, values, old_values);
-      coder.add(*format, b->data, indices, values, old_values, e);
+                   coder.ranks(), tensor_changes);
+      coder.add(*format, tensor_changes, e);
     } else {
       if (b && !base_digests) base_digest = tensor_digest(*b);
       target_digest = tensor_digest(t);
@@ -522,17 +587,14 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
 
   PatchContent c;
   std::map<std::string, Digest> target_digest_of;
-  std::vector<index_t> indices;
-  std::vector<std::uint32_t> values, old_values;
+  thread_local Changes tensor_changes;  // kept, as in encode_patch
   SparseCoder coder(options);
   for (const auto& [name, b] : base_by_name) {
     PatchEntry e;
     Digest target_digest = known_digest(base_digests, name);
     if (const auto format = sparse_format(b->dtype)) {
       // The listed changes that change something, checked as the receiver would check them.
-      indices.clear();
-      values.clear();
-      old_values.clear();
+      tensor_changes.clear();
       const auto it = changes_by_name.find(name);
       const std::uint64_t n = b->bytes / format->bytes;
       if (it != changes_by_name.end()) {
@@ -543,13 +605,13 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
           PULSE_CHECK(ch.new_bits[k] <= format->mask(), "changes of tensor '" + name + "' hold a value wider than " + b->dtype);
           const auto old_bits = std::uint32_t(load_value(b->data, std::uint64_t(ch.indices[k]), format->bytes));
           if (old_bits == ch.new_bits[k]) continue;
-          indices.push_back(ch.indices[k]);
-          values.push_back(ch.new_bits[k]);
-          old_values.push_back(old_bits);
+          tensor_changes.indices.push_back(ch.indices[k]);
+          tensor_changes.values.push_back(ch.new_bits[k]);
+          tensor_changes.old_values.push_back(old_bits);
         }
       }
-      coder.add(*format, b->data, indices, values, old_values, e);
-      if (!indices.empty()) target_digest = digest_with_changes(*b, *format, indices, values);
+      if (!tensor_changes.indices.empty()) target_digest = digest_with_changes(*b, *format, coder.ranks(), tensor_changes);
+      coder.add(*format, tensor_changes, e);
     }
     target_digest_of[name] = target_digest;
     c.target_layout.push_back({b->name, b->dtype, b->shape});
@@ -770,10 +832,11 @@ struct TargetTensor {
 // What one entry will write, fully decoded and checked before the first write.
 struct PlannedWrite {
   MutableTensor* tensor;
-  unsigned width = 0;                  // sparse: bytes per element
-  std::vector<std::uint64_t> indices;  // sparse
-  std::vector<std::uint8_t> values;    // sparse: new values, width bytes each
-  const std::uint8_t* whole = nullptr; // whole: new bytes
+  unsigned width = 0;                      // sparse: bytes per element
+  std::uint64_t count = 0;                 // sparse: changes
+  const std::uint64_t* indices = nullptr;  // sparse
+  const std::uint8_t* values = nullptr;    // sparse: new values, width bytes each
+  const std::uint8_t* whole = nullptr;     // whole: new bytes
 };
 
 }  // namespace
@@ -832,7 +895,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   std::vector<TargetTensor*> order;
   std::vector<TensorLayout> target_layout;
   std::vector<std::uint64_t> target_bytes;
-  std::uint64_t value_bytes = 0, value_bytes_max = 0, whole_bytes = 0;
+  std::uint64_t sparse_changes = 0, value_bytes = 0, value_bytes_max = 0, whole_bytes = 0;
   std::size_t i = 0;
   for (auto& [name, target] : targets) {
     const PatchEntry& e = patch.entries[i++];
@@ -846,6 +909,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
       const auto format = sparse_format(l.dtype);
       PULSE_CHECK(format.has_value(), "patch codes tensor '" + name + "' of " + l.dtype + " sparsely");
       PULSE_CHECK(e.count <= numel_of(l.shape), "patch changes more elements than tensor '" + name + "' has");
+      sparse_changes += e.count;
       value_bytes += e.count * format->bytes;
       value_bytes_max += e.count * format->max_varint_bytes();
     }
@@ -870,51 +934,81 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   const bool exponent_class = h.values == ValueCoding::exponent_class;
   ExponentClassDecoder class_decoder(index_raw.data(), exponent_class ? index_raw.size() : 0, value_raw.data(),
                                      exponent_class ? value_raw.size() : 0, exponent_class ? h.total_changed : 0);
+  // Decoded changes of all entries, kept between calls: a large model's would be allocated and
+  // faulted in again at every apply.
+  thread_local std::vector<std::uint64_t> decoded_indices;
+  thread_local std::vector<std::uint8_t> decoded_values;
+  decoded_indices.resize(sparse_changes);
+  decoded_values.resize(value_bytes);
+  std::uint64_t decoded = 0, decoded_bytes = 0;
   std::vector<PlannedWrite> plan;
   std::vector<const std::uint8_t*> added_data(patch.added.size(), nullptr);
+  // The target's tensors and their digests: untouched ones keep their (verified) base digest;
+  // touched and added ones are hashed as they will be, before anything is written.
+  std::vector<TensorRef> target_refs;
+  std::vector<Digest> after;
   for (std::size_t k = 0; k < order.size(); ++k) {
     const PatchEntry& e = patch.entries[k];
     const TargetTensor& target = *order[k];
     const std::string& name = target.layout->name;
-    if (e.kind == EntryKind::same) continue;
+    if (target.kept) {
+      target_refs.push_back(target.kept->view());
+    } else {
+      const TensorLayout& l = *target.layout;
+      target_refs.push_back({l.name, l.dtype, l.shape, nullptr, target.bytes});
+    }
+    if (e.kind == EntryKind::same || (e.kind == EntryKind::sparse && e.count == 0)) {
+      after.push_back(digest_by_name[name]);
+      continue;
+    }
     if (e.kind == EntryKind::whole) {
       const std::uint8_t* bytes = whole_raw.data() + whole_pos;
       whole_pos += target.bytes;
       if (target.kept)
-        plan.push_back({target.kept, 0, {}, {}, bytes});
+        plan.push_back({target.kept, 0, 0, nullptr, nullptr, bytes});
       else
         added_data[target.added_index] = bytes;
+      after.push_back(digest_bytes(bytes, target.bytes));
       continue;
     }
     MutableTensor& t = *target.kept;
     const SparseFormat format = *sparse_format(t.dtype);
-    PlannedWrite w{&t, format.bytes, std::vector<std::uint64_t>(e.count), std::vector<std::uint8_t>(e.count * format.bytes)};
+    std::uint64_t* indices = decoded_indices.data() + decoded;
+    std::uint8_t* values = decoded_values.data() + decoded_bytes;
+    decoded += e.count;
+    decoded_bytes += e.count * format.bytes;
+    plan.push_back({&t, format.bytes, e.count, indices, values, nullptr});
+    DigestWithChanges digest(t.data, format.bytes);
     if (exponent_class) {
-      class_decoder.decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
-                           " in tensor '" + name + "'");
-      plan.push_back(std::move(w));
+      // The pass that finds the changes hands each chunk of the tensor, in cache, to the digest.
+      class_decoder.decode(format, t.data, numel_of(t.shape), e.count, indices, values, " in tensor '" + name + "'",
+                           [&](std::uint64_t end, std::uint64_t found) {
+                             digest.pass(end, indices, values, format.bytes, found);
+                           });
+      after.push_back(digest.finish());
       continue;
     }
     decode_gaps(h.indices, e.index_width, index_raw.data(), index_raw.size(), index_pos, e.count, 0, numel_of(t.shape),
-                w.indices.data(), "patch", " in tensor '" + name + "'");
+                indices, "patch", " in tensor '" + name + "'");
     if (h.values == ValueCoding::raw) {
       for (unsigned plane = 0; plane < format.bytes; ++plane)
-        for (std::uint64_t c = 0; c < e.count; ++c) w.values[c * format.bytes + plane] = value_raw[value_pos++];
+        for (std::uint64_t c = 0; c < e.count; ++c) values[c * format.bytes + plane] = value_raw[value_pos++];
     } else {
       const std::int64_t limit = std::int64_t(format.mask());
       for (std::uint64_t c = 0; c < e.count; ++c) {
         // The old values are scattered: ask for them a few changes ahead.
-        if (c + kPrefetchAhead < e.count) __builtin_prefetch(t.data + format.bytes * w.indices[c + kPrefetchAhead]);
+        if (c + kPrefetchAhead < e.count) __builtin_prefetch(t.data + format.bytes * indices[c + kPrefetchAhead]);
         const std::int64_t d = unzigzag(get_varint(value_raw.data(), value_raw.size(), value_pos));
         // Bound d first: a 64-bit difference would overflow the sum.
         PULSE_CHECK(d >= -limit && d <= limit, "patch value out of range in tensor '" + name + "'");
-        const std::int64_t key = std::int64_t(format.key(load_value(t.data, w.indices[c], format.bytes))) + d;
+        const std::int64_t key = std::int64_t(format.key(load_value(t.data, indices[c], format.bytes))) + d;
         PULSE_CHECK(key >= 0 && key <= limit, "patch value out of range in tensor '" + name + "'");
         const std::uint64_t bits = format.from_key(std::uint64_t(key));
-        std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
+        std::memcpy(values + c * format.bytes, &bits, format.bytes);
       }
     }
-    plan.push_back(std::move(w));
+    digest.pass(numel_of(t.shape), indices, values, format.bytes, e.count);
+    after.push_back(digest.finish());
   }
   if (exponent_class) {
     class_decoder.check_consumed();
@@ -924,61 +1018,26 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   PULSE_CHECK(index_pos == index_raw.size() && value_pos == value_raw.size() && whole_pos == whole_raw.size(),
               "patch streams hold bytes no entry uses (corrupt patch)");
 
-  // 5. Write, keeping what was there; 6. verify the target; restore on any mismatch.
-  std::vector<std::vector<std::uint8_t>> undo(plan.size());
-  std::uint64_t written = 0;
-  for (std::size_t p = 0; p < plan.size(); ++p) {
-    PlannedWrite& w = plan[p];
-    if (w.whole) {
-      undo[p].assign(reinterpret_cast<std::uint8_t*>(w.tensor->data),
-                     reinterpret_cast<std::uint8_t*>(w.tensor->data) + w.tensor->bytes);
-      if (w.tensor->bytes) std::memcpy(w.tensor->data, w.whole, w.tensor->bytes);
-      written += w.tensor->bytes;
-    } else {
-      undo[p].resize(w.width * w.indices.size());
-      for (std::size_t k = 0; k < w.indices.size(); ++k) {
-        std::byte* at = w.tensor->data + w.width * w.indices[k];
-        if (k + kPrefetchAhead < w.indices.size())
-          __builtin_prefetch(w.tensor->data + w.width * w.indices[k + kPrefetchAhead], 1);
-        std::memcpy(undo[p].data() + w.width * k, at, w.width);
-        std::memcpy(at, w.values.data() + w.width * k, w.width);
-      }
-      written += w.indices.size();
-    }
-  }
-  auto restore = [&] {
-    for (std::size_t p = 0; p < plan.size(); ++p) {
-      PlannedWrite& w = plan[p];
-      if (w.whole) {
-        if (w.tensor->bytes) std::memcpy(w.tensor->data, undo[p].data(), w.tensor->bytes);
-      } else {
-        for (std::size_t k = 0; k < w.indices.size(); ++k)
-          std::memcpy(w.tensor->data + w.width * w.indices[k], undo[p].data() + w.width * k, w.width);
-      }
-    }
-  };
-  // Untouched tensors keep their (verified) base digest; touched and added ones are hashed.
-  std::vector<Digest> after;
-  std::vector<TensorRef> target_refs;
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const PatchEntry& e = patch.entries[k];
-    const TargetTensor& target = *order[k];
-    if (target.kept) {
-      target_refs.push_back(target.kept->view());
-      const bool touched = e.kind == EntryKind::whole || (e.kind == EntryKind::sparse && e.count > 0);
-      after.push_back(touched ? tensor_digest(target_refs.back()) : digest_by_name[target.layout->name]);
-    } else {
-      const TensorLayout& l = *target.layout;
-      target_refs.push_back({l.name, l.dtype, l.shape, reinterpret_cast<const std::byte*>(added_data[target.added_index]),
-                             target.bytes});
-      after.push_back(tensor_digest(target_refs.back()));
-    }
-  }
+  // 5. Verify the target state digest before anything is written, so a rejected patch leaves
+  // the weights exactly as they were.
   const Metadata& target_metadata = h.changes_metadata ? patch.metadata : metadata;
   const Digest target_state = state_digest(target_refs, after, target_metadata);
-  if (target_state != h.target_state) {
-    restore();
-    throw_error(__FILE__, __LINE__, "weights do not match the patch's target state digest after apply; weights restored");
+  PULSE_CHECK(target_state == h.target_state,
+              "the patched weights would not match the patch's target state digest; nothing written");
+
+  // 6. Write.
+  std::uint64_t written = 0;
+  for (const PlannedWrite& w : plan) {
+    if (w.whole) {
+      if (w.tensor->bytes) std::memcpy(w.tensor->data, w.whole, w.tensor->bytes);
+      written += w.tensor->bytes;
+      continue;
+    }
+    for (std::uint64_t k = 0; k < w.count; ++k) {
+      if (k + kPrefetchAhead < w.count) __builtin_prefetch(w.tensor->data + w.width * w.indices[k + kPrefetchAhead], 1);
+      std::memcpy(w.tensor->data + w.width * w.indices[k], w.values + w.width * k, w.width);
+    }
+    written += w.count;
   }
   if (change) {
     change->removed = patch.removed;

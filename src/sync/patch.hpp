@@ -5,8 +5,8 @@
 // tensors and a changed `__metadata__` travel too. The byte format is src/sync/FORMAT.md.
 //
 // Receiving is transactional: parse_patch checks the structure, sizes, checksum and signature;
-// apply_patch checks the receiver's layout and base digest, decodes everything, and only then
-// writes; it verifies the target state digest and restores every touched byte on failure.
+// apply_patch checks the receiver's layout and base digest, decodes everything, verifies the
+// target state digest of the weights it would write, and only then writes.
 #include <cstdint>
 #include <map>
 #include <string>
