@@ -155,8 +155,8 @@ TEST(ExponentClassCoding, IsChosenForIndicesAndValuesTogether) {
   EncodeOptions both = half;
   both.indices = IndexCoding::exponent_class;
   auto patch = encode_patch(one_tensor(base), one_tensor(target), both);
-  EXPECT_EQ(patch[12], 2);
-  EXPECT_EQ(patch[13], 2);
+  EXPECT_EQ(patch[12], 3);
+  EXPECT_EQ(patch[13], 3);
   EXPECT_EQ(parse_value_coding("expclass"), ValueCoding::exponent_class);
   EXPECT_EQ(parse_index_coding("expclass"), IndexCoding::exponent_class);
   patch[13] = 1;  // a header naming expclass for values only is refused (before its checksum)
@@ -166,6 +166,30 @@ TEST(ExponentClassCoding, IsChosenForIndicesAndValuesTogether) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expclass coding for only one"), std::string::npos) << e.what();
   }
+}
+
+TEST(ExponentClassCoding, PatchesOfTheEarlierCodingAreRefusedWithOneLine) {
+  // Coding id 2 was expclass before its contexts changed: its streams would decode to garbage
+  // (or fail late), so the header is refused at once, before the checksum, for either half.
+  const std::vector<bf16_bits> base{0x3F80, 0x4000}, target{0x3F81, 0x4000};
+  const auto patch = encode_patch(one_tensor(base), one_tensor(target), exponent_class_options());
+  for (const std::pair<std::uint8_t, std::uint8_t>& ids : {std::pair<std::uint8_t, std::uint8_t>{2, 2}, {2, 3}, {3, 2}, {1, 2}}) {
+    auto old = patch;
+    old[12] = ids.first;
+    old[13] = ids.second;
+    try {
+      parse_patch(old.data(), old.size());
+      ADD_FAILURE() << "coding ids " << int(ids.first) << ", " << int(ids.second) << " accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("expclass coding of an earlier pulse (coding id 2), which is no longer decoded"), std::string::npos) << what;
+      EXPECT_NE(what.find("encode the patch again"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+  auto unknown = patch;
+  unknown[12] = unknown[13] = 4;
+  EXPECT_THROW(parse_patch(unknown.data(), unknown.size()), Error);
 }
 
 TEST(ExponentClassCoding, CodecChoiceWeighsItAgainstTheOthers) {
