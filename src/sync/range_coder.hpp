@@ -129,4 +129,33 @@ inline int RangeDecoder::decode(BitModel& model) {
   return bit;
 }
 
+// Inline, as decide: decode_integer keeps its cursor in registers, and a one-bit call (a sign)
+// compiles to one comparison.
+[[gnu::always_inline]] inline std::uint64_t RangeDecoder::even(Cursor& c, int bits) const {
+  std::uint64_t value = 0;
+  while (bits > 0) {
+    const int take = std::min(bits, 8);
+    bits -= take;
+    c.range >>= take;
+    // code < range << take always holds, so the quotient fits in take bits; a corrupt stream
+    // gives some value, which later checks bound. One bit (a sign) needs no division.
+    const std::uint32_t digit = take == 1 ? std::uint32_t(c.code >= c.range)
+                                          : std::min<std::uint32_t>(c.code / c.range, (1u << take) - 1);
+    c.code -= digit * c.range;
+    value = (value << take) | digit;
+    while (c.range < kRangeTop) {
+      c.range <<= 8;
+      c.code = (c.code << 8) | next_byte(c);
+    }
+  }
+  return value;
+}
+
+inline std::uint64_t RangeDecoder::decode_even(int bits) {
+  Cursor c = cursor();
+  const std::uint64_t value = even(c, bits);
+  keep(c);
+  return value;
+}
+
 }  // namespace pulse::sync
