@@ -157,8 +157,8 @@ TEST(ExponentClassCoding, IsChosenForIndicesAndValuesTogether) {
   EncodeOptions both = half;
   both.indices = IndexCoding::exponent_class;
   auto patch = encode_patch(one_tensor(base), one_tensor(target), both);
-  EXPECT_EQ(patch[12], 2);
-  EXPECT_EQ(patch[13], 2);
+  EXPECT_EQ(patch[12], 3);
+  EXPECT_EQ(patch[13], 3);
   EXPECT_EQ(parse_value_coding("expclass"), ValueCoding::exponent_class);
   EXPECT_EQ(parse_index_coding("expclass"), IndexCoding::exponent_class);
   patch[13] = 1;  // a header naming expclass for values only is refused (before its checksum)
@@ -168,6 +168,30 @@ TEST(ExponentClassCoding, IsChosenForIndicesAndValuesTogether) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expclass coding for only one"), std::string::npos) << e.what();
   }
+}
+
+TEST(ExponentClassCoding, PatchesOfTheEarlierCodingAreRefusedWithOneLine) {
+  // Coding id 2 was expclass before its contexts changed: its streams would decode to garbage
+  // (or fail late), so the header is refused at once, before the checksum, for either half.
+  const std::vector<bf16_bits> base{0x3F80, 0x4000}, target{0x3F81, 0x4000};
+  const auto patch = encode_patch(one_tensor(base), one_tensor(target), exponent_class_options());
+  for (const std::pair<std::uint8_t, std::uint8_t>& ids : {std::pair<std::uint8_t, std::uint8_t>{2, 2}, {2, 3}, {3, 2}, {1, 2}}) {
+    auto old = patch;
+    old[12] = ids.first;
+    old[13] = ids.second;
+    try {
+      parse_patch(old.data(), old.size());
+      ADD_FAILURE() << "coding ids " << int(ids.first) << ", " << int(ids.second) << " accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("expclass coding of an earlier pulse (coding id 2), which is no longer decoded"), std::string::npos) << what;
+      EXPECT_NE(what.find("encode the patch again"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+  }
+  auto unknown = patch;
+  unknown[12] = unknown[13] = 4;
+  EXPECT_THROW(parse_patch(unknown.data(), unknown.size()), Error);
 }
 
 TEST(ExponentClassCoding, CodecChoiceWeighsItAgainstTheOthers) {
@@ -234,7 +258,8 @@ void weight_like_pair(const RecordedCase& c, std::uint64_t seed, std::vector<std
 
 TEST(ExponentClassCoding, EncodesTheBytesRecordedBeforeItsSpeedWork) {
   // The expclass bytes are the format: a faster coder must write exactly what the coder wrote
-  // before (digests recorded from the encoder at commit ea0bd7e), and the patches must apply.
+  // before (digests recorded from the coding id 3 encoder at commit 8030394), and the patches
+  // must apply.
   const std::vector<std::vector<RecordedCase>> patches{
       {{"BF16", 100000, 10, false}, {"F16", 30011, 10, false}, {"F32", 20003, 10, false},
        {"F8_E4M3", 5003, 10, false}, {"F8_E5M2", 4001, 20, false}, {"F8_E8M0", 3001, 30, false},
@@ -244,9 +269,9 @@ TEST(ExponentClassCoding, EncodesTheBytesRecordedBeforeItsSpeedWork) {
       {{"BF16", 1 << 18, 1, false}, {"F32", 1 << 16, 500, false}},
       {{"BF16", 4099, 1000, true}, {"F16", 4099, 900, false}},
   };
-  const std::vector<std::string> recorded{"02ff91a9c1d355d784a5ce4bc18623af", "83a7f595b47adc482021ffaf80292425",
-                                          "92d829ec2e7b0b7a62d2785b988ba2bc", "582b7a7f1674f3a599fff57a0dae2640",
-                                          "f68f5185dcc54f2ff2206b978414c1ef"};
+  const std::vector<std::string> recorded{"b179ad694a7c2b919d6f69113fc899a4", "c3bd4b1ff88cf87d8618dad1aa4f728c",
+                                          "a8e9f179db27ff92ba3a2f29231c8b99", "1b73741938571c936efab90727d8666b",
+                                          "92283be924bb817b02f225806f259b24"};
   for (std::size_t p = 0; p < patches.size(); ++p) {
     std::vector<std::vector<std::uint8_t>> bases(patches[p].size()), targets(patches[p].size());
     std::vector<TensorRef> base, target;

@@ -300,6 +300,12 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
   return found;
 }
 
+// The context of a class's count: the bit length of the count of the class coded before it in
+// the tensor (0 when that class holds no change, and for the first class).
+unsigned count_context(std::uint64_t previous_count) {
+  return previous_count == 0 ? 0 : 64 - unsigned(__builtin_clzll(previous_count));
+}
+
 }  // namespace
 
 ExponentClassRanker::ExponentClassRanker(const SparseFormat& format, const std::byte* old_data, std::uint64_t n)
@@ -340,7 +346,9 @@ void ExponentClassRanker::rank(const index_t* indices, const std::uint32_t* old_
       for (unsigned k = 0; k < kMaxClasses; ++k) counts_[k] += std::exchange(counts_[lane * kMaxClasses + k], 0);
 }
 
-ExponentClassEncoder::ExponentClassEncoder() : models_(kMaxClasses) {}
+ExponentClassModels::ExponentClassModels() : classes(kMaxClasses), counts(kCountContexts) {}
+
+ExponentClassEncoder::ExponentClassEncoder() = default;
 
 void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks, const std::uint32_t* new_bits,
                                const std::uint32_t* old_bits, std::size_t count) {
@@ -364,16 +372,16 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks
     steps[at[k]++] = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
     next_rank[k] = ranks[j] + 1;
   }
-  std::uint64_t remaining = count;
+  std::uint64_t remaining = count, previous = 0;
   for (unsigned k = 0; k < classes && remaining > 0; ++k) {
-    ExponentClassModel& m = models_[k];
-    indices_.encode(m.any, per_class[k] > 0);
-    if (per_class[k] == 0) continue;
-    indices_.encode_integer(m.count, per_class[k] - 1);
+    ExponentClassModel& m = models_.classes[k];
+    indices_.encode(m.any[previous > 0], per_class[k] > 0);
+    if (per_class[k] > 0) indices_.encode_integer(models_.counts[count_context(previous)], per_class[k] - 1);
+    previous = per_class[k];
     for (std::uint64_t c = first[k]; c < first[k] + per_class[k]; ++c) {
       indices_.encode_integer(m.gap, gaps[c]);
       const std::int64_t d = steps[c];
-      values_.encode(m.sign, d < 0);
+      values_.encode_even(d < 0, 1);
       values_.encode_integer(m.step, std::uint64_t(d < 0 ? -d : d) - 1);
     }
     remaining -= per_class[k];
@@ -385,8 +393,7 @@ std::vector<std::uint8_t> ExponentClassEncoder::finish_values() { return coded_ 
 
 ExponentClassDecoder::ExponentClassDecoder(const std::uint8_t* index_stream, std::size_t index_size,
                                            const std::uint8_t* value_stream, std::size_t value_size,
-                                           std::uint64_t changes)
-    : models_(kMaxClasses) {
+                                           std::uint64_t changes) {
   if (changes == 0) {
     PULSE_CHECK(index_size == 0 && value_size == 0, "patch streams hold bytes no entry uses (corrupt patch)");
     return;
@@ -408,18 +415,20 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   thread_local std::vector<std::int64_t> steps;
   gaps.resize(count);
   steps.resize(count);
-  std::uint64_t coded = 0;
+  std::uint64_t coded = 0, previous = 0;
   for (unsigned k = 0; k < classes && coded < count; ++k) {
-    ExponentClassModel& m = models_[k];
+    ExponentClassModel& m = models_.classes[k];
     c.first[k] = coded;
-    if (!ix.decode(m.any)) continue;
-    c.count[k] = ix.decode_integer(m.count, count - coded - 1) + 1;
+    const bool any = ix.decode(m.any[previous > 0]);
+    previous = any ? ix.decode_integer(models_.counts[count_context(previous)], count - coded - 1) + 1 : 0;
+    if (!any) continue;
+    c.count[k] = previous;
     std::uint64_t next_rank = 0;  // ranks are below n
     for (std::uint64_t j = coded; j < coded + c.count[k]; ++j) {
       PULSE_CHECK(next_rank < n, "patch index out of range" + context);
       gaps[j] = ix.decode_integer(m.gap, n - 1 - next_rank);
       next_rank += gaps[j] + 1;
-      const bool negative = vx.decode(m.sign);
+      const bool negative = vx.decode_even(1);
       const std::uint64_t step = vx.decode_integer(m.step, f.mask() - 1) + 1;
       steps[j] = negative ? -std::int64_t(step) : std::int64_t(step);
     }

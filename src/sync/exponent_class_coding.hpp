@@ -1,5 +1,5 @@
 #pragma once
-// The exponent-class coding of a patch's sparse changes (FORMAT.md, value and index coding 2):
+// The exponent-class coding of a patch's sparse changes (FORMAT.md, value and index coding 3):
 // positions and values are coded in contexts the receiver computes from the weights it holds.
 // Whether an element changes depends on its magnitude (its half-ulp against the update), so the
 // elements of a tensor are grouped by the exponent field of their old value; within a class the
@@ -17,12 +17,12 @@
 
 namespace pulse::sync {
 
-// Adaptive models of one exponent class; a patch holds one per class value (256).
+// Adaptive models of one exponent class; a patch holds one per class value (256). The sign of
+// a key difference is a coin toss on training steps (measured: 1.000 bits), so it is coded at
+// even odds and has no model.
 struct ExponentClassModel {
-  BitModel any;         // does the class hold a change in this tensor
-  IntegerModel count;   // its changes - 1
+  BitModel any[2];      // does the class hold a change in this tensor; by: did the class before
   IntegerModel gap;     // ranks skipped before each change
-  BitModel sign;        // key difference < 0
   IntegerModel step;    // |key difference| - 1
 };
 
@@ -44,6 +44,15 @@ class ExponentClassRanker {
   std::vector<unsigned> hot_;          // 16-bit elements: the classes counted by blocks (AVX2)
 };
 
+// The models of a patch: one per class, and the class counts, shared by all classes in contexts
+// of the count of the class before (in one tensor, neighbouring classes hold similar counts).
+struct ExponentClassModels {
+  static constexpr unsigned kCountContexts = 65;  // bit length of the previous class's count
+  std::vector<ExponentClassModel> classes;
+  std::vector<IntegerModel> counts;  // changes of a class - 1
+  ExponentClassModels();
+};
+
 class ExponentClassEncoder {
  public:
   ExponentClassEncoder();
@@ -56,7 +65,7 @@ class ExponentClassEncoder {
   std::vector<std::uint8_t> finish_values();
 
  private:
-  std::vector<ExponentClassModel> models_;
+  ExponentClassModels models_;
   RangeEncoder indices_, values_;
   bool coded_ = false;
 };
@@ -81,7 +90,7 @@ class ExponentClassDecoder {
   void check_consumed() const;
 
  private:
-  std::vector<ExponentClassModel> models_;
+  ExponentClassModels models_;
   std::vector<RangeDecoder> indices_, values_;  // none when the patch has no changes
 };
 

@@ -14,8 +14,8 @@ enum class IndexCoding : std::uint8_t {
   gap_fixed = 0,   // gaps between sorted indices in the narrowest width per tensor
   gap_varint = 1,  // gaps as LEB128 varints
   // PULSESync patches only, together with ValueCoding::exponent_class (exponent_class_coding.hpp);
-  // encode_gaps and decode_gaps refuse it.
-  exponent_class = 2,
+  // encode_gaps and decode_gaps refuse it. Id 2 was an earlier version of it.
+  exponent_class = 3,
 };
 
 // Narrowest of 1, 2, 4, 8 bytes that holds max_gap.

@@ -687,9 +687,14 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   h.changes_layout = flags & 2;
   h.changes_metadata = flags & 4;
   const auto values = r.get<std::uint8_t>(), indices = r.get<std::uint8_t>(), compressor = r.get<std::uint8_t>();
-  PULSE_CHECK(values <= 2 && indices <= 2 && compressor <= 2 && r.get<std::uint8_t>() == 0,
+  PULSE_CHECK(values != 2 && indices != 2, "patch uses the expclass coding of an earlier pulse (coding id 2), which is "
+                                           "no longer decoded; encode the patch again from its base and target");
+  constexpr auto expclass = std::uint8_t(ValueCoding::exponent_class);
+  static_assert(std::uint8_t(IndexCoding::exponent_class) == expclass, "one id for both halves of expclass");
+  PULSE_CHECK(values <= expclass && indices <= expclass && compressor <= 2 && r.get<std::uint8_t>() == 0,
               "patch names an unknown coding or compressor");
-  PULSE_CHECK((values == 2) == (indices == 2), "patch uses the expclass coding for only one of indices and values");
+  PULSE_CHECK((values == expclass) == (indices == expclass),
+              "patch uses the expclass coding for only one of indices and values");
   h.values = static_cast<ValueCoding>(values);
   h.indices = static_cast<IndexCoding>(indices);
   h.compressor = static_cast<Compressor>(compressor);
@@ -787,10 +792,10 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   // element widths); anything else is corrupt (or a decompression bomb).
   const std::uint64_t changed = h.total_changed;
   if (h.indices == IndexCoding::exponent_class) {
-    // A range code: at most 12 bits per binary decision (the least probability is 2^-12), a
+    // A range code: at most 14 bits per binary decision (the least probability is 3 * 2^-15), a
     // change takes fewer than 140 decisions (gap and value: 64-bit Elias-gamma each, sign) and a
     // tensor fewer than 256 + 130 besides (a flag per class, a count per changed class).
-    const std::uint64_t bound = 16 + 256 * changed + 640 * num_entries;
+    const std::uint64_t bound = 16 + 256 * changed + 704 * num_entries;
     PULSE_CHECK((changed == 0) == (h.index_stream.raw == 0) && h.index_stream.raw <= bound &&
                     (changed == 0) == (h.value_stream.raw == 0) && h.value_stream.raw <= bound,
                 "patch index or value stream size disagrees with its entries");

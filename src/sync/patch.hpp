@@ -23,8 +23,9 @@ enum class ValueCoding : std::uint8_t {
   raw = 0,      // new bit patterns, split into byte planes
   keydiff = 1,  // zig-zag varint of key(new) - key(old): exact, usually one byte
   // Positions and values coded in contexts of the receiver's old weights (exponent class of the
-  // old value), with IndexCoding::exponent_class; exponent_class_coding.hpp.
-  exponent_class = 2,
+  // old value), with IndexCoding::exponent_class; exponent_class_coding.hpp. Id 2 was an
+  // earlier version of it, which parse_patch refuses.
+  exponent_class = 3,
 };
 enum class EntryKind : std::uint8_t {
   sparse = 0,  // a sparse-coded dtype: changed indices + values

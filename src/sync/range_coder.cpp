@@ -67,33 +67,6 @@ void RangeDecoder::ends_inside_code() const {
   throw_error(__FILE__, __LINE__, std::string(stream_) + " stream ends inside its code (corrupt patch)");
 }
 
-// Inlined into decode_integer, so that its cursor stays in registers.
-[[gnu::always_inline]] inline std::uint64_t RangeDecoder::even(Cursor& c, int bits) const {
-  std::uint64_t value = 0;
-  while (bits > 0) {
-    const int take = std::min(bits, 8);
-    bits -= take;
-    c.range >>= take;
-    // code < range << take always holds, so the quotient fits in take bits; a corrupt stream
-    // gives some value, which later checks bound.
-    const std::uint32_t digit = std::min<std::uint32_t>(c.code / c.range, (1u << take) - 1);
-    c.code -= digit * c.range;
-    value = (value << take) | digit;
-    while (c.range < kRangeTop) {
-      c.range <<= 8;
-      c.code = (c.code << 8) | next_byte(c);
-    }
-  }
-  return value;
-}
-
-std::uint64_t RangeDecoder::decode_even(int bits) {
-  Cursor c = cursor();
-  const std::uint64_t value = even(c, bits);
-  keep(c);
-  return value;
-}
-
 std::uint64_t RangeDecoder::decode_integer(IntegerModel& model, std::uint64_t max) {
   const int max_length = bit_length(max + 1) - 1;  // max < 2^63, so max + 1 does not wrap
   Cursor c = cursor();
