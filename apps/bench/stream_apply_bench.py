@@ -1,11 +1,14 @@
 """File-to-file `pulse-sync apply` against copying the base file (issue 16: streamed apply
 within 1.5x of a copy). Builds a BF16 safetensors base of --elements elements (16 tensors) and
 a target with 1 - --sparsity of them changed, encodes the patch once, then times side by side,
---repeat times each, best kept (the machine is shared): `cp base out` (the page cache, no
-fsync), `cp base out && sync out` (durable, as apply is: it fsyncs before the rename), the
-load-whole apply (`--no-stream`) and the streamed apply. Checks both applies wrote the target's
-bytes, and prints one JSON object with the times and the ratios streamed / copy.
+--repeat rounds, best kept (the machine is shared): `cp base out` (the page cache, no fsync),
+`cp base out && sync out` (durable, as apply is: it fsyncs before the rename), the load-whole
+apply (`--no-stream`), the streamed apply (with --threads N when given) and, with
+--baseline-app, another build's streamed apply in the same rounds (before/after on a loaded
+machine). Checks every apply wrote the target's bytes, and prints one JSON object with the
+times and the ratios streamed / copy.
     python3 apps/bench/stream_apply_bench.py --app build/apps/pulse-sync [--elements 268435456]
+        [--values keydiff|expclass] [--threads N] [--baseline-app OTHER/apps/pulse-sync]
 """
 import argparse
 import json
@@ -40,6 +43,8 @@ def main():
     parser.add_argument("--values", default="keydiff")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where the files go (default: a temporary folder)")
+    parser.add_argument("--threads", type=int, default=None, help="apply --threads (default: the app's)")
+    parser.add_argument("--baseline-app", default=None, help="another pulse-sync whose streamed apply is timed too")
     args = parser.parse_args()
     rng = np.random.default_rng(16)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
@@ -58,17 +63,20 @@ def main():
             n = int.from_bytes(f.read(8), "little")
             f.seek(8 + n)
             target_data = f.read()
+        threads = ["--threads", str(args.threads)] if args.threads else []
         runs = {
             "cp": ["cp", base, out],
             "cp_and_sync": ["sh", "-c", f"cp '{base}' '{out}' && sync '{out}'"],
             "apply_load_whole": [args.app, "apply", "--no-stream", "--base", base, "--patch", patch, "-o", out],
-            "apply_streamed": [args.app, "apply", "--base", base, "--patch", patch, "-o", out],
+            "apply_streamed": [args.app, "apply", "--base", base, "--patch", patch, "-o", out] + threads,
         }
+        if args.baseline_app:
+            runs["baseline_streamed"] = [args.baseline_app, "apply", "--base", base, "--patch", patch, "-o", out]
         best = {k: float("inf") for k in runs}
         for _ in range(args.repeat):
             for name, cmd in runs.items():
                 best[name] = min(best[name], timed(cmd, out))
-                if name.startswith("apply"):
+                if name.startswith(("apply", "baseline")):
                     with open(out, "rb") as f:
                         m = int.from_bytes(f.read(8), "little")
                         f.seek(8 + m)
@@ -82,6 +90,10 @@ def main():
             "streamed_over_cp_and_sync": round(best["apply_streamed"] / best["cp_and_sync"], 3),
             "load_whole_over_cp_and_sync": round(best["apply_load_whole"] / best["cp_and_sync"], 3),
         }
+        if args.threads:
+            result["threads"] = args.threads
+        if args.baseline_app:
+            result["baseline_over_cp_and_sync"] = round(best["baseline_streamed"] / best["cp_and_sync"], 3)
         print(json.dumps(result))
 
 
