@@ -110,6 +110,21 @@ class WorkQueue {
     ready_.notify_all();
     for (auto& t : threads_) t.join();
   }
+  // Waits for a task submitted earlier, running queued tasks meanwhile: on a busy machine a
+  // worker may not get a core soon, and the caller would otherwise sit idle.
+  void wait(std::future<void>& done) {
+    while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      std::packaged_task<void()> job;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (jobs_.empty()) break;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+    done.get();
+  }
   template <class Task>
   std::future<void> submit(Task&& task) {
     std::packaged_task<void()> job(std::forward<Task>(task));
@@ -147,11 +162,12 @@ class WorkQueue {
   std::vector<std::thread> threads_;
 };
 
-// Waits for every task in flight; the first failure is rethrown unless quietly.
-void wait_all(std::deque<std::future<void>>& pending, bool quietly = false) {
+// Waits for every task in flight (helping the queue); the first failure is rethrown unless
+// quietly.
+void wait_all(WorkQueue& queue, std::deque<std::future<void>>& pending, bool quietly = false) {
   std::exception_ptr first;
   for (; !pending.empty(); pending.pop_front()) try {
-      pending.front().get();
+      queue.wait(pending.front());
     } catch (...) {
       if (!first) first = std::current_exception();
     }
@@ -271,20 +287,20 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
       for (std::size_t k = 0; k < by_name.size(); ++k) {
         for (; next_copy < by_name.size() && next_copy <= k + threads; ++next_copy)
           copies.push_back(queue.submit([&copy, t = by_name[next_copy]] { copy(t); }));
-        copies.front().get();  // by_name[k] is copied
+        queue.wait(copies.front());  // by_name[k] is copied
         copies.pop_front();
         DecodedEntry e = decoder.next();
         written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
         writes.push_back(queue.submit([&write_and_hash, e = std::move(e)] { write_and_hash(e); }));
         // Bounds the decoded changes held: those of the tensors being written.
-        for (; writes.size() > threads; writes.pop_front()) writes.front().get();
+        for (; writes.size() > threads; writes.pop_front()) queue.wait(writes.front());
       }
       decoder.finish();
-      wait_all(writes);
+      wait_all(queue, writes);
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
-      wait_all(copies, true);
-      wait_all(writes, true);
+      wait_all(queue, copies, true);
+      wait_all(queue, writes, true);
       // A corrupt patch, or a base that is not the patch's: the base's digest tells which.
       bool base_known = true;
       try {
