@@ -262,7 +262,7 @@ int cmd_encode(const EncodeArgs& args) {
 // into the output and patched there, never loaded. Folders, compressed files and patches that
 // change the layout or metadata load the base whole; so does everything with stream false.
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
-              const std::string& public_key_path, bool stream) {
+              const std::string& public_key_path, bool stream, unsigned threads) {
   PublicKey key;
   if (!public_key_path.empty()) key = read_public_key(public_key_path);
   struct stat st {};
@@ -282,7 +282,7 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   double seconds = 0;
   bool folder = false;
   if (plain_file && file_apply_fits(base, out, layout, patch)) {
-    apply_file(base, patch, out, &seconds);
+    apply_file(base, patch, out, threads, &seconds);
   } else {
     if (!state) state.emplace(load_checkpoint(base));
     const auto t0 = std::chrono::steady_clock::now();
@@ -501,6 +501,10 @@ int main(int argc, char** argv) {
   out_opt->excludes(in_place_opt);
   apply->add_option("--public-key", public_key, "require a valid signature by this Ed25519 public key")
       ->check(CLI::ExistingFile);
+  unsigned apply_threads = default_apply_threads();
+  apply->add_option("--threads", apply_threads, "threads of a file-to-file apply (copy and hash ahead, decode, write behind)")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
   bool no_stream = false;  // hidden: the load-whole path, for apps/bench/stream_apply_bench.py
   apply->add_flag("--no-stream", no_stream, "load the base whole even for a file-to-file apply")->group("");
 
@@ -565,10 +569,10 @@ int main(int argc, char** argv) {
     if (*apply) {
       if (in_place.empty()) {
         PULSE_CHECK(!base.empty() && !out.empty(), "apply needs --base A -o OUT, or --in-place FILE");
-        return summary.print(cmd_apply(base, patch, out, public_key, !no_stream));
+        return summary.print(cmd_apply(base, patch, out, public_key, !no_stream, apply_threads));
       }
       PULSE_CHECK(base.empty(), "--in-place takes its base from FILE; drop --base");
-      return summary.print(cmd_apply(in_place, patch, in_place, public_key, !no_stream));
+      return summary.print(cmd_apply(in_place, patch, in_place, public_key, !no_stream, apply_threads));
     }
     if (*verify) return cmd_verify(verify_path, digest, json);
     if (*inspect) return cmd_inspect(inspect_path, json);

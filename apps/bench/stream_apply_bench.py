@@ -1,11 +1,15 @@
 """File-to-file `pulse-sync apply` against copying the base file (issue 16: streamed apply
 within 1.5x of a copy). Builds a BF16 safetensors base of --elements elements (16 tensors) and
 a target with 1 - --sparsity of them changed, encodes the patch once, then times side by side,
---repeat times each, best kept (the machine is shared): `cp base out` (the page cache, no
-fsync), `cp base out && sync out` (durable, as apply is: it fsyncs before the rename), the
-load-whole apply (`--no-stream`) and the streamed apply. Checks both applies wrote the target's
-bytes, and prints one JSON object with the times and the ratios streamed / copy.
+--repeat rounds, best kept (the machine is shared): `cp base out` (the page cache, no fsync),
+`cp base out && sync out` (durable, as apply is: it fsyncs before the rename), the load-whole
+apply (`--no-stream`), the streamed apply (with --threads N when given) and, with
+--baseline-app, another build's streamed apply in the same rounds (before/after on a loaded
+machine). Checks every apply wrote the target's bytes, and prints one JSON object with the
+wall times, the CPU times (user + system: what a loaded machine stretches) and the ratios
+streamed / copy.
     python3 apps/bench/stream_apply_bench.py --app build/apps/pulse-sync [--elements 268435456]
+        [--values keydiff|expclass] [--threads N] [--baseline-app OTHER/apps/pulse-sync]
 """
 import argparse
 import json
@@ -22,14 +26,15 @@ import safetensors_ref  # noqa: E402
 
 
 def timed(cmd, out):
+    """Wall seconds and CPU seconds (user + system, the command's processes) of one run."""
     if os.path.exists(out):
         os.remove(out)
-    t0 = time.perf_counter()
+    c0, t0 = os.times(), time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    seconds, c1 = time.perf_counter() - t0, os.times()
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)}: {r.stderr}")
-    return seconds
+    return seconds, (c1.children_user + c1.children_system) - (c0.children_user + c0.children_system)
 
 
 def main():
@@ -40,6 +45,8 @@ def main():
     parser.add_argument("--values", default="keydiff")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default=None, help="where the files go (default: a temporary folder)")
+    parser.add_argument("--threads", type=int, default=None, help="apply --threads (default: the app's)")
+    parser.add_argument("--baseline-app", default=None, help="another pulse-sync whose streamed apply is timed too")
     args = parser.parse_args()
     rng = np.random.default_rng(16)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
@@ -58,17 +65,22 @@ def main():
             n = int.from_bytes(f.read(8), "little")
             f.seek(8 + n)
             target_data = f.read()
+        threads = ["--threads", str(args.threads)] if args.threads else []
         runs = {
             "cp": ["cp", base, out],
             "cp_and_sync": ["sh", "-c", f"cp '{base}' '{out}' && sync '{out}'"],
             "apply_load_whole": [args.app, "apply", "--no-stream", "--base", base, "--patch", patch, "-o", out],
-            "apply_streamed": [args.app, "apply", "--base", base, "--patch", patch, "-o", out],
+            "apply_streamed": [args.app, "apply", "--base", base, "--patch", patch, "-o", out] + threads,
         }
+        if args.baseline_app:
+            runs["baseline_streamed"] = [args.baseline_app, "apply", "--base", base, "--patch", patch, "-o", out]
         best = {k: float("inf") for k in runs}
+        best_cpu = dict(best)
         for _ in range(args.repeat):
             for name, cmd in runs.items():
-                best[name] = min(best[name], timed(cmd, out))
-                if name.startswith("apply"):
+                seconds, cpu = timed(cmd, out)
+                best[name], best_cpu[name] = min(best[name], seconds), min(best_cpu[name], cpu)
+                if name.startswith(("apply", "baseline")):
                     with open(out, "rb") as f:
                         m = int.from_bytes(f.read(8), "little")
                         f.seek(8 + m)
@@ -78,10 +90,15 @@ def main():
             "elements": args.elements, "base_bytes": os.path.getsize(base), "patch_bytes": os.path.getsize(patch),
             "sparsity": args.sparsity, "values": args.values, "repeat": args.repeat,
             "best_seconds": {k: round(v, 4) for k, v in best.items()},
+            "best_cpu_seconds": {k: round(v, 4) for k, v in best_cpu.items()},
             "streamed_over_cp": round(best["apply_streamed"] / best["cp"], 3),
             "streamed_over_cp_and_sync": round(best["apply_streamed"] / best["cp_and_sync"], 3),
             "load_whole_over_cp_and_sync": round(best["apply_load_whole"] / best["cp_and_sync"], 3),
         }
+        if args.threads:
+            result["threads"] = args.threads
+        if args.baseline_app:
+            result["baseline_over_cp_and_sync"] = round(best["baseline_streamed"] / best["cp_and_sync"], 3)
         print(json.dumps(result))
 
 

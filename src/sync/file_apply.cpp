@@ -5,10 +5,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <numeric>
+#include <thread>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
@@ -32,6 +41,17 @@ struct FileDescriptor {
   }
 };
 
+// Writes all of data at offset.
+void write_bytes(int fd, const void* data, std::size_t size, std::uint64_t offset, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  for (std::size_t done = 0; done < size;) {
+    const ssize_t w = ::pwrite(fd, p + done, size - done, off_t(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    PULSE_CHECK(w > 0, io_error(path, "write failed"));
+    done += std::size_t(w);
+  }
+}
+
 struct Mapping {
   void* data = MAP_FAILED;
   std::size_t size = 0;
@@ -40,13 +60,16 @@ struct Mapping {
   }
 };
 
-// Copies the first size bytes of in to out: in the kernel where it can, else through a buffer.
-void copy_bytes(int in, int out, std::uint64_t size, const std::string& base, const std::string& out_path) {
-  off_t in_offset = 0, out_offset = 0;
+// Copies bytes [offset, offset + size) of in to the same place in out: in the kernel where it
+// can, else through a buffer.
+void copy_bytes(int in, int out, std::uint64_t offset, std::uint64_t size, const std::string& base,
+                const std::string& out_path) {
+  const std::uint64_t end = offset + size;
+  off_t in_offset = off_t(offset), out_offset = off_t(offset);
   bool in_kernel = true;
   std::vector<char> buffer;
-  while (std::uint64_t(in_offset) < size) {
-    const std::size_t want = std::size_t(std::min<std::uint64_t>(size - std::uint64_t(in_offset), 1u << 30));
+  while (std::uint64_t(in_offset) < end) {
+    const std::size_t want = std::size_t(std::min<std::uint64_t>(end - std::uint64_t(in_offset), 1u << 30));
     ssize_t n;
     if (in_kernel) {
       n = ::copy_file_range(in, &in_offset, out, &out_offset, want, 0);
@@ -58,12 +81,7 @@ void copy_bytes(int in, int out, std::uint64_t size, const std::string& base, co
     } else {
       buffer.resize(8 << 20);
       n = ::pread(in, buffer.data(), std::min(want, buffer.size()), in_offset);
-      for (ssize_t done = 0; n > 0 && done < n;) {
-        const ssize_t w = ::pwrite(out, buffer.data() + done, std::size_t(n - done), out_offset + done);
-        if (w < 0 && errno == EINTR) continue;
-        PULSE_CHECK(w > 0, io_error(out_path, "write failed"));
-        done += w;
-      }
+      if (n > 0) write_bytes(out, buffer.data(), std::size_t(n), std::uint64_t(out_offset), out_path);
       if (n > 0) in_offset += n, out_offset += n;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -71,6 +89,94 @@ void copy_bytes(int in, int out, std::uint64_t size, const std::string& base, co
     PULSE_CHECK(n > 0, base + ": the file shrank while being copied");
   }
 }
+
+// Asks the kernel to start writing these bytes to disk now, without waiting: the fsync before
+// the rename then finds most of the file written. Advisory: fsync reports any error.
+void start_writeback(int fd, std::uint64_t offset, std::uint64_t size) {
+  if (size > 0) ::sync_file_range(fd, off_t(offset), off_t(size), SYNC_FILE_RANGE_WRITE);
+}
+
+// Runs tasks in the order submitted on `workers` threads; with none, a task runs when submitted.
+class WorkQueue {
+ public:
+  explicit WorkQueue(unsigned workers) {
+    for (unsigned i = 0; i < workers; ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~WorkQueue() {  // runs what is queued, then stops
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // Waits for a task submitted earlier, running queued tasks meanwhile: on a busy machine a
+  // worker may not get a core soon, and the caller would otherwise sit idle.
+  void wait(std::future<void>& done) {
+    while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      std::packaged_task<void()> job;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (jobs_.empty()) break;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+    done.get();
+  }
+  template <class Task>
+  std::future<void> submit(Task&& task) {
+    std::packaged_task<void()> job(std::forward<Task>(task));
+    std::future<void> done = job.get_future();
+    if (threads_.empty()) {
+      job();
+      return done;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    ready_.notify_one();
+    return done;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::packaged_task<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::packaged_task<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// Waits for every task in flight (helping the queue); the first failure is rethrown unless
+// quietly.
+void wait_all(WorkQueue& queue, std::deque<std::future<void>>& pending, bool quietly = false) {
+  std::exception_ptr first;
+  for (; !pending.empty(); pending.pop_front()) try {
+      queue.wait(pending.front());
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  if (first && !quietly) std::rethrow_exception(first);
+}
+
+// Bytes of a patched tensor go to the file in chunks this size, each started on its way to
+// disk as soon as it is written.
+constexpr std::size_t kChunkBytes = std::size_t(4) << 20;
 
 }  // namespace
 
@@ -85,8 +191,18 @@ bool file_apply_fits(const std::string& base, const std::string& out, const std:
   return std::none_of(base_layout.begin(), base_layout.end(), [](const TensorRef& t) { return is_file_tensor(t.name); });
 }
 
-std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out,
+unsigned default_apply_threads() {
+  cpu_set_t cpus;
+  const int usable = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  return unsigned(std::clamp(usable, 1, 4));
+}
+
+std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out, unsigned threads,
                          double* apply_seconds) {
+  PULSE_CHECK(threads >= 1, "apply needs at least one thread");
+  PULSE_CHECK(!patch.header.changes_layout && !patch.header.changes_metadata,
+              "a patch that changes the layout or the metadata cannot be applied file to file");
+  const auto t0 = std::chrono::steady_clock::now();
   const FileDescriptor in{::open(base.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
   PULSE_CHECK(in.fd >= 0, io_error(base, "cannot open"));
   struct stat st {};
@@ -94,27 +210,115 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   const std::uint64_t size = std::uint64_t(st.st_size);
 
   AtomicFile file(out);  // removed unless committed
-  copy_bytes(in.fd, file.fd(), size, base, out);
-  // Everything below reads the copy: what is validated and checked is what gets written.
+  const int fd = file.fd();
+  PULSE_CHECK(::ftruncate(fd, off_t(size)) == 0, io_error(out, "cannot size the temporary file"));
+  // Everything below reads the copy, mapped: what is validated and hashed is what gets written.
   Mapping map;
   if (size > 0) {
-    map.data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, file.fd(), 0);
+    map.data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     PULSE_CHECK(map.data != MAP_FAILED, io_error(out, "cannot map the temporary file"));
     map.size = size;
   }
-  auto* bytes = static_cast<std::byte*>(size > 0 ? map.data : nullptr);
+  const auto* bytes = static_cast<const std::byte*>(size > 0 ? map.data : nullptr);
+  // The header first: its 8-byte length, then as much as that says (the parser checks it).
+  const std::uint64_t length_end = std::min<std::uint64_t>(size, 8);
+  copy_bytes(in.fd, fd, 0, length_end, base, out);
+  std::uint64_t n = 0;
+  for (std::uint64_t i = 0; i < length_end; ++i) n |= std::uint64_t(bytes[i]) << (8 * i);
+  const std::uint64_t header_end = size >= 8 && n <= size - 8 ? 8 + n : size;
+  copy_bytes(in.fd, fd, length_end, header_end - length_end, base, out);
   const io::ParsedHeader header = io::parse_header(bytes, size, {}, base);
-  std::vector<MutableTensor> tensors;
+  start_writeback(fd, 0, header.data_offset);
+  std::vector<TensorRef> tensors;  // in file order
+  std::vector<std::uint64_t> offsets;
   for (const auto& t : header.tensors) {
     PULSE_CHECK(!is_file_tensor(t.name), base + ": changed while being read (it now carries folder files)");
     tensors.push_back({t.name, io::dtype_name(t.dtype), t.shape, bytes + header.data_offset + t.begin, t.end - t.begin});
+    offsets.push_back(header.data_offset + t.begin);
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  // No StateChange: apply_patch refuses a patch that changes the layout or the metadata.
-  const std::uint64_t written = apply_patch(patch, tensors, {}, nullptr, nullptr, header.metadata, nullptr);
+  PatchDecoder decoder(patch, tensors);
+  std::vector<std::size_t> by_name(tensors.size());  // the entries' order
+  std::iota(by_name.begin(), by_name.end(), 0);
+  std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
+
+  // Ahead of the decoder: copy a tensor. Behind it: hash the base's bytes and write the patched
+  // ones. The decoder, the critical path, hashes the target tensor in the pass it makes anyway.
+  std::vector<Digest> base_digests(tensors.size()), target_digests(tensors.size());
+  std::vector<char> copied(tensors.size(), 0), hashed(tensors.size(), 0);
+  auto copy = [&](std::size_t t) {
+    copy_bytes(in.fd, fd, offsets[t], tensors[t].bytes, base, out);
+    copied[t] = 1;
+  };
+  auto hash_base = [&](std::size_t t) {
+    base_digests[t] = tensor_digest(tensors[t]);
+    hashed[t] = 1;
+  };
+  auto write_and_hash = [&](const DecodedEntry& e) {
+    const std::size_t t = e.tensor;
+    const std::uint64_t offset = offsets[t];
+    hash_base(t);
+    if (e.kind == EntryKind::whole) {
+      write_bytes(fd, e.whole, e.bytes, offset, out);
+      target_digests[t] = e.digest;
+    } else if (!e.touched) {  // the copy is the target's
+      target_digests[t] = base_digests[t];
+    } else {
+      std::vector<std::byte> chunk(std::min<std::uint64_t>(e.bytes, kChunkBytes));
+      std::size_t c = 0;  // the next change
+      for (std::uint64_t begin = 0; begin < e.bytes; begin += chunk.size()) {
+        const std::size_t length = std::size_t(std::min<std::uint64_t>(e.bytes - begin, chunk.size()));
+        std::memcpy(chunk.data(), tensors[t].data + begin, length);
+        for (; c < e.indices.size() && e.indices[c] * e.width < begin + length; ++c)
+          std::memcpy(chunk.data() + (e.indices[c] * e.width - begin), e.values.data() + c * e.width, e.width);
+        write_bytes(fd, chunk.data(), length, offset + begin, out);
+        start_writeback(fd, offset + begin, length);
+      }
+      target_digests[t] = e.digest;  // hashed by the decoder, from the chunks it passed
+    }
+    start_writeback(fd, offset, e.bytes);
+  };
+
+  std::uint64_t written = 0;
+  {
+    WorkQueue queue(threads - 1);
+    std::deque<std::future<void>> copies, writes;
+    std::size_t next_copy = 0;
+    try {
+      for (std::size_t k = 0; k < by_name.size(); ++k) {
+        for (; next_copy < by_name.size() && next_copy <= k + threads; ++next_copy)
+          copies.push_back(queue.submit([&copy, t = by_name[next_copy]] { copy(t); }));
+        queue.wait(copies.front());  // by_name[k] is copied
+        copies.pop_front();
+        DecodedEntry e = decoder.next();
+        written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
+        writes.push_back(queue.submit([&write_and_hash, e = std::move(e)] { write_and_hash(e); }));
+        // Bounds the decoded changes held: those of the tensors being written.
+        for (; writes.size() > threads; writes.pop_front()) queue.wait(writes.front());
+      }
+      decoder.finish();
+      wait_all(queue, writes);
+    } catch (...) {
+      const std::exception_ptr error = std::current_exception();
+      wait_all(queue, copies, true);
+      wait_all(queue, writes, true);
+      // A corrupt patch, or a base that is not the patch's: the base's digest tells which.
+      bool base_known = true;
+      try {
+        for (std::size_t t = 0; t < tensors.size(); ++t) {
+          if (!copied[t]) copy(t);
+          if (!hashed[t]) hash_base(t);
+        }
+      } catch (...) {
+        base_known = false;
+      }
+      if (base_known) decoder.check_base(state_digest(tensors, base_digests, header.metadata));
+      std::rethrow_exception(error);
+    }
+  }
+  decoder.check_base(state_digest(tensors, base_digests, header.metadata));
+  decoder.check_target(state_digest(tensors, target_digests, header.metadata));
   if (apply_seconds) *apply_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // Unmapped before the fsync in commit(): the dirty pages are the file's page cache, which
-  // fsync writes.
+  // Unmapped before the fsync in commit(), which writes what writeback has not yet.
   if (map.data != MAP_FAILED) ::munmap(map.data, map.size);
   map.data = MAP_FAILED;
   file.commit();

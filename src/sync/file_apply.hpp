@@ -1,10 +1,14 @@
 #pragma once
-// Applying a patch from one .safetensors file to another without loading the model: the base
-// is copied into the output's temporary file (copy_file_range, so the bytes stay in the kernel
-// and a filesystem with reflinks may share them), that copy is mapped and patched in place by
-// apply_patch, and the file is renamed over the output once the target digest verifies. Memory
-// holds the patch and its decoded changes, not the model; the output keeps the base's header
-// bytes (tensor order, padding) exactly.
+// Applying a patch from one .safetensors file to another without loading the model, tensor by
+// tensor in a pipeline: each tensor's bytes are copied from the base into the output's
+// temporary file (copy_file_range, in the kernel) and hashed; the patch's entry for it is
+// decoded against that copy (mapped read-only); its patched bytes are written back in chunks
+// and their writeback to disk is started at once, so the disk works while later tensors are
+// decoded; the file is renamed over the output once the base and target digests verify.
+// Copying and hashing ahead and writing behind run on worker threads; decoding runs in order
+// on the calling thread (the patch's streams are sequential). Memory holds the patch, the
+// decoded changes of the tensors in flight and a few chunk buffers, not the model; the output
+// keeps the base's header bytes (tensor order, padding) exactly.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,12 +24,17 @@ namespace pulse::sync {
 bool file_apply_fits(const std::string& base, const std::string& out, const std::vector<TensorRef>& base_layout,
                      const ParsedPatch& patch);
 
+// The default thread count of apply_file: the cores this process may use, at most 4 (the
+// decoder is one thread; more than three helpers find nothing left to do).
+unsigned default_apply_threads();
+
 // Applies patch to the file base, writing out atomically: on any failure (a corrupt patch, a
 // base that is not the patch's base, an I/O error) the temporary file is removed and out keeps
-// its old content or stays absent. The header is validated from the copy itself, and apply_patch
-// checks the copy's digest, so a base changed while being copied is refused, never applied to.
-// out may be base (in place). Returns the elements written; apply_seconds gets apply_patch's time.
+// its old content or stays absent. The header is validated from the copy itself and every
+// digest is computed from the copy, so a base changed while being copied is refused, never
+// applied to. out may be base (in place). threads >= 1 (1: everything on the calling thread).
+// Returns the elements written; apply_seconds gets the time before the final fsync.
 std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out,
-                         double* apply_seconds = nullptr);
+                         unsigned threads = default_apply_threads(), double* apply_seconds = nullptr);
 
 }  // namespace pulse::sync

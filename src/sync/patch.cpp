@@ -826,70 +826,29 @@ namespace {
 // keeps enough memory accesses in flight.
 constexpr std::size_t kPrefetchAhead = 16;
 
-// A tensor of the target layout: one the receiver keeps, or one the patch adds.
-struct TargetTensor {
-  const TensorLayout* layout;
-  MutableTensor* kept = nullptr;  // nullptr: added
-  std::size_t added_index = 0;
-  std::uint64_t bytes = 0;
-};
-
-// What one entry will write, fully decoded and checked before the first write.
-struct PlannedWrite {
-  MutableTensor* tensor;
-  unsigned width = 0;                      // sparse: bytes per element
-  std::uint64_t count = 0;                 // sparse: changes
-  const std::uint64_t* indices = nullptr;  // sparse
-  const std::uint8_t* values = nullptr;    // sparse: new values, width bytes each
-  const std::uint8_t* whole = nullptr;     // whole: new bytes
-};
-
 }  // namespace
 
-std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits,
-                          const StateDigests* base_digests, StateDigests* target_digests, const Metadata& metadata,
-                          StateChange* change) {
-  (void)limits;  // sizes were bounded by parse_patch; the receiver's own tensors bound the rest
+PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base) : patch_(patch), base_(base) {
   const PatchHeader& h = patch.header;
-  PULSE_CHECK(change || (!h.changes_layout && !h.changes_metadata),
-              "patch adds or removes tensors or changes the metadata, which this receiver cannot take");
-  // 1. The receiver holds the base: its layout, then its contents.
-  std::map<std::string, MutableTensor*> kept_by_name;
-  std::vector<TensorRef> base_refs;
-  for (auto& t : state) {
-    PULSE_CHECK(kept_by_name.emplace(t.name, &t).second, "receiver holds tensor '" + t.name + "' twice");
-    base_refs.push_back(t.view());
+  // 1. The receiver holds the base's layout.
+  std::map<std::string, Target> targets;
+  base_layout_.reserve(base.size());
+  for (std::size_t i = 0; i < base.size(); ++i) {
+    const TensorRef& t = base[i];
+    base_layout_.push_back({t.name, t.dtype, t.shape});
+    PULSE_CHECK(targets.emplace(t.name, Target{&base_layout_.back(), false, i, t.bytes}).second,
+                "receiver holds tensor '" + t.name + "' twice");
   }
-  PULSE_CHECK(layout_digest(base_refs) == h.base_layout,
+  PULSE_CHECK(layout_digest(base) == h.base_layout,
               "receiver's tensors (names, dtypes, shapes) are not the layout of the patch's base version " +
                   std::to_string(h.base_version));
-  std::map<std::string, Digest> digest_by_name;
-  Digest base_state;
-  if (base_digests) {
-    for (const auto& t : state) digest_by_name[t.name] = known_digest(*base_digests, t.name);
-    base_state = base_digests->state;
-  } else {
-    std::vector<Digest> digests;
-    for (const auto& t : base_refs) {
-      digests.push_back(tensor_digest(t));
-      digest_by_name[t.name] = digests.back();
-    }
-    base_state = state_digest(base_refs, digests, metadata);
-  }
-  PULSE_CHECK(base_state == h.base_state, "receiver's weights are not the patch's base version " +
-                                              std::to_string(h.base_version) + " (state digest mismatch)");
 
   // 2. The target layout: the base's tensors less the removed ones, plus the added ones.
-  std::vector<TensorLayout> kept_layout;
-  kept_layout.reserve(state.size());
-  for (const auto& t : state) kept_layout.push_back({t.name, t.dtype, t.shape});
-  std::map<std::string, TargetTensor> targets;
-  for (std::size_t i = 0; i < state.size(); ++i) targets[state[i].name] = {&kept_layout[i], &state[i], 0, state[i].bytes};
   for (const auto& name : patch.removed)
     PULSE_CHECK(targets.erase(name) == 1, "patch removes tensor '" + name + "', which the receiver does not hold");
   for (std::size_t i = 0; i < patch.added.size(); ++i) {
     const TensorLayout& a = patch.added[i];
-    PULSE_CHECK(targets.emplace(a.name, TargetTensor{&a, nullptr, i, layout_bytes(a.name, a.dtype, a.shape)}).second,
+    PULSE_CHECK(targets.emplace(a.name, Target{&a, true, i, layout_bytes(a.name, a.dtype, a.shape)}).second,
                 "patch adds tensor '" + a.name + "' twice or over a tensor it keeps");
   }
   PULSE_CHECK(targets.size() == patch.entries.size(), "patch has " + std::to_string(patch.entries.size()) +
@@ -897,7 +856,6 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
 
   // 3. Every entry against its tensor before anything is decompressed: the raw stream sizes
   // follow from the entries and the layout, so they are bounded by the receiver's tensors.
-  std::vector<TargetTensor*> order;
   std::vector<TensorLayout> target_layout;
   std::vector<std::uint64_t> target_bytes;
   std::uint64_t sparse_changes = 0, value_bytes = 0, value_bytes_max = 0, whole_bytes = 0;
@@ -905,8 +863,8 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   for (auto& [name, target] : targets) {
     const PatchEntry& e = patch.entries[i++];
     const TensorLayout& l = *target.layout;
-    if (target.kept)
-      PULSE_CHECK(target.kept->bytes == layout_bytes(name, l.dtype, l.shape),
+    if (!target.added)
+      PULSE_CHECK(target.bytes == layout_bytes(name, l.dtype, l.shape),
                   "receiver's tensor '" + name + "' size does not match its dtype and shape");
     else
       PULSE_CHECK(e.kind == EntryKind::whole, "patch adds tensor '" + name + "' without its bytes");
@@ -919,7 +877,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
       value_bytes_max += e.count * format->max_varint_bytes();
     }
     if (e.kind == EntryKind::whole) whole_bytes += target.bytes;
-    order.push_back(&target);
+    targets_.push_back(target);
     target_layout.push_back(l);
     target_bytes.push_back(target.bytes);
   }
@@ -931,100 +889,138 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     PULSE_CHECK(h.value_stream.raw <= value_bytes_max, "patch value stream size disagrees with its entries");
   PULSE_CHECK(h.whole_stream.raw == whole_bytes, "patch whole-tensor stream size disagrees with its entries");
 
-  // 4. Decompress and decode everything; check every index and value.
-  const auto index_raw = decompress(h.compressor, patch.index_stream, h.index_stream.coded, h.index_stream.raw);
-  const auto value_raw = decompress(h.compressor, patch.value_stream, h.value_stream.coded, h.value_stream.raw);
-  const auto whole_raw = decompress(h.compressor, patch.whole_stream, h.whole_stream.coded, h.whole_stream.raw);
-  std::size_t index_pos = 0, value_pos = 0, whole_pos = 0;
-  const bool exponent_class = h.values == ValueCoding::exponent_class;
-  ExponentClassDecoder class_decoder(index_raw.data(), exponent_class ? index_raw.size() : 0, value_raw.data(),
-                                     exponent_class ? value_raw.size() : 0, exponent_class ? h.total_changed : 0);
-  // Decoded changes of all entries, kept between calls: a large model's would be allocated and
-  // faulted in again at every apply.
-  thread_local std::vector<std::uint64_t> decoded_indices;
-  thread_local std::vector<std::uint8_t> decoded_values;
-  decoded_indices.resize(sparse_changes);
-  decoded_values.resize(value_bytes);
-  std::uint64_t decoded = 0, decoded_bytes = 0;
-  std::vector<PlannedWrite> plan;
-  std::vector<const std::uint8_t*> added_data(patch.added.size(), nullptr);
-  // The target's tensors and their digests: untouched ones keep their (verified) base digest;
-  // touched and added ones are hashed as they will be, before anything is written.
-  std::vector<TensorRef> target_refs;
-  std::vector<Digest> after;
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    const PatchEntry& e = patch.entries[k];
-    const TargetTensor& target = *order[k];
-    const std::string& name = target.layout->name;
-    if (target.kept) {
-      target_refs.push_back(target.kept->view());
-    } else {
-      const TensorLayout& l = *target.layout;
-      target_refs.push_back({l.name, l.dtype, l.shape, nullptr, target.bytes});
-    }
-    if (e.kind == EntryKind::same || (e.kind == EntryKind::sparse && e.count == 0)) {
-      after.push_back(digest_by_name[name]);
-      continue;
-    }
-    if (e.kind == EntryKind::whole) {
-      const std::uint8_t* bytes = whole_raw.data() + whole_pos;
-      whole_pos += target.bytes;
-      if (target.kept)
-        plan.push_back({target.kept, 0, 0, nullptr, nullptr, bytes});
-      else
-        added_data[target.added_index] = bytes;
-      after.push_back(digest_bytes(bytes, target.bytes));
-      continue;
-    }
-    MutableTensor& t = *target.kept;
-    const SparseFormat format = *sparse_format(t.dtype);
-    std::uint64_t* indices = decoded_indices.data() + decoded;
-    std::uint8_t* values = decoded_values.data() + decoded_bytes;
-    decoded += e.count;
-    decoded_bytes += e.count * format.bytes;
-    plan.push_back({&t, format.bytes, e.count, indices, values, nullptr});
-    DigestWithChanges digest(t.data, format.bytes);
-    if (exponent_class) {
-      // The pass that finds the changes hands each chunk of the tensor, in cache, to the digest.
-      class_decoder.decode(format, t.data, numel_of(t.shape), e.count, indices, values, " in tensor '" + name + "'",
-                           [&](std::uint64_t end, std::uint64_t found) {
-                             digest.pass(end, indices, values, format.bytes, found);
+  // 4. The streams, decoded entry by entry in next().
+  index_raw_ = decompress(h.compressor, patch.index_stream, h.index_stream.coded, h.index_stream.raw);
+  value_raw_ = decompress(h.compressor, patch.value_stream, h.value_stream.coded, h.value_stream.raw);
+  whole_raw_ = decompress(h.compressor, patch.whole_stream, h.whole_stream.coded, h.whole_stream.raw);
+  if (h.values == ValueCoding::exponent_class)
+    class_decoder_ = std::make_unique<ExponentClassDecoder>(index_raw_.data(), index_raw_.size(), value_raw_.data(),
+                                                            value_raw_.size(), h.total_changed);
+}
+
+PatchDecoder::~PatchDecoder() = default;
+
+DecodedEntry PatchDecoder::next() {
+  PULSE_CHECK(next_ < targets_.size(), "PatchDecoder::next past the last entry");
+  const PatchHeader& h = patch_.header;
+  const PatchEntry& e = patch_.entries[next_];
+  const Target& target = targets_[next_++];
+  const std::string& name = target.layout->name;
+  DecodedEntry w;
+  w.kind = e.kind;
+  w.added = target.added;
+  w.tensor = target.tensor;
+  w.bytes = target.bytes;
+  if (e.kind == EntryKind::same || (e.kind == EntryKind::sparse && e.count == 0)) return w;
+  if (e.kind == EntryKind::whole) {
+    w.whole = whole_raw_.data() + whole_pos_;
+    whole_pos_ += target.bytes;
+    w.digest = digest_bytes(w.whole, target.bytes);
+    w.touched = true;
+    return w;
+  }
+  const TensorRef& t = base_[target.tensor];
+  const SparseFormat format = *sparse_format(t.dtype);
+  w.width = format.bytes;
+  w.touched = true;
+  w.indices.resize(e.count);
+  w.values.resize(e.count * format.bytes);
+  DigestWithChanges digest(t.data, format.bytes);
+  if (class_decoder_) {
+    // The pass that finds the changes hands each chunk of the tensor, in cache, to the digest.
+    class_decoder_->decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
+                           " in tensor '" + name + "'", [&](std::uint64_t end, std::uint64_t found) {
+                             digest.pass(end, w.indices.data(), w.values.data(), format.bytes, found);
                            });
-      after.push_back(digest.finish());
-      continue;
-    }
-    decode_gaps(h.indices, e.index_width, index_raw.data(), index_raw.size(), index_pos, e.count, 0, numel_of(t.shape),
-                indices, "patch", " in tensor '" + name + "'");
-    if (h.values == ValueCoding::raw) {
-      for (unsigned plane = 0; plane < format.bytes; ++plane)
-        for (std::uint64_t c = 0; c < e.count; ++c) values[c * format.bytes + plane] = value_raw[value_pos++];
-    } else {
-      const std::int64_t limit = std::int64_t(format.mask());
-      for (std::uint64_t c = 0; c < e.count; ++c) {
-        // The old values are scattered: ask for them a few changes ahead.
-        if (c + kPrefetchAhead < e.count) __builtin_prefetch(t.data + format.bytes * indices[c + kPrefetchAhead]);
-        const std::int64_t d = unzigzag(get_varint(value_raw.data(), value_raw.size(), value_pos));
-        // Bound d first: a 64-bit difference would overflow the sum.
-        PULSE_CHECK(d >= -limit && d <= limit, "patch value out of range in tensor '" + name + "'");
-        const std::int64_t key = std::int64_t(format.key(load_value(t.data, indices[c], format.bytes))) + d;
-        PULSE_CHECK(key >= 0 && key <= limit, "patch value out of range in tensor '" + name + "'");
-        const std::uint64_t bits = format.from_key(std::uint64_t(key));
-        std::memcpy(values + c * format.bytes, &bits, format.bytes);
-      }
-    }
-    digest.pass(numel_of(t.shape), indices, values, format.bytes, e.count);
-    after.push_back(digest.finish());
+    w.digest = digest.finish();
+    return w;
   }
-  if (exponent_class) {
-    class_decoder.check_consumed();
-    index_pos = index_raw.size();
-    value_pos = value_raw.size();
+  decode_gaps(h.indices, e.index_width, index_raw_.data(), index_raw_.size(), index_pos_, e.count, 0, numel_of(t.shape),
+              w.indices.data(), "patch", " in tensor '" + name + "'");
+  if (h.values == ValueCoding::raw) {
+    for (unsigned plane = 0; plane < format.bytes; ++plane)
+      for (std::uint64_t c = 0; c < e.count; ++c) w.values[c * format.bytes + plane] = value_raw_[value_pos_++];
+  } else {
+    const std::int64_t limit = std::int64_t(format.mask());
+    for (std::uint64_t c = 0; c < e.count; ++c) {
+      // The old values are scattered: ask for them a few changes ahead.
+      if (c + kPrefetchAhead < e.count) __builtin_prefetch(t.data + format.bytes * w.indices[c + kPrefetchAhead]);
+      const std::int64_t d = unzigzag(get_varint(value_raw_.data(), value_raw_.size(), value_pos_));
+      // Bound d first: a 64-bit difference would overflow the sum.
+      PULSE_CHECK(d >= -limit && d <= limit, "patch value out of range in tensor '" + name + "'");
+      const std::int64_t key = std::int64_t(format.key(load_value(t.data, w.indices[c], format.bytes))) + d;
+      PULSE_CHECK(key >= 0 && key <= limit, "patch value out of range in tensor '" + name + "'");
+      const std::uint64_t bits = format.from_key(std::uint64_t(key));
+      std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
+    }
   }
-  PULSE_CHECK(index_pos == index_raw.size() && value_pos == value_raw.size() && whole_pos == whole_raw.size(),
+  digest.pass(numel_of(t.shape), w.indices.data(), w.values.data(), format.bytes, e.count);
+  w.digest = digest.finish();
+  return w;
+}
+
+void PatchDecoder::finish() const {
+  PULSE_CHECK(next_ == targets_.size(), "PatchDecoder::finish before the last entry");
+  if (class_decoder_) {
+    class_decoder_->check_consumed();
+    PULSE_CHECK(whole_pos_ == whole_raw_.size(), "patch streams hold bytes no entry uses (corrupt patch)");
+    return;
+  }
+  PULSE_CHECK(index_pos_ == index_raw_.size() && value_pos_ == value_raw_.size() && whole_pos_ == whole_raw_.size(),
               "patch streams hold bytes no entry uses (corrupt patch)");
+}
+
+void PatchDecoder::check_base(const Digest& base_state) const {
+  PULSE_CHECK(base_state == patch_.header.base_state, "receiver's weights are not the patch's base version " +
+                                                         std::to_string(patch_.header.base_version) +
+                                                         " (state digest mismatch)");
+}
+
+void PatchDecoder::check_target(const Digest& target_state) const {
+  PULSE_CHECK(target_state == patch_.header.target_state,
+              "weights do not match the patch's target state digest after apply");
+}
+
+std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits,
+                          const StateDigests* base_digests, StateDigests* target_digests, const Metadata& metadata,
+                          StateChange* change) {
+  (void)limits;  // sizes were bounded by parse_patch; the receiver's own tensors bound the rest
+  const PatchHeader& h = patch.header;
+  PULSE_CHECK(change || (!h.changes_layout && !h.changes_metadata),
+              "patch adds or removes tensors or changes the metadata, which this receiver cannot take");
+  // 1. The receiver holds the base: its layout (checked by the decoder), then its contents.
+  std::vector<TensorRef> base_refs;
+  for (auto& t : state) base_refs.push_back(t.view());
+  PatchDecoder decoder(patch, base_refs);
+  std::vector<Digest> base_tensor_digests;
+  if (base_digests) {
+    for (const auto& t : state) base_tensor_digests.push_back(known_digest(*base_digests, t.name));
+    decoder.check_base(base_digests->state);
+  } else {
+    for (const auto& t : base_refs) base_tensor_digests.push_back(tensor_digest(t));
+    decoder.check_base(state_digest(base_refs, base_tensor_digests, metadata));
+  }
+
+  // 2.-4. Decode everything; check every index and value.
+  std::vector<DecodedEntry> plan;
+  plan.reserve(decoder.size());
+  for (std::size_t k = 0; k < decoder.size(); ++k) plan.push_back(decoder.next());
+  decoder.finish();
 
   // 5. Verify the target state digest before anything is written, so a rejected patch leaves
-  // the weights exactly as they were.
+  // the weights exactly as they were. Untouched tensors keep their (verified) base digest.
+  std::vector<Digest> after;
+  std::vector<TensorRef> target_refs;
+  for (const DecodedEntry& w : plan) {
+    if (!w.added) {
+      target_refs.push_back(state[w.tensor].view());
+      after.push_back(w.touched ? w.digest : base_tensor_digests[w.tensor]);
+    } else {
+      const TensorLayout& l = patch.added[w.tensor];
+      target_refs.push_back({l.name, l.dtype, l.shape, reinterpret_cast<const std::byte*>(w.whole), w.bytes});
+      after.push_back(w.digest);
+    }
+  }
   const Metadata& target_metadata = h.changes_metadata ? patch.metadata : metadata;
   const Digest target_state = state_digest(target_refs, after, target_metadata);
   PULSE_CHECK(target_state == h.target_state,
@@ -1032,26 +1028,31 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
 
   // 6. Write.
   std::uint64_t written = 0;
-  for (const PlannedWrite& w : plan) {
-    if (w.whole) {
-      if (w.tensor->bytes) std::memcpy(w.tensor->data, w.whole, w.tensor->bytes);
-      written += w.tensor->bytes;
+  for (const DecodedEntry& w : plan) {
+    if (w.added || !w.touched) continue;
+    MutableTensor& t = state[w.tensor];
+    if (w.kind == EntryKind::whole) {
+      if (t.bytes) std::memcpy(t.data, w.whole, t.bytes);
+      written += t.bytes;
       continue;
     }
-    for (std::uint64_t k = 0; k < w.count; ++k) {
-      if (k + kPrefetchAhead < w.count) __builtin_prefetch(w.tensor->data + w.width * w.indices[k + kPrefetchAhead], 1);
-      std::memcpy(w.tensor->data + w.width * w.indices[k], w.values + w.width * k, w.width);
+    const std::size_t count = w.indices.size();
+    for (std::size_t k = 0; k < count; ++k) {
+      if (k + kPrefetchAhead < count) __builtin_prefetch(t.data + w.width * w.indices[k + kPrefetchAhead], 1);
+      std::memcpy(t.data + w.width * w.indices[k], w.values.data() + w.width * k, w.width);
     }
-    written += w.count;
+    written += count;
   }
   if (change) {
     change->removed = patch.removed;
     change->added = patch.added;
     change->added_bytes.clear();
-    for (std::size_t a = 0; a < patch.added.size(); ++a) {
-      const auto* p = reinterpret_cast<const std::byte*>(added_data[a]);
-      change->added_bytes.emplace_back(p, p + (p ? targets.at(patch.added[a].name).bytes : 0));
-    }
+    change->added_bytes.resize(patch.added.size());
+    for (const DecodedEntry& w : plan)
+      if (w.added) {
+        const auto* p = reinterpret_cast<const std::byte*>(w.whole);
+        change->added_bytes[w.tensor].assign(p, p + w.bytes);
+      }
     change->metadata = target_metadata;
   }
   if (target_digests) {

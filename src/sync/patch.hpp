@@ -9,6 +9,7 @@
 // target state digest of the weights it would write, and only then writes.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,60 @@ std::uint64_t sparse_patch_bytes(const EncodeOptions& options, const std::vector
 // signature is rejected.
 ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const PatchLimits& limits = {},
                         const PublicKey* public_key = nullptr);
+
+class ExponentClassDecoder;
+
+// One entry of a patch decoded against the receiver's tensor: what applying it writes.
+struct DecodedEntry {
+  EntryKind kind = EntryKind::same;
+  bool added = false;                   // a tensor the patch adds (patch.added[tensor]), else the receiver's
+  std::size_t tensor = 0;               // index in the receiver's tensors, or in patch.added
+  std::uint64_t bytes = 0;              // the target tensor's size
+  unsigned width = 0;                   // sparse: bytes per element
+  std::vector<std::uint64_t> indices;   // sparse: the changed elements, sorted
+  std::vector<std::uint8_t> values;     // sparse: their new values, width bytes each
+  const std::uint8_t* whole = nullptr;  // whole: the new bytes (owned by the decoder)
+  bool touched = false;                 // whole, or sparse with changes: digest is the target tensor's
+  Digest digest{};                      // hashed while decoding, before anything is written
+};
+
+// A patch's entries decoded one at a time, in order (the target's tensors by name), against
+// the receiver's tensors: apply_patch's checks and decoding, for receivers that write each
+// tensor as soon as it is decoded (sync/file_apply.hpp). The base's contents are checked by
+// the caller, with check_base once it has hashed them.
+class PatchDecoder {
+ public:
+  // Checks the receiver's layout (names, dtypes, shapes) against the patch's base and every
+  // entry against its tensor; decompresses the streams. Keeps references to both arguments.
+  PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base);
+  ~PatchDecoder();
+  PatchDecoder(const PatchDecoder&) = delete;
+  PatchDecoder& operator=(const PatchDecoder&) = delete;
+  std::size_t size() const { return targets_.size(); }
+  // Decodes the next entry, reading the old bytes of its tensor (base[tensor].data) and
+  // writing none. Throws pulse::Error on a corrupt patch.
+  DecodedEntry next();
+  // Throws unless every entry was decoded and the streams hold no other bytes.
+  void finish() const;
+  // Throw the receiver's errors for a base state or target state digest that is not the patch's.
+  void check_base(const Digest& base_state) const;
+  void check_target(const Digest& target_state) const;
+
+ private:
+  struct Target {
+    const TensorLayout* layout;
+    bool added;
+    std::size_t tensor;  // in base, or in patch.added
+    std::uint64_t bytes;
+  };
+  const ParsedPatch& patch_;
+  const std::vector<TensorRef>& base_;
+  std::vector<TensorLayout> base_layout_;
+  std::vector<Target> targets_;
+  std::vector<std::uint8_t> index_raw_, value_raw_, whole_raw_;
+  std::size_t index_pos_ = 0, value_pos_ = 0, whole_pos_ = 0, next_ = 0;
+  std::unique_ptr<ExponentClassDecoder> class_decoder_;  // exponent-class patches only
+};
 
 // What a patch changes beyond the bytes of the tensors the receiver keeps; apply_patch fills it
 // once the target is verified and the caller commits it (it cannot fail then).

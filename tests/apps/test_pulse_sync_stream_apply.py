@@ -1,8 +1,9 @@
 """pulse-sync apply from a .safetensors file to a .safetensors file, streamed (the base copied
-into the output and patched there, sync/file_apply.hpp): the output is byte-identical to the
-load-whole path's (--no-stream) for keydiff and expclass patches, in place too; it keeps the
-base's header bytes; and a corrupt patch, a wrong base, a truncated base or a failing write
-leave no output, an existing output untouched and no temporary file.
+into the output tensor by tensor and patched there, sync/file_apply.hpp): the output is
+byte-identical to the load-whole path's (--no-stream) for keydiff and expclass patches, on one
+thread or several (--threads), in place too; it keeps the base's header bytes; and a corrupt
+patch, a wrong base, a truncated base, a failing write or --threads 0 leave no output, an
+existing output untouched and no temporary file (tests/test_stream_apply.cpp: mid-stream).
     test_pulse_sync_stream_apply.py --app build/apps/pulse-sync
 """
 import argparse
@@ -93,6 +94,11 @@ def main():
             expect(r.returncode == 0, f"streamed apply {values}: {r.stderr}")
             old, new = read_bytes(p(f"old-{values}.safetensors")), read_bytes(p(f"new-{values}.safetensors"))
             expect(old == new, f"{values}: the streamed output differs from the load-whole output")
+            for threads in (1, 3):  # all on one thread; and copy, decode and write on their own
+                r = run(app, "apply", "--threads", threads, "--base", p("base.safetensors"), "--patch", patch,
+                        "-o", p(f"t{threads}-{values}.safetensors"))
+                expect(r.returncode == 0 and read_bytes(p(f"t{threads}-{values}.safetensors")) == old,
+                       f"{values}: streamed apply --threads {threads}: {r.stderr}")
             got, got_meta = safetensors_ref.read(p(f"new-{values}.safetensors"))
             expect(got_meta == meta and all(np.array_equal(got[n][1], a) for n, _, a in target),
                    f"{values}: the streamed output is not the target (independent reader)")
@@ -141,6 +147,9 @@ def main():
                 expect("not the patch's base" in r.stderr, f"wrong base: the error must say so: {r.stderr}")
             leftovers = [f for f in os.listdir(d) if ".tmp." in f]
             expect(not leftovers, f"{what}: temporary files left: {leftovers}")
+
+        r = run(app, "apply", "--threads", 0, "--base", p("base.safetensors"), "--patch", p("keydiff.pulse"), "-o", p("absent.safetensors"))
+        expect(one_line_error(r) and not os.path.exists(p("absent.safetensors")), f"--threads 0 must be refused: {r.stderr}")
 
         # Patches that change the layout or the metadata take the load-whole path and still apply.
         grown = target + [("added", "F32", np.array([5.0], np.float32))]
