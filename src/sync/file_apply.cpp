@@ -253,16 +253,16 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
     base_digests[t] = tensor_digest(tensors[t]);
     hashed[t] = 1;
   };
-  auto write_and_hash = [&](const DecodedEntry& e) {
+  // The target tensor's digest is the decoder's (hashed in its pass), or the base's where the
+  // copy already is the target.
+  auto hash_base_and_write = [&](const DecodedEntry& e) {
     const std::size_t t = e.tensor;
     const std::uint64_t offset = offsets[t];
     hash_base(t);
+    target_digests[t] = e.touched() ? e.digest : base_digests[t];
     if (e.kind == EntryKind::whole) {
       write_bytes(fd, e.whole, e.bytes, offset, out);
-      target_digests[t] = e.digest;
-    } else if (!e.touched) {  // the copy is the target's
-      target_digests[t] = base_digests[t];
-    } else {
+    } else if (e.touched()) {
       std::vector<std::byte> chunk(std::min<std::uint64_t>(e.bytes, kChunkBytes));
       std::size_t c = 0;  // the next change
       for (std::uint64_t begin = 0; begin < e.bytes; begin += chunk.size()) {
@@ -273,7 +273,6 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
         write_bytes(fd, chunk.data(), length, offset + begin, out);
         start_writeback(fd, offset + begin, length);
       }
-      target_digests[t] = e.digest;  // hashed by the decoder, from the chunks it passed
     }
     start_writeback(fd, offset, e.bytes);
   };
@@ -291,7 +290,7 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
         copies.pop_front();
         DecodedEntry e = decoder.next();
         written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
-        writes.push_back(queue.submit([&write_and_hash, e = std::move(e)] { write_and_hash(e); }));
+        writes.push_back(queue.submit([&hash_base_and_write, e = std::move(e)] { hash_base_and_write(e); }));
         // Bounds the decoded changes held: those of the tensors being written.
         for (; writes.size() > threads; writes.pop_front()) queue.wait(writes.front());
       }

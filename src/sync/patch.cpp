@@ -916,13 +916,11 @@ DecodedEntry PatchDecoder::next() {
     w.whole = whole_raw_.data() + whole_pos_;
     whole_pos_ += target.bytes;
     w.digest = digest_bytes(w.whole, target.bytes);
-    w.touched = true;
     return w;
   }
   const TensorRef& t = base_[target.tensor];
   const SparseFormat format = *sparse_format(t.dtype);
   w.width = format.bytes;
-  w.touched = true;
   w.indices.resize(e.count);
   w.values.resize(e.count * format.bytes);
   DigestWithChanges digest(t.data, format.bytes);
@@ -1014,7 +1012,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   for (const DecodedEntry& w : plan) {
     if (!w.added) {
       target_refs.push_back(state[w.tensor].view());
-      after.push_back(w.touched ? w.digest : base_tensor_digests[w.tensor]);
+      after.push_back(w.touched() ? w.digest : base_tensor_digests[w.tensor]);
     } else {
       const TensorLayout& l = patch.added[w.tensor];
       target_refs.push_back({l.name, l.dtype, l.shape, reinterpret_cast<const std::byte*>(w.whole), w.bytes});
@@ -1029,7 +1027,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   // 6. Write.
   std::uint64_t written = 0;
   for (const DecodedEntry& w : plan) {
-    if (w.added || !w.touched) continue;
+    if (w.added || !w.touched()) continue;
     MutableTensor& t = state[w.tensor];
     if (w.kind == EntryKind::whole) {
       if (t.bytes) std::memcpy(t.data, w.whole, t.bytes);

@@ -198,8 +198,9 @@ struct DecodedEntry {
   std::vector<std::uint64_t> indices;   // sparse: the changed elements, sorted
   std::vector<std::uint8_t> values;     // sparse: their new values, width bytes each
   const std::uint8_t* whole = nullptr;  // whole: the new bytes (owned by the decoder)
-  bool touched = false;                 // whole, or sparse with changes: digest is the target tensor's
-  Digest digest{};                      // hashed while decoding, before anything is written
+  Digest digest{};                      // touched(): the target tensor's, hashed while decoding
+  // Whether the entry writes anything: carried whole, or sparse with changes.
+  bool touched() const { return kind == EntryKind::whole || !indices.empty(); }
 };
 
 // A patch's entries decoded one at a time, in order (the target's tensors by name), against
