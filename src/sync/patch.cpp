@@ -436,10 +436,13 @@ std::vector<std::uint8_t> write_patch(const EncodeOptions& options, const PatchC
 
 // The digest of a tensor's bytes with sorted changes written, fed in order as a pass reaches
 // them: each cache-sized piece that holds a change is copied and the change written to the
-// copy, so the tensor itself stays as it is (a patch is verified before anything is written).
+// copy, so the tensor itself stays as it is (file_apply writes another file). In place instead
+// (swap_in), the changes are written into the tensor itself and hashed there, no copy made.
 class DigestWithChanges {
  public:
-  DigestWithChanges(const std::byte* data, unsigned width) : data_(data), width_(width), state_(XXH3_createState()) {
+  // swap_in needs `writable`: data, writable.
+  DigestWithChanges(const std::byte* data, unsigned width, std::byte* writable = nullptr)
+      : data_(data), writable_(writable), width_(width), state_(XXH3_createState()) {
     PULSE_CHECK(state_, "out of memory for a digest state");
     XXH3_128bits_reset(state_);
   }
@@ -470,10 +473,35 @@ class DigestWithChanges {
     }
   }
 
+  // As pass, with the changes (values: `width` bytes each) written into the tensor: each is
+  // swapped with the element's old value, so values[0, swapped()) then hold the old values.
+  void swap_in(std::uint64_t end, const std::uint64_t* indices, std::uint8_t* values, std::uint64_t found) {
+    if (end <= done_) return;
+    if (width_ == 2) swap_changes<2>(end, indices, values, found);
+    else if (width_ == 4) swap_changes<4>(end, indices, values, found);
+    else swap_changes<1>(end, indices, values, found);
+    XXH3_128bits_update(state_, data_ + width_ * done_, width_ * (end - done_));
+    done_ = end;
+  }
+  std::uint64_t swapped() const { return next_; }
+
   Digest finish() { return finish_digest(std::exchange(state_, nullptr)); }
 
  private:
+  template <unsigned kWidth>
+  void swap_changes(std::uint64_t end, const std::uint64_t* indices, std::uint8_t* values, std::uint64_t found) {
+    for (; next_ < found && indices[next_] < end; ++next_) {
+      std::byte* element = writable_ + kWidth * indices[next_];
+      std::uint8_t* value = values + kWidth * next_;
+      std::uint8_t old[kWidth];
+      std::memcpy(old, element, kWidth);
+      std::memcpy(element, value, kWidth);
+      std::memcpy(value, old, kWidth);
+    }
+  }
+
   const std::byte* data_;
+  std::byte* writable_;
   unsigned width_;
   XXH3_state_t* state_;
   std::uint64_t done_ = 0, next_ = 0;  // elements hashed, changes written
@@ -826,6 +854,15 @@ namespace {
 // keeps enough memory accesses in flight.
 constexpr std::size_t kPrefetchAhead = 16;
 
+// Writes a sparse entry's values at its indices.
+void write_changes(std::byte* data, const DecodedEntry& w) {
+  const std::size_t count = w.indices.size();
+  for (std::size_t k = 0; k < count; ++k) {
+    if (k + kPrefetchAhead < count) __builtin_prefetch(data + w.width * w.indices[k + kPrefetchAhead], 1);
+    std::memcpy(data + w.width * w.indices[k], w.values.data() + w.width * k, w.width);
+  }
+}
+
 }  // namespace
 
 PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base) : patch_(patch), base_(base) {
@@ -900,7 +937,18 @@ PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef
 
 PatchDecoder::~PatchDecoder() = default;
 
-DecodedEntry PatchDecoder::next() {
+DecodedEntry PatchDecoder::next() { return decode_next(nullptr); }
+
+DecodedEntry PatchDecoder::next_in_place(std::vector<MutableTensor>& state) {
+  PULSE_CHECK(next_ < targets_.size(), "PatchDecoder::next past the last entry");
+  const Target& target = targets_[next_];
+  if (target.added) return decode_next(nullptr);
+  std::byte* data = state[target.tensor].data;
+  PULSE_CHECK(data == base_[target.tensor].data, "PatchDecoder::next_in_place: state is not the decoder's base");
+  return decode_next(data);
+}
+
+DecodedEntry PatchDecoder::decode_next(std::byte* writable) {
   PULSE_CHECK(next_ < targets_.size(), "PatchDecoder::next past the last entry");
   const PatchHeader& h = patch_.header;
   const PatchEntry& e = patch_.entries[next_];
@@ -923,13 +971,25 @@ DecodedEntry PatchDecoder::next() {
   w.width = format.bytes;
   w.indices.resize(e.count);
   w.values.resize(e.count * format.bytes);
-  DigestWithChanges digest(t.data, format.bytes);
+  DigestWithChanges digest(t.data, format.bytes, writable);
+  // Hashes (and in place writes) the tensor up to element `end`, whose changes are the first `found`.
+  auto pass = [&](std::uint64_t end, std::uint64_t found) {
+    if (writable)
+      digest.swap_in(end, w.indices.data(), w.values.data(), found);
+    else
+      digest.pass(end, w.indices.data(), w.values.data(), format.bytes, found);
+  };
   if (class_decoder_) {
     // The pass that finds the changes hands each chunk of the tensor, in cache, to the digest.
-    class_decoder_->decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
-                           " in tensor '" + name + "'", [&](std::uint64_t end, std::uint64_t found) {
-                             digest.pass(end, w.indices.data(), w.values.data(), format.bytes, found);
-                           });
+    try {
+      class_decoder_->decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
+                             " in tensor '" + name + "'", pass);
+    } catch (...) {
+      // The values swapped in so far hold the old ones: write them back.
+      w.indices.resize(digest.swapped());
+      if (writable) write_changes(writable, w);
+      throw;
+    }
     w.digest = digest.finish();
     return w;
   }
@@ -952,7 +1012,7 @@ DecodedEntry PatchDecoder::next() {
       std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
     }
   }
-  digest.pass(numel_of(t.shape), w.indices.data(), w.values.data(), format.bytes, e.count);
+  pass(numel_of(t.shape), e.count);
   w.digest = digest.finish();
   return w;
 }
@@ -999,32 +1059,40 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     decoder.check_base(state_digest(base_refs, base_tensor_digests, metadata));
   }
 
-  // 2.-4. Decode everything; check every index and value.
+  // 2.-5. Decode every entry, writing sparse changes in place as the decoder's pass reaches
+  // them (the digest then hashes the tensor where it lies); check every index and value, then the
+  // target state digest. Untouched tensors keep their (verified) base digest. On any failure the
+  // old values (what the entries written in place then hold) are written back, so a rejected
+  // patch leaves the weights exactly as they were.
   std::vector<DecodedEntry> plan;
-  plan.reserve(decoder.size());
-  for (std::size_t k = 0; k < decoder.size(); ++k) plan.push_back(decoder.next());
-  decoder.finish();
-
-  // 5. Verify the target state digest before anything is written, so a rejected patch leaves
-  // the weights exactly as they were. Untouched tensors keep their (verified) base digest.
   std::vector<Digest> after;
   std::vector<TensorRef> target_refs;
-  for (const DecodedEntry& w : plan) {
-    if (!w.added) {
-      target_refs.push_back(state[w.tensor].view());
-      after.push_back(w.touched() ? w.digest : base_tensor_digests[w.tensor]);
-    } else {
-      const TensorLayout& l = patch.added[w.tensor];
-      target_refs.push_back({l.name, l.dtype, l.shape, reinterpret_cast<const std::byte*>(w.whole), w.bytes});
-      after.push_back(w.digest);
-    }
-  }
   const Metadata& target_metadata = h.changes_metadata ? patch.metadata : metadata;
-  const Digest target_state = state_digest(target_refs, after, target_metadata);
-  PULSE_CHECK(target_state == h.target_state,
-              "the patched weights would not match the patch's target state digest; nothing written");
+  Digest target_state{};
+  try {
+    plan.reserve(decoder.size());
+    for (std::size_t k = 0; k < decoder.size(); ++k) plan.push_back(decoder.next_in_place(state));
+    decoder.finish();
+    for (const DecodedEntry& w : plan) {
+      if (!w.added) {
+        target_refs.push_back(state[w.tensor].view());
+        after.push_back(w.touched() ? w.digest : base_tensor_digests[w.tensor]);
+      } else {
+        const TensorLayout& l = patch.added[w.tensor];
+        target_refs.push_back({l.name, l.dtype, l.shape, reinterpret_cast<const std::byte*>(w.whole), w.bytes});
+        after.push_back(w.digest);
+      }
+    }
+    target_state = state_digest(target_refs, after, target_metadata);
+    PULSE_CHECK(target_state == h.target_state,
+                "the patched weights would not match the patch's target state digest; nothing written");
+  } catch (...) {
+    for (const DecodedEntry& w : plan)
+      if (w.kind == EntryKind::sparse) write_changes(state[w.tensor].data, w);
+    throw;
+  }
 
-  // 6. Write.
+  // 6. Write the tensors carried whole (the sparse changes are in place).
   std::uint64_t written = 0;
   for (const DecodedEntry& w : plan) {
     if (w.added || !w.touched()) continue;
@@ -1032,14 +1100,9 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     if (w.kind == EntryKind::whole) {
       if (t.bytes) std::memcpy(t.data, w.whole, t.bytes);
       written += t.bytes;
-      continue;
+    } else {
+      written += w.indices.size();
     }
-    const std::size_t count = w.indices.size();
-    for (std::size_t k = 0; k < count; ++k) {
-      if (k + kPrefetchAhead < count) __builtin_prefetch(t.data + w.width * w.indices[k + kPrefetchAhead], 1);
-      std::memcpy(t.data + w.width * w.indices[k], w.values.data() + w.width * k, w.width);
-    }
-    written += count;
   }
   if (change) {
     change->removed = patch.removed;

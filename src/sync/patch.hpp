@@ -219,6 +219,12 @@ class PatchDecoder {
   // Decodes the next entry, reading the old bytes of its tensor (base[tensor].data) and
   // writing none. Throws pulse::Error on a corrupt patch.
   DecodedEntry next();
+  // As next(), and writes the entry's changes into the receiver's tensor (state[tensor], whose
+  // view is base[tensor]) as the decoding pass reaches them, so that the digest hashes the tensor
+  // in place, not copies of its pieces. Each change is swapped with the old value: the entry's
+  // values are then the old ones, and writing them at its indices puts the tensor back. On an
+  // exception nothing stays written. Entries carried whole are not written.
+  DecodedEntry next_in_place(std::vector<MutableTensor>& state);
   // Throws unless every entry was decoded and the streams hold no other bytes.
   void finish() const;
   // Throw the receiver's errors for a base state or target state digest that is not the patch's.
@@ -226,6 +232,7 @@ class PatchDecoder {
   void check_target(const Digest& target_state) const;
 
  private:
+  DecodedEntry decode_next(std::byte* writable);  // writable: the tensor to write in place, or null
   struct Target {
     const TensorLayout* layout;
     bool added;
