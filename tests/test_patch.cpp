@@ -733,6 +733,50 @@ TEST(Patch, ExpclassDecodesOnlyAgainstTheOldWeightsItWasMadeFor) {
   EXPECT_EQ(round_trip(base, target, expclass(Compressor::zstd)) > 0, true);
 }
 
+TEST(Patch, ExpclassPatchRefusedAfterWritingInPlaceLeavesEveryByteAsBefore) {
+  // apply_patch writes sparse changes in place as its pass decodes them and writes the old
+  // values back when the patch is then refused. Two tensors of several pass chunks (2^16
+  // elements each): a wrong target digest is found once both are written; a corruption of the
+  // last bytes of either stream (the second tensor's part) fails while decoding the second
+  // tensor or at a digest, after the first tensor was written.
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  State base;
+  for (const char* name : {"a.weight", "b.weight"}) {
+    std::vector<bf16_bits> w(300007);
+    for (auto& x : w) x = float_to_bf16(normal(rng));
+    base.push_back(bf16_tensor(name, w));
+  }
+  const State target = step(base, rng, 0.01);
+  const auto good = encode_patch(refs(base), refs(target), expclass());
+  ASSERT_FALSE(rejected_and_untouched(good, base));
+
+  auto wrong_target = good;
+  wrong_target[64] ^= 1;  // the target state digest (FORMAT.md)
+  EXPECT_TRUE(rejected_and_untouched(rechecksummed(wrong_target), base));
+
+  const ParsedPatch p = parse_patch(good.data(), good.size());
+  const std::size_t index_end = std::size_t(p.value_stream - good.data()), value_end = std::size_t(p.whole_stream - good.data());
+  std::size_t rejected = 0, tried = 0;
+  for (std::size_t end : {index_end, value_end})
+    for (std::size_t at = end - 64; at < end; ++at, ++tried) {
+      auto bad = good;
+      bad[at] ^= 0x5A;
+      bad = rechecksummed(bad);
+      State r = base;
+      auto m = mutables(r);
+      try {
+        apply_patch(parse_patch(bad.data(), bad.size()), m);
+        expect_equal_state(r, target);  // only the range coder's flush bytes may decode exactly
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).find("a.weight"), std::string::npos) << e.what();
+        expect_equal_state(r, base);
+        ++rejected;
+      }
+    }
+  EXPECT_GE(rejected, tried - 8);
+}
+
 namespace {
 
 // The change from base to target as encode_changes takes it, listing besides every change the
