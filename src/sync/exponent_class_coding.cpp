@@ -68,7 +68,8 @@ struct ClassChanges {
 };
 
 // Where the pass stands in each class: elements of the class still to skip before its next
-// change (UINT64_MAX once it has none) and that change's place in the class-major lists.
+// change (UINT64_MAX once it has none: counted down, it does not reach zero) and that change's
+// place in the class-major lists.
 struct ClassCursor {
   std::uint64_t left[kMaxClasses];
   std::uint64_t next[kMaxClasses];
@@ -188,6 +189,10 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
   struct Found {
     std::uint64_t i, at;
   };
+  // The hot classes' counts to their next changes, by place in `hot`: kept here while the
+  // blocks count them down.
+  std::uint64_t left[kMaxHot];
+  for (unsigned h = 0; h < hot.count; ++h) left[h] = cursor.left[hot.k[h]];
   std::uint64_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
     block.load(data + 2 * i);
@@ -201,18 +206,18 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
       in_hot |= masks[h];
     }
     for (unsigned h = 0; h < hot.count; ++h) {
-      const unsigned k = hot.k[h];
       std::uint64_t members = masks[h];
-      if (cursor.left[k] == UINT64_MAX) continue;
       std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members));
-      while (cursor.left[k] < in_block) {  // the class's next change lies in this block
-        for (std::uint64_t skip = cursor.left[k]; skip > 0; --skip) members &= members - 1;
+      while (left[h] < in_block) {  // the class's next change lies in this block
+        const unsigned k = hot.k[h];
+        for (std::uint64_t skip = left[h]; skip > 0; --skip) members &= members - 1;
         found[num_found++] = {i + std::uint64_t(__builtin_ctzll(members)), cursor.next[k]};
         members &= members - 1;
-        in_block -= cursor.left[k] + 1;
+        in_block -= left[h] + 1;
         cursor.advance(c, k);
+        left[h] = cursor.left[k];
       }
-      if (cursor.left[k] != UINT64_MAX) cursor.left[k] -= in_block;
+      left[h] -= in_block;
     }
     for (std::uint64_t others = ~in_hot; others != 0; others &= others - 1) {
       const std::uint64_t e = i + std::uint64_t(__builtin_ctzll(others));
@@ -225,6 +230,7 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
     std::sort(found, found + num_found, [](const Found& x, const Found& y) { return x.i < y.i; });
     for (unsigned f = 0; f < num_found; ++f) emit(found[f].i, found[f].at);
   }
+  for (unsigned h = 0; h < hot.count; ++h) cursor.left[hot.k[h]] = left[h];
   return i;
 }
 #endif
