@@ -62,9 +62,9 @@ void count_classes(const SparseFormat& f, const std::byte* data, std::uint64_t b
 // change; where one reaches its change, that element's index and new value are known.
 struct ClassChanges {
   std::vector<std::uint64_t> first;  // per class: its first change in the class-major lists
-  std::vector<std::uint64_t> count;  // per class
-  const std::uint64_t* gaps;         // class-major
-  const std::int64_t* steps;         // class-major key differences
+  // Class-major, each class's changes followed by a gap of UINT64_MAX (no further change).
+  const std::uint64_t* gaps;
+  const std::int64_t* steps;  // key differences, at the places of the gaps
 };
 
 // Where the pass stands in each class: elements of the class still to skip before its next
@@ -75,10 +75,7 @@ struct ClassCursor {
   std::uint64_t next[kMaxClasses];
 
   // Moves class k past its next change.
-  void advance(const ClassChanges& c, unsigned k) {
-    ++next[k];
-    left[k] = next[k] < c.first[k] + c.count[k] ? c.gaps[next[k]] : UINT64_MAX;
-  }
+  void advance(const ClassChanges& c, unsigned k) { left[k] = c.gaps[++next[k]]; }
 };
 
 #if defined(__AVX2__)
@@ -244,7 +241,7 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
   const unsigned classes = f.classes();
   for (unsigned k = 0; k < classes; ++k) {
     cursor.next[k] = c.first[k];
-    cursor.left[k] = c.count[k] ? c.gaps[c.first[k]] : UINT64_MAX;
+    cursor.left[k] = c.gaps[c.first[k]];
   }
   const unsigned shift = kShift < 32 ? kShift : f.mantissa_bits, mask = kShift < 32 ? kMask : classes - 1;
   const std::int64_t key_max = std::int64_t(f.mask());
@@ -416,33 +413,32 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   RangeDecoder& ix = indices_.front();
   RangeDecoder& vx = values_.front();
   const unsigned classes = f.classes();
-  ClassChanges c{std::vector<std::uint64_t>(classes, 0), std::vector<std::uint64_t>(classes, 0), nullptr, nullptr};
+  ClassChanges c{std::vector<std::uint64_t>(classes, 0), nullptr, nullptr};
   thread_local std::vector<std::uint64_t> gaps;
   thread_local std::vector<std::int64_t> steps;
-  gaps.resize(count);
-  steps.resize(count);
-  std::uint64_t coded = 0, previous = 0;
-  for (unsigned k = 0; k < classes && coded < count; ++k) {
-    ExponentClassModel& m = models_.classes[k];
-    c.first[k] = coded;
-    const bool any = ix.decode(m.any[previous > 0]);
-    previous = any ? ix.decode_integer(models_.counts[count_context(previous)], count - coded - 1) + 1 : 0;
-    if (!any) continue;
-    c.count[k] = previous;
-    std::uint64_t next_rank = 0;  // ranks are below n
-    for (std::uint64_t j = coded; j < coded + c.count[k]; ++j) {
-      PULSE_CHECK(next_rank < n, "patch index out of range" + context);
-      gaps[j] = ix.decode_integer(m.gap, n - 1 - next_rank);
-      next_rank += gaps[j] + 1;
-      const bool negative = vx.decode_even(1);
-      const std::uint64_t step = vx.decode_integer(m.step, f.mask() - 1) + 1;
-      steps[j] = negative ? -std::int64_t(step) : std::int64_t(step);
+  gaps.resize(count + classes);
+  steps.resize(count + classes);
+  std::uint64_t coded = 0, previous = 0, at = 0;
+  for (unsigned k = 0; k < classes; ++k) {
+    c.first[k] = at;
+    if (coded < count) {
+      ExponentClassModel& m = models_.classes[k];
+      const bool any = ix.decode(m.any[previous > 0]);
+      previous = any ? ix.decode_integer(models_.counts[count_context(previous)], count - coded - 1) + 1 : 0;
+      coded += previous;
+      std::uint64_t next_rank = 0;  // ranks are below n
+      for (const std::uint64_t end = at + previous; at < end; ++at) {
+        PULSE_CHECK(next_rank < n, "patch index out of range" + context);
+        gaps[at] = ix.decode_integer(m.gap, n - 1 - next_rank);
+        next_rank += gaps[at] + 1;
+        const bool negative = vx.decode_even(1);
+        const std::uint64_t step = vx.decode_integer(m.step, f.mask() - 1) + 1;
+        steps[at] = negative ? -std::int64_t(step) : std::int64_t(step);
+      }
     }
-    coded += c.count[k];
+    gaps[at++] = UINT64_MAX;
   }
   PULSE_CHECK(coded == count, "patch codes fewer changes than its entry declares" + context);
-  for (unsigned k = 0; k < classes; ++k)
-    if (c.count[k] == 0) c.first[k] = 0;
   c.gaps = gaps.data();
   c.steps = steps.data();
   std::uint64_t found = 0;
