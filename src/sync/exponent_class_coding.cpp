@@ -202,19 +202,27 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
       masks[h] = block.members(hot.k[h]);
       in_hot |= masks[h];
     }
+    // Every hot class counted down at once, with a bit for each whose next change lies in the
+    // block: one branch per block instead of one per class (most blocks hold no such change).
+    unsigned hit = 0;
     for (unsigned h = 0; h < hot.count; ++h) {
+      const std::uint64_t in_block = std::uint64_t(__builtin_popcountll(masks[h]));
+      hit |= unsigned(left[h] < in_block) << h;
+      left[h] -= in_block;  // wraps for a hit, undone below
+    }
+    for (; hit != 0; hit &= hit - 1) {
+      const unsigned h = unsigned(__builtin_ctz(hit)), k = hot.k[h];
       std::uint64_t members = masks[h];
-      std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members));
-      while (left[h] < in_block) {  // the class's next change lies in this block
-        const unsigned k = hot.k[h];
-        for (std::uint64_t skip = left[h]; skip > 0; --skip) members &= members - 1;
+      std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members)), to_next = left[h] + in_block;
+      while (to_next < in_block) {
+        for (std::uint64_t skip = to_next; skip > 0; --skip) members &= members - 1;
         found[num_found++] = {i + std::uint64_t(__builtin_ctzll(members)), cursor.next[k]};
         members &= members - 1;
-        in_block -= left[h] + 1;
+        in_block -= to_next + 1;
         cursor.advance(c, k);
-        left[h] = cursor.left[k];
+        to_next = cursor.left[k];
       }
-      left[h] -= in_block;
+      left[h] = to_next - in_block;
     }
     for (std::uint64_t others = ~in_hot; others != 0; others &= others - 1) {
       const std::uint64_t e = i + std::uint64_t(__builtin_ctzll(others));
@@ -223,8 +231,9 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
       found[num_found++] = {e, cursor.next[k]};
       cursor.advance(c, k);
     }
-    if (num_found == 0) continue;
-    std::sort(found, found + num_found, [](const Found& x, const Found& y) { return x.i < y.i; });
+    // In element order (an insertion sort: a block holds a change or two).
+    for (unsigned f = 1; f < num_found; ++f)
+      for (unsigned g = f; g > 0 && found[g].i < found[g - 1].i; --g) std::swap(found[g], found[g - 1]);
     for (unsigned f = 0; f < num_found; ++f) emit(found[f].i, found[f].at);
   }
   for (unsigned h = 0; h < hot.count; ++h) cursor.left[hot.k[h]] = left[h];
