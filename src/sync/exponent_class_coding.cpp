@@ -175,6 +175,30 @@ std::uint64_t rank_in_blocks(const SparseFormat& f, const std::byte* data, std::
   return i;
 }
 
+// The place of the r-th (from 0) set bit of x, which has more than r: the byte that holds it
+// from the bytes' running popcounts, then a table for the bit within the byte.
+struct SelectInByte {
+  std::uint8_t at[256][8] = {};
+  constexpr SelectInByte() {
+    for (unsigned b = 0; b < 256; ++b)
+      for (unsigned bit = 0, r = 0; bit < 8; ++bit)
+        if (b >> bit & 1) at[b][r++] = std::uint8_t(bit);
+  }
+};
+constexpr SelectInByte kSelectInByte;
+
+inline unsigned select_bit(std::uint64_t x, unsigned r) {
+  constexpr std::uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+  std::uint64_t b = x - ((x >> 1) & 0x5555555555555555u);
+  b = (b & 0x3333333333333333u) + ((b >> 2) & 0x3333333333333333u);
+  b = (b + (b >> 4)) & 0x0F0F0F0F0F0F0F0Fu;
+  const std::uint64_t running = b * ones;  // byte j: set bits in bytes 0..j (at most 64)
+  // Bytes whose running count is at most r lie below the r-th bit (bytewise r - count, no borrow).
+  const unsigned byte = unsigned(__builtin_popcountll((((r * ones) | highs) - running) & highs));
+  const unsigned before = unsigned((running << 8) >> (8 * byte)) & 0xFF;
+  return 8 * byte + kSelectInByte.at[(x >> (8 * byte)) & 0xFF][r - before];
+}
+
 // The decoder's pass in blocks over elements [begin, end): each hot class's mask counts down its
 // gap at once; the block's changes are emitted in element order. Returns the elements passed
 // (whole blocks).
@@ -215,9 +239,9 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
       std::uint64_t members = masks[h];
       std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members)), to_next = left[h] + in_block;
       while (to_next < in_block) {
-        for (std::uint64_t skip = to_next; skip > 0; --skip) members &= members - 1;
-        found[num_found++] = {i + std::uint64_t(__builtin_ctzll(members)), cursor.next[k]};
-        members &= members - 1;
+        const unsigned at = select_bit(members, unsigned(to_next));
+        found[num_found++] = {i + at, cursor.next[k]};
+        members &= ~std::uint64_t(0) << at << 1;
         in_block -= to_next + 1;
         cursor.advance(c, k);
         to_next = cursor.left[k];
