@@ -60,11 +60,16 @@ void count_classes(const SparseFormat& f, const std::byte* data, std::uint64_t b
 
 // The receiver's pass: walks the old elements, counting down each class's gap to its next
 // change; where one reaches its change, that element's index and new value are known.
+struct ClassChange {
+  std::uint64_t gap;  // elements of the class skipped before it
+  std::int64_t step;  // key difference
+};
 struct ClassChanges {
-  std::vector<std::uint64_t> first;  // per class: its first change in the class-major lists
-  // Class-major, each class's changes followed by a gap of UINT64_MAX (no further change).
-  const std::uint64_t* gaps;
-  const std::int64_t* steps;  // key differences, at the places of the gaps
+  std::vector<std::uint64_t> first;  // per class: its first change in the class-major list
+  // Class-major, each class's changes followed by a gap of UINT64_MAX (no further change). The
+  // pass reads a dozen classes' places at once, too many streams for the hardware prefetcher
+  // once the list outgrows the caches: advance asks for each class's next lines itself.
+  const ClassChange* changes;
 };
 
 // Where the pass stands in each class: elements of the class still to skip before its next
@@ -75,7 +80,11 @@ struct ClassCursor {
   std::uint64_t next[kMaxClasses];
 
   // Moves class k past its next change.
-  void advance(const ClassChanges& c, unsigned k) { left[k] = c.gaps[++next[k]]; }
+  void advance(const ClassChanges& c, unsigned k) {
+    const ClassChange* change = c.changes + ++next[k];
+    __builtin_prefetch(change + 8);  // two cache lines on: past the end is harmless for a prefetch
+    left[k] = change->gap;
+  }
 };
 
 #if defined(__AVX2__)
@@ -274,14 +283,14 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
   const unsigned classes = f.classes();
   for (unsigned k = 0; k < classes; ++k) {
     cursor.next[k] = c.first[k];
-    cursor.left[k] = c.gaps[c.first[k]];
+    cursor.left[k] = c.changes[c.first[k]].gap;
   }
   const unsigned shift = kShift < 32 ? kShift : f.mantissa_bits, mask = kShift < 32 ? kMask : classes - 1;
   const std::int64_t key_max = std::int64_t(f.mask());
   std::uint64_t found = 0;
   // Element i is the change at `at` of the class-major lists.
   auto emit = [&](std::uint64_t i, std::uint64_t at) {
-    const std::int64_t key = std::int64_t(f.key(load<T>(data, i))) + c.steps[at];
+    const std::int64_t key = std::int64_t(f.key(load<T>(data, i))) + c.changes[at].step;
     PULSE_CHECK(key >= 0 && key <= key_max, "patch value out of range" + context);
     const T new_bits = static_cast<T>(f.from_key(std::uint64_t(key)));
     PULSE_CHECK(found < total, "patch index out of range" + context);
@@ -446,11 +455,9 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   RangeDecoder& ix = indices_.front();
   RangeDecoder& vx = values_.front();
   const unsigned classes = f.classes();
-  ClassChanges c{std::vector<std::uint64_t>(classes, 0), nullptr, nullptr};
-  thread_local std::vector<std::uint64_t> gaps;
-  thread_local std::vector<std::int64_t> steps;
-  gaps.resize(count + classes);
-  steps.resize(count + classes);
+  ClassChanges c{std::vector<std::uint64_t>(classes, 0), nullptr};
+  thread_local std::vector<ClassChange> changes;
+  changes.resize(count + classes);
   std::uint64_t coded = 0, previous = 0, at = 0;
   for (unsigned k = 0; k < classes; ++k) {
     c.first[k] = at;
@@ -462,18 +469,17 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
       std::uint64_t next_rank = 0;  // ranks are below n
       for (const std::uint64_t end = at + previous; at < end; ++at) {
         PULSE_CHECK(next_rank < n, "patch index out of range" + context);
-        gaps[at] = ix.decode_integer(m.gap, n - 1 - next_rank);
-        next_rank += gaps[at] + 1;
+        changes[at].gap = ix.decode_integer(m.gap, n - 1 - next_rank);
+        next_rank += changes[at].gap + 1;
         const bool negative = vx.decode_even(1);
         const std::uint64_t step = vx.decode_integer(m.step, f.mask() - 1) + 1;
-        steps[at] = negative ? -std::int64_t(step) : std::int64_t(step);
+        changes[at].step = negative ? -std::int64_t(step) : std::int64_t(step);
       }
     }
-    gaps[at++] = UINT64_MAX;
+    changes[at++].gap = UINT64_MAX;
   }
   PULSE_CHECK(coded == count, "patch codes fewer changes than its entry declares" + context);
-  c.gaps = gaps.data();
-  c.steps = steps.data();
+  c.changes = changes.data();
   std::uint64_t found = 0;
   if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context, passed);
   if (f.bytes == 2 && f.mantissa_bits == 7)  // BF16
