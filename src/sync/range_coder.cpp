@@ -67,21 +67,8 @@ void RangeDecoder::ends_inside_code() const {
   throw_error(__FILE__, __LINE__, std::string(stream_) + " stream ends inside its code (corrupt patch)");
 }
 
-std::uint64_t RangeDecoder::decode_integer(IntegerModel& model, std::uint64_t max) {
-  const int max_length = bit_length(max + 1) - 1;  // max < 2^63, so max + 1 does not wrap
-  Cursor c = cursor();
-  int length = 0;
-  while (decide(c, model.length[std::min(length, IntegerModel::kContexts - 1)])) {
-    PULSE_CHECK(++length <= max_length, std::string(stream_) + " stream codes a value out of range (corrupt patch)");
-  }
-  std::uint64_t x = 1;
-  if (length > 0) {
-    x = 2 | std::uint64_t(decide(c, model.top[std::min(length, IntegerModel::kContexts - 1)]));
-    x = (x << (length - 1)) | even(c, length - 1);
-  }
-  keep(c);
-  PULSE_CHECK(x - 1 <= max, std::string(stream_) + " stream codes a value out of range (corrupt patch)");
-  return x - 1;
+void RangeDecoder::out_of_range() const {
+  throw_error(__FILE__, __LINE__, std::string(stream_) + " stream codes a value out of range (corrupt patch)");
 }
 
 }  // namespace pulse::sync

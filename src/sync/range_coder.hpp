@@ -86,6 +86,7 @@ class RangeDecoder {
     return data_[c.pos++];
   }
   [[noreturn]] void ends_inside_code() const;
+  [[noreturn]] void out_of_range() const;
   const std::uint8_t* data_;
   std::size_t size_, pos_ = 0;
   const char* stream_;
@@ -156,6 +157,25 @@ inline std::uint64_t RangeDecoder::decode_even(int bits) {
   const std::uint64_t value = even(c, bits);
   keep(c);
   return value;
+}
+
+// Inline too: the decoder of a patch's changes then keeps the cursor in registers from one
+// integer to the next.
+inline std::uint64_t RangeDecoder::decode_integer(IntegerModel& model, std::uint64_t max) {
+  const int max_length = (64 - __builtin_clzll(max + 1)) - 1;  // max < 2^63, so max + 1 does not wrap
+  Cursor c = cursor();
+  int length = 0;
+  while (decide(c, model.length[std::min(length, IntegerModel::kContexts - 1)])) {
+    if (++length > max_length) out_of_range();
+  }
+  std::uint64_t x = 1;
+  if (length > 0) {
+    x = 2 | std::uint64_t(decide(c, model.top[std::min(length, IntegerModel::kContexts - 1)]));
+    x = (x << (length - 1)) | even(c, length - 1);
+  }
+  keep(c);
+  if (x - 1 > max) out_of_range();
+  return x - 1;
 }
 
 }  // namespace pulse::sync
