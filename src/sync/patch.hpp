@@ -5,8 +5,9 @@
 // tensors and a changed `__metadata__` travel too. The byte format is src/sync/FORMAT.md.
 //
 // Receiving is transactional: parse_patch checks the structure, sizes, checksum and signature;
-// apply_patch checks the receiver's layout and base digest, decodes everything, verifies the
-// target state digest of the weights it would write, and only then writes.
+// apply_patch checks the receiver's layout and base digest, decodes everything (writing the
+// sparse changes in place, their old values kept), verifies the target state digest, and on any
+// failure writes the old values back.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -260,8 +261,8 @@ struct StateChange {
 // Applies a parsed patch to the receiver's state (its tensors in place, and its metadata). On
 // any failure the state is left exactly as it was and pulse::Error says why. Returns the
 // number of elements (sparse) and bytes (whole) written. With base_digests (what the previous
-// apply returned) the base is not hashed again; only the tensors the patch touches are hashed
-// after writing. target_digests receives the new digests. A patch that adds or removes tensors
+// apply returned) the base is not hashed again; only the tensors the patch touches are hashed,
+// as they are written. target_digests receives the new digests. A patch that adds or removes tensors
 // or changes the metadata needs `change`, which then receives them.
 std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits = {},
                           const StateDigests* base_digests = nullptr, StateDigests* target_digests = nullptr,
