@@ -1012,7 +1012,12 @@ DecodedEntry PatchDecoder::decode_next(std::byte* writable) {
       std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
     }
   }
-  pass(numel_of(t.shape), e.count);
+  // In pieces, so that each is hashed while its writes are in cache.
+  const std::uint64_t n = numel_of(t.shape);
+  for (std::uint64_t end = 0; end < n;) {
+    end = std::min(n, end + ExponentClassDecoder::kPassChunk);
+    pass(end, e.count);
+  }
   w.digest = digest.finish();
   return w;
 }
@@ -1087,8 +1092,9 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     PULSE_CHECK(target_state == h.target_state,
                 "the patched weights would not match the patch's target state digest; nothing written");
   } catch (...) {
-    for (const DecodedEntry& w : plan)
-      if (w.kind == EntryKind::sparse) write_changes(state[w.tensor].data, w);
+    // Last first: exact even where a receiver's tensors share bytes.
+    for (auto w = plan.rbegin(); w != plan.rend(); ++w)
+      if (w->kind == EntryKind::sparse) write_changes(state[w->tensor].data, *w);
     throw;
   }
 
