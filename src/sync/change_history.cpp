@@ -38,7 +38,7 @@ ChangeHistory::ChangeHistory(const std::vector<TensorRef>& layout, const std::ve
     if (const auto format = sparse_format(t.dtype)) tensors_[t.name].assign(t.bytes / format->bytes, 0);
   for (auto& [name, h] : tensors_) {
     PULSE_CHECK(bytes.size() - at >= h.size(), "change history is shorter than its tensors need");
-    std::memcpy(h.data(), bytes.data() + at, h.size());
+    if (!h.empty()) std::memcpy(h.data(), bytes.data() + at, h.size());  // an empty vector's data() may be null
     at += h.size();
   }
   PULSE_CHECK(at == bytes.size(), "change history is longer than its tensors need");
