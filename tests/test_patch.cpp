@@ -11,6 +11,7 @@
 
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
+#include "sync/change_history.hpp"
 #include "sync/patch.hpp"
 #include "sync/sparse_format.hpp"
 
@@ -880,4 +881,186 @@ TEST(Patch, EncodeChangesRejectsListsThatAreNotAChange) {
   StateDigests partial = digests;
   partial.tensors.erase(w);
   EXPECT_THROW(encode_changes(refs(base), {}, {}, partial), Error);
+}
+
+namespace {
+
+// Training-like versions whose changes keep their direction: each BF16 element drifts one way
+// (its own), and a fraction of them move one key step per version: 97% that way.
+std::vector<State> drifting_versions(std::mt19937& rng, std::size_t n, int versions, double density = 0.15) {
+  std::vector<State> out{random_state(rng, n)};
+  std::vector<int> way(n + 7);
+  for (auto& w : way) w = rng() % 2 ? 1 : -1;
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int v = 1; v < versions; ++v) {
+    State t = out.back();
+    std::size_t at = 0;
+    for (auto& tensor : t) {
+      if (tensor.dtype != "BF16") continue;
+      auto bits = bits_of(tensor);
+      for (std::size_t i = 0; i < bits.size(); ++i, ++at)
+        if (u(rng) < density)
+          bits[i] = bf16_from_key(static_cast<std::uint16_t>(bf16_key(bits[i]) + (u(rng) < 0.97 ? way[at] : -way[at])));
+      std::memcpy(tensor.bytes.data(), bits.data(), tensor.bytes.size());
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<TensorChanges> changes_between(const State& a, const State& b) {
+  std::vector<TensorChanges> out;
+  for (std::size_t t = 0; t < a.size(); ++t) {
+    if (a[t].dtype != "BF16") continue;
+    const auto x = bits_of(a[t]), y = bits_of(b[t]);
+    TensorChanges c{a[t].name, {}, {}};
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (x[i] != y[i]) {
+        c.indices.push_back(index_t(i));
+        c.new_bits.push_back(y[i]);
+      }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Patch, ExpclassHistoryFollowsAChainBitExactlyAndCodesPersistentSignsSmaller) {
+  // A sender and a receiver follow 12 versions from a common start, each with its history: the
+  // sender advances from its change list (or by comparing versions), the receiver as apply_patch
+  // writes. Every patch restores the target exactly, both histories stay equal, encode_changes
+  // writes encode_patch's bytes, and signs that keep their direction cost less than at even odds.
+  std::mt19937 rng(41);
+  const auto versions = drifting_versions(rng, 20000, 12);
+  const Digest origin = compute_digests(refs(versions[0])).state;
+  ChangeHistory sender(refs(versions[0]), origin), by_comparing(refs(versions[0]), origin),
+      receiver(refs(versions[0]), origin);
+  State held = versions[0];
+  std::size_t with_history = 0, without = 0;
+  for (std::size_t v = 1; v < versions.size(); ++v) {
+    const auto base = refs(versions[v - 1]), target = refs(versions[v]);
+    EncodeOptions opt = exponent_class_history_options(sender);
+    opt.base_version = v - 1;
+    opt.target_version = v;
+    const StateDigests base_digests = compute_digests(base);
+    StateDigests target_digests;
+    const auto patch = encode_patch(base, target, opt, &base_digests, &target_digests);
+    EXPECT_EQ(encode_changes(base, changes_between(versions[v - 1], versions[v]), opt, base_digests), patch) << v;
+    const ParsedPatch parsed = parse_patch(patch.data(), patch.size());
+    EXPECT_EQ(parsed.header.values, ValueCoding::exponent_class_history);
+    EXPECT_EQ(parsed.header.history, sender.digest());
+    auto m = mutables(held);
+    apply_patch(parsed, m, {}, nullptr, nullptr, {}, nullptr, &receiver);
+    expect_equal_state(held, versions[v]);
+    sender.advance(base, changes_between(versions[v - 1], versions[v]), target_digests.state);
+    by_comparing.advance(base, target, target_digests.state);
+    EXPECT_EQ(receiver.bytes(), sender.bytes()) << v;
+    EXPECT_EQ(receiver.digest(), sender.digest()) << v;
+    EXPECT_EQ(by_comparing.bytes(), sender.bytes()) << v;
+    EXPECT_EQ(by_comparing.digest(), sender.digest()) << v;
+    if (v > 3) {  // once most changes have a history
+      with_history += patch.size();
+      EncodeOptions plain = expclass();
+      plain.base_version = v - 1;
+      plain.target_version = v;
+      without += encode_patch(base, target, plain).size();
+    }
+  }
+  // 94% of the signs repeat the last one: about 0.35 bits instead of 1 once known.
+  EXPECT_LT(double(with_history), 0.96 * double(without));
+  // An expclass patch (coding 3) applied with a history advances it as well.
+  const auto next = step(versions.back(), rng, 0.02);
+  const auto plain = encode_patch(refs(versions.back()), refs(next), expclass());
+  auto m = mutables(held);
+  StateDigests after;
+  apply_patch(parse_patch(plain.data(), plain.size()), m, {}, nullptr, &after, {}, nullptr, &receiver);
+  sender.advance(refs(versions.back()), refs(next), after.state);
+  EXPECT_EQ(receiver.bytes(), sender.bytes());
+  EXPECT_EQ(receiver.digest(), sender.digest());
+}
+
+TEST(Patch, ExpclassHistoryDecodesOnlyAgainstTheHistoryItWasCodedFor) {
+  std::mt19937 rng(42);
+  const auto versions = drifting_versions(rng, 3000, 3);
+  const Digest origin = compute_digests(refs(versions[0])).state;
+  ChangeHistory sender(refs(versions[0]), origin);
+  sender.advance(refs(versions[0]), refs(versions[1]), compute_digests(refs(versions[1])).state);
+  const auto patch = encode_patch(refs(versions[1]), refs(versions[2]), exponent_class_history_options(sender));
+  const ParsedPatch parsed = parse_patch(patch.data(), patch.size());
+  auto refused = [&](ChangeHistory* history, const std::string& says) {
+    State held = versions[1];
+    auto m = mutables(held);
+    const std::vector<std::uint8_t> before = history ? history->bytes() : std::vector<std::uint8_t>{};
+    const Digest digest_before = history ? history->digest() : Digest{};
+    try {
+      apply_patch(parsed, m, {}, nullptr, nullptr, {}, nullptr, history);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    }
+    expect_equal_state(held, versions[1]);
+    if (history) {
+      EXPECT_EQ(history->bytes(), before);
+      EXPECT_EQ(history->digest(), digest_before);
+    }
+  };
+  refused(nullptr, "does not keep");
+  // A receiver that started at the same state but followed another version 1.
+  ChangeHistory fresh(refs(versions[0]), origin);
+  refused(&fresh, "not the one");
+  ChangeHistory other(refs(versions[0]), origin);
+  other.advance(refs(versions[0]), refs(versions[0]), compute_digests(refs(versions[0])).state);
+  refused(&other, "not the one");
+  // A history with the right digest but other bytes (a forged or damaged one: every element
+  // never changed): the signs decode differently and a check turns the patch away.
+  ChangeHistory forged(refs(versions[0]), std::vector<std::uint8_t>(sender.bytes().size(), 0), sender.digest());
+  refused(&forged, "");  // whichever check stops it first
+  // The sender's history takes it.
+  ChangeHistory receiver(refs(versions[0]), sender.bytes(), sender.digest());
+  State held = versions[1];
+  auto m = mutables(held);
+  apply_patch(parsed, m, {}, nullptr, nullptr, {}, nullptr, &receiver);
+  expect_equal_state(held, versions[2]);
+  // Encoding needs the history for this coding and only for it.
+  EncodeOptions no_history = exponent_class_history_options(sender);
+  no_history.history = nullptr;
+  EXPECT_THROW(encode_patch(refs(versions[1]), refs(versions[2]), no_history), Error);
+  EncodeOptions stray = expclass();
+  stray.history = &sender;
+  EXPECT_THROW(encode_patch(refs(versions[1]), refs(versions[2]), stray), Error);
+}
+
+TEST(Patch, ExpclassHistoryCorruptionsWithAValidChecksumAreRejectedOrExact) {
+  // As for expclass: every byte of a small expclass-history patch replaced by each of its other
+  // values, checksum rewritten; rejected with weights and history untouched, or exact.
+  std::mt19937 rng(43);
+  const auto versions = drifting_versions(rng, 40, 3);
+  const Digest origin = compute_digests(refs(versions[0])).state;
+  ChangeHistory sender(refs(versions[0]), origin);
+  sender.advance(refs(versions[0]), refs(versions[1]), compute_digests(refs(versions[1])).state);
+  const auto good = encode_patch(refs(versions[1]), refs(versions[2]), exponent_class_history_options(sender));
+  std::size_t rejected = 0, exact = 0;
+  for (std::size_t at = 0; at + 16 < good.size(); ++at)
+    for (int delta = 1; delta < 256; delta += 3) {
+      auto bad = good;
+      bad[at] = std::uint8_t(bad[at] + delta);
+      bad = rechecksummed(bad);
+      State held = versions[1];
+      auto m = mutables(held);
+      ChangeHistory receiver(refs(versions[0]), sender.bytes(), sender.digest());
+      try {
+        apply_patch(parse_patch(bad.data(), bad.size()), m, {}, nullptr, nullptr, {}, nullptr, &receiver);
+        expect_equal_state(held, versions[2]);
+        ++exact;
+      } catch (const Error&) {
+        expect_equal_state(held, versions[1]);
+        EXPECT_EQ(receiver.bytes(), sender.bytes());
+        EXPECT_EQ(receiver.digest(), sender.digest());
+        ++rejected;
+      }
+    }
+  EXPECT_GT(rejected, 0u);
+  EXPECT_GT(exact, 0u);  // the version numbers are not part of the state
 }

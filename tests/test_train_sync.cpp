@@ -154,3 +154,49 @@ TEST(WeightSyncMpi, ChangedListGivesTheSamePatchesAsComparingVersions) {
     EXPECT_EQ(a.patch_bytes, b.patch_bytes) << "version " << v;
   }
 }
+
+// Over MPI both ends keep a change history and code with expclass-history. A run that saves its
+// WeightSync in a checkpoint after version 2 and resumes in new objects (load, then bootstrap at
+// version 2) sends the patches of the run that went on, byte for byte; a resume without the
+// saved history starts a new one at both ends and still reaches every version.
+TEST(WeightSyncMpi, CheckpointedHistoryResumesWithTheSamePatches) {
+  const Communicator world(MPI_COMM_WORLD);
+  const TensorTable table = sync_table();
+  const auto versions = sync_versions(table);
+  auto start = [&](WeightSync& sync, std::uint64_t version) {
+    std::vector<bf16_bits> held = sync.is_sender() ? versions[version].bits : std::vector<bf16_bits>(table.num_elements());
+    sync.bootstrap(version, held);
+    return held;
+  };
+  auto next = [&](WeightSync& sync, std::uint64_t v, std::vector<bf16_bits>& held, std::vector<std::uint64_t>* sizes) {
+    if (sync.is_sender()) held = versions[v].bits;
+    const SyncStepStats s = sync.step(v, sync.is_sender() ? &versions[v - 1].bits : nullptr, held);
+    EXPECT_EQ(held, versions[v].bits) << "version " << v;
+    EXPECT_TRUE(s.verified) << "version " << v;
+    if (sizes) sizes->push_back(s.patch_bytes);
+  };
+  WeightSync going_on(world, table, "", 10, 2);
+  std::vector<bf16_bits> held = start(going_on, 0);
+  std::vector<std::uint64_t> expected, resumed_sizes;
+  RankCheckpoint saved;
+  for (std::uint64_t v = 1; v < versions.size(); ++v) {
+    next(going_on, v, held, v > 2 ? &expected : nullptr);
+    if (v == 2) going_on.save(saved);
+  }
+  ASSERT_TRUE(saved.has("sync.change_history"));
+  WeightSync resumed(world, table, "", 10, 2);
+  resumed.load(saved);
+  held = start(resumed, 2);
+  for (std::uint64_t v = 3; v < versions.size(); ++v) next(resumed, v, held, &resumed_sizes);
+  EXPECT_EQ(resumed_sizes, expected);
+  RankCheckpoint end_going_on, end_resumed, end_fresh;
+  going_on.save(end_going_on);
+  resumed.save(end_resumed);
+  EXPECT_EQ(end_resumed.meta("sync.change_history_digest"), end_going_on.meta("sync.change_history_digest"));
+  EXPECT_EQ(end_resumed.get<std::uint8_t>("sync.change_history"), end_going_on.get<std::uint8_t>("sync.change_history"));
+  WeightSync fresh(world, table, "", 10, 2);
+  held = start(fresh, 2);
+  for (std::uint64_t v = 3; v < versions.size(); ++v) next(fresh, v, held, nullptr);
+  fresh.save(end_fresh);  // the same versions from another origin: another history
+  EXPECT_NE(end_fresh.meta("sync.change_history_digest"), end_going_on.meta("sync.change_history_digest"));
+}

@@ -5,8 +5,10 @@
 // with lr calibrated to the target sparsity, and an element changes where bf16(w + u) differs.
 // With --trace=DIR (a relay folder of a run, e.g. pulse-train --relay DIR --anchor-every 1000
 // --keep-anchors 1000), BM_Trace/DIR replays its versions from the oldest anchor and reports the
-// same sizes for each recorded step, summed over the run, and the entropy given also each
-// element's recency (versions since it last changed, src/sync/change_recency.hpp). BM_EncodeChanges
+// same sizes for each recorded step, summed over the run, the size of expclass-history (each
+// sign in the context of its element's change history, followed from the oldest anchor), and
+// the entropy given also each element's recency (versions since it last changed,
+// src/sync/change_history.hpp). BM_EncodeChanges
 // times the sender coding from its list of changes (encode_changes) beside BM_Encode.
 //   pulse-bench-sync --benchmark_format=json [--trace=DIR ...]
 #include <benchmark/benchmark.h>
@@ -21,9 +23,10 @@
 
 #include "kernels/bf16.hpp"
 #include "sync/change_entropy.hpp"
-#include "sync/change_recency.hpp"
+#include "sync/change_history.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/patch.hpp"
+#include "sync/sparse_format.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
@@ -153,7 +156,8 @@ void BM_PatchSize(benchmark::State& state) {
 }
 
 // A recorded run: the oldest anchor of a relay folder and the patches after it, each step coded
-// again with the default coding and expclass beside the paper's format and the entropy.
+// again with the default coding, expclass and expclass-history (checked to decode against a
+// receiver's history) beside the paper's format and the entropy.
 void BM_Trace(benchmark::State& state, const std::string& dir) {
   namespace fs = std::filesystem;
   std::uint64_t oldest = UINT64_MAX;
@@ -166,9 +170,9 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
   Checkpoint current = load_checkpoint(dir + "/anchor-" + std::to_string(oldest) + ".safetensors");
   double steps = 0, changes = 0, dense = 0, ours = 0, ours_expclass = 0, expclass_streams = 0, paper = 0, entropy = 0,
          entropy_positions = 0, entropy_no_context = 0;
-  // Given also how recently each element changed (recency buckets, and every recency value).
-  ChangeRecency recency(current.layout);
-  double entropy_recency = 0, entropy_recency_positions = 0, entropy_recency_exact = 0;
+  // Given also how recently each element changed (age buckets, never apart, and every age).
+  ChangeHistory history(current.layout, compute_digests(current.layout).state), receiver = history;
+  double entropy_recency = 0, entropy_recency_positions = 0, entropy_recency_exact = 0, ours_history = 0;
   for (auto _ : state) {
     for (std::uint64_t v = oldest;; ++v) {
       const std::string path = dir + "/patch-" + std::to_string(v) + "-" + std::to_string(v + 1) + ".pulse";
@@ -194,26 +198,38 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
       entropy += e.bits();
       entropy_positions += e.position_bits;
       entropy_no_context += e.bits_no_context();
+      const StateDigests next_digests = compute_digests(next.layout);
+      const auto with_history = encode_patch(current.layout, next.layout, exponent_class_history_options(history));
+      ours_history += double(with_history.size());
+      {
+        Checkpoint decoded = current;
+        for (std::size_t i = 0; i < decoded.layout.size(); ++i) decoded.layout[i].data = decoded.data[i].data();
+        std::vector<MutableTensor> m;
+        for (std::size_t i = 0; i < decoded.layout.size(); ++i) {
+          const TensorRef& t = decoded.layout[i];
+          m.push_back({t.name, t.dtype, t.shape, reinterpret_cast<std::byte*>(decoded.data[i].data()), t.bytes});
+        }
+        StateDigests got;
+        apply_patch(parse_patch(with_history.data(), with_history.size()), m, {}, nullptr, &got, {}, nullptr, &receiver);
+        if (got.state != next_digests.state) return state.SkipWithError("expclass-history did not decode to the step");
+      }
       ElementContexts buckets, exact;
       for (const auto& t : current.layout)
-        if (const auto* r = recency.of(t.name)) {
-          exact[t.name] = *r;
-          for (std::uint8_t x : exact[t.name]) buckets[t.name].push_back(std::uint8_t(ChangeRecency::bucket(x)));
+        if (const std::uint8_t* h = history.of(t.name)) {
+          const std::size_t n = t.bytes / sparse_format(t.dtype)->bytes;
+          for (std::size_t k = 0; k < n; ++k) {
+            const unsigned age = ChangeHistory::age(h[k]);
+            exact[t.name].push_back(std::uint8_t(age));
+            buckets[t.name].push_back(std::uint8_t(age == 0 ? ChangeHistory::kBuckets : ChangeHistory::bucket(age)));
+          }
         }
       const ChangeEntropy with_recency = change_entropy(current.layout, next.layout, &buckets);
       entropy_recency += with_recency.bits();
       entropy_recency_positions += with_recency.position_bits;
       entropy_recency_exact += change_entropy(current.layout, next.layout, &exact).bits();
-      recency.age();
-      for (std::size_t i = 0; i < next.layout.size(); ++i) {
-        if (!recency.of(next.layout[i].name) || next.layout[i].dtype != "BF16") continue;
-        std::vector<std::uint64_t> changed;
-        const auto* a = reinterpret_cast<const bf16_bits*>(current.layout[i].data);
-        const auto* b = reinterpret_cast<const bf16_bits*>(next.layout[i].data);
-        for (std::size_t k = 0; k < next.layout[i].bytes / 2; ++k)
-          if (a[k] != b[k]) changed.push_back(k);
-        recency.mark_changed(next.layout[i].name, changed.data(), changed.size());
-      }
+      history.advance(current.layout, next.layout, next_digests.state);
+      if (history.bytes() != receiver.bytes() || history.digest() != receiver.digest())
+        return state.SkipWithError("sender's and receiver's change histories differ");
       current = std::move(next);
     }
   }
@@ -223,6 +239,8 @@ void BM_Trace(benchmark::State& state, const std::string& dir) {
   state.counters["bits_pulse_default"] = 8 * ours / changes;
   state.counters["bits_pulse_expclass"] = 8 * ours_expclass / changes;
   state.counters["bits_pulse_expclass_streams"] = 8 * expclass_streams / changes;
+  state.counters["bits_pulse_expclass_history"] = 8 * ours_history / changes;
+  state.counters["dense_over_expclass_history"] = dense / ours_history;
   state.counters["bits_entropy_exponent_class"] = entropy / changes;
   state.counters["bits_entropy_positions_exponent_class"] = entropy_positions / changes;
   state.counters["bits_entropy_no_context"] = entropy_no_context / changes;

@@ -25,8 +25,8 @@ struct ChangeEntropy {
   double bits_no_context() const { return position_bits_no_context + value_bits_no_context; }
 };
 
-// A context (0-255) per element of a tensor, by tensor name: e.g. the recency bucket of
-// change_recency.hpp, which sender and receiver both know.
+// A context (0-255) per element of a tensor, by tensor name: e.g.
+// the age bucket of change_history.hpp, which sender and receiver both know.
 using ElementContexts = std::map<std::string, std::vector<std::uint8_t>>;
 
 // Over the tensors of sparse-coded dtypes that both states hold with the same dtype and shape.

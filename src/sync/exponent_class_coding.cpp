@@ -70,6 +70,11 @@ struct ClassChanges {
   // pass reads a dozen classes' places at once, too many streams for the hardware prefetcher
   // once the list outgrows the caches: advance asks for each class's next lines itself.
   const ClassChange* changes;
+  // History variant: steps are |differences|; the tensor's history bytes, and where the signs
+  // are read (in index order, as the pass finds the changes).
+  const std::uint8_t* history = nullptr;
+  RangeDecoder* signs = nullptr;
+  ExponentClassModel* models = nullptr;
 };
 
 // Where the pass stands in each class: elements of the class still to skip before its next
@@ -292,7 +297,13 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
   std::uint64_t found = 0;
   // Element i is the change at `at` of the class-major lists.
   auto emit = [&](std::uint64_t i, std::uint64_t at) {
-    const std::int64_t key = std::int64_t(f.key(load<T>(data, i))) + c.changes[at].step;
+    const T old_bits = load<T>(data, i);
+    std::int64_t step = c.changes[at].step;
+    if (c.history) {
+      const unsigned x = ChangeHistory::sign_context(c.history[i]);
+      if (x == 0 ? c.signs->decode_even(1) : c.signs->decode(c.models[f.exponent_class(old_bits)].sign[x])) step = -step;
+    }
+    const std::int64_t key = std::int64_t(f.key(old_bits)) + step;
     PULSE_CHECK(key >= 0 && key <= key_max, "patch value out of range" + context);
     const T new_bits = static_cast<T>(f.from_key(std::uint64_t(key)));
     PULSE_CHECK(found < total, "patch index out of range" + context);
@@ -398,7 +409,8 @@ ExponentClassModels::ExponentClassModels() : classes(kMaxClasses), counts(kCount
 ExponentClassEncoder::ExponentClassEncoder() = default;
 
 void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks, const std::uint32_t* new_bits,
-                               const std::uint32_t* old_bits, std::size_t count) {
+                               const std::uint32_t* old_bits, std::size_t count, const index_t* indices,
+                               const std::uint8_t* history) {
   if (count == 0) return;
   coded_ = true;
   const unsigned classes = f.classes();
@@ -428,11 +440,22 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks
     for (std::uint64_t c = first[k]; c < first[k] + per_class[k]; ++c) {
       indices_.encode_integer(m.gap, gaps[c]);
       const std::int64_t d = steps[c];
-      values_.encode_even(d < 0, 1);
+      if (!history) values_.encode_even(d < 0, 1);
       values_.encode_integer(m.step, std::uint64_t(d < 0 ? -d : d) - 1);
     }
     remaining -= per_class[k];
   }
+  // History variant: the signs follow, in index order (as the receiver's pass finds the changes).
+  if (history)
+    for (std::size_t j = 0; j < count; ++j)
+    {
+      const unsigned x = ChangeHistory::sign_context(history[indices[j]]);
+      const bool lowered = f.key(new_bits[j]) < f.key(old_bits[j]);
+      if (x == 0)
+        values_.encode_even(lowered, 1);
+      else
+        values_.encode(models_.classes[f.exponent_class(old_bits[j])].sign[x], lowered);
+    }
 }
 
 std::vector<std::uint8_t> ExponentClassEncoder::finish_indices() { return coded_ ? indices_.finish() : std::vector<std::uint8_t>{}; }
@@ -451,7 +474,7 @@ ExponentClassDecoder::ExponentClassDecoder(const std::uint8_t* index_stream, std
 
 void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_data, std::uint64_t n,
                                   std::uint64_t count, std::uint64_t* indices, std::uint8_t* new_values,
-                                  const std::string& context, const Passed& passed) {
+                                  const std::string& context, const Passed& passed, const std::uint8_t* history) {
   if (count == 0) return;
   PULSE_CHECK(!indices_.empty() && count <= n, "patch changes more elements than it declares" + context);
   RangeDecoder& ix = indices_.front();
@@ -473,7 +496,7 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
         PULSE_CHECK(next_rank < n, "patch index out of range" + context);
         changes[at].gap = ix.decode_integer(m.gap, n - 1 - next_rank);
         next_rank += changes[at].gap + 1;
-        const bool negative = vx.decode_even(1);
+        const bool negative = !history && vx.decode_even(1);  // history variant: signs come later
         const std::uint64_t step = vx.decode_integer(m.step, f.mask() - 1) + 1;
         changes[at].step = negative ? -std::int64_t(step) : std::int64_t(step);
       }
@@ -482,6 +505,11 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   }
   PULSE_CHECK(coded == count, "patch codes fewer changes than its entry declares" + context);
   c.changes = changes.data();
+  if (history) {
+    c.history = history;
+    c.signs = &vx;
+    c.models = models_.classes.data();
+  }
   std::uint64_t found = 0;
   if (f.bytes == 1) found = locate_changes<std::uint8_t>(f, old_data, n, c, count, indices, new_values, context, passed);
   if (f.bytes == 2 && f.mantissa_bits == 7)  // BF16

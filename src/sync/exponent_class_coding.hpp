@@ -5,25 +5,30 @@
 // elements of a tensor are grouped by the exponent field of their old value; within a class the
 // changed elements are coded by their rank among the class's elements, as gaps, and their values
 // as key differences, all with adaptive models per class (range_coder.hpp) that the tensors of
-// one patch share. Nothing but the streams is needed to decode (no tables, no earlier patches).
+// one patch share. Nothing but the streams is needed to decode (no tables, no earlier patches),
+// except in its history variant (coding id 4): there the sign of each change is coded in the
+// context of its element's change history (change_history.hpp), which sender and receiver keep.
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "kernels/types.hpp"
+#include "sync/change_history.hpp"
 #include "sync/range_coder.hpp"
 #include "sync/sparse_format.hpp"
 
 namespace pulse::sync {
 
-// Adaptive models of one exponent class; a patch holds one per class value (256). The sign of
-// a key difference is a coin toss on training steps (measured: 1.000 bits), so it is coded at
-// even odds and has no model.
+// Adaptive models of one exponent class; a patch holds one per class value (256). Without a
+// history the sign of a key difference is a coin toss on training steps (measured: 1.000 bits),
+// so it is coded at even odds; with one it follows the element's last change (`sign`).
 struct ExponentClassModel {
   BitModel any[2];      // does the class hold a change in this tensor; by: did the class before
   IntegerModel gap;     // ranks skipped before each change
   IntegerModel step;    // |key difference| - 1
+  // History variant: by ChangeHistory::sign_context (context 0, never changed, is even odds).
+  BitModel sign[ChangeHistory::kSignContexts];
 };
 
 // The rank of each change of a tensor among the elements of its exponent class, counted in one
@@ -57,9 +62,11 @@ class ExponentClassEncoder {
  public:
   ExponentClassEncoder();
   // Codes one tensor's changes: the new and old bits and the rank (ExponentClassRanker) of
-  // each, in index order.
+  // each, in index order. With `history` (the tensor's bytes of a ChangeHistory) the history
+  // variant: the signs in index order (`indices`), in contexts of the history.
   void add(const SparseFormat& format, const std::uint64_t* ranks, const std::uint32_t* new_bits,
-           const std::uint32_t* old_bits, std::size_t count);
+           const std::uint32_t* old_bits, std::size_t count, const index_t* indices = nullptr,
+           const std::uint8_t* history = nullptr);
   // The index and value streams (empty when no change was coded).
   std::vector<std::uint8_t> finish_indices();
   std::vector<std::uint8_t> finish_values();
@@ -83,9 +90,11 @@ class ExponentClassDecoder {
 
   // Decodes one tensor's `count` changes against its old data (n elements): their sorted
   // indices and new values (format.bytes each). Throws pulse::Error naming `context` on
-  // anything out of range; writes nothing to old_data.
+  // anything out of range; writes nothing to old_data. `history`: the tensor's bytes of the
+  // ChangeHistory the patch was coded against (history variant), else nullptr.
   void decode(const SparseFormat& format, const std::byte* old_data, std::uint64_t n, std::uint64_t count,
-              std::uint64_t* indices, std::uint8_t* new_values, const std::string& context, const Passed& passed = {});
+              std::uint64_t* indices, std::uint8_t* new_values, const std::string& context, const Passed& passed = {},
+              const std::uint8_t* history = nullptr);
   // Throws unless both streams were read to their last byte.
   void check_consumed() const;
 

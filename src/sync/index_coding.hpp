@@ -16,6 +16,7 @@ enum class IndexCoding : std::uint8_t {
   // PULSESync patches only, together with ValueCoding::exponent_class (exponent_class_coding.hpp);
   // encode_gaps and decode_gaps refuse it. Id 2 was an earlier version of it.
   exponent_class = 3,
+  exponent_class_history = 4,  // its variant with signs in contexts of a change history
 };
 
 // Narrowest of 1, 2, 4, 8 bytes that holds max_gap.

@@ -10,6 +10,7 @@
 #include "kernels/bf16.hpp"
 #include "kernels/sparsity.hpp"
 #include "io/safetensors.hpp"
+#include "sync/change_history.hpp"
 #include "sync/exponent_class_coding.hpp"
 #include "sync/sparse_format.hpp"
 #include "sync/varint.hpp"
@@ -209,22 +210,31 @@ bool operator==(const DtypeSummary& a, const DtypeSummary& b) {
 bool is_sparse_dtype(const std::string& dtype) { return sparse_format(dtype).has_value(); }
 
 const char* value_coding_name(ValueCoding v) {
-  return v == ValueCoding::raw ? "raw" : v == ValueCoding::keydiff ? "keydiff" : "expclass";
+  return v == ValueCoding::raw                    ? "raw"
+         : v == ValueCoding::keydiff              ? "keydiff"
+         : v == ValueCoding::exponent_class       ? "expclass"
+                                                  : "expclass-history";
 }
 ValueCoding parse_value_coding(const std::string& name) {
   if (name == "raw") return ValueCoding::raw;
   if (name == "keydiff") return ValueCoding::keydiff;
   if (name == "expclass") return ValueCoding::exponent_class;
-  throw_error(__FILE__, __LINE__, "unknown value coding '" + name + "' (raw, keydiff, expclass)");
+  if (name == "expclass-history") return ValueCoding::exponent_class_history;
+  throw_error(__FILE__, __LINE__, "unknown value coding '" + name + "' (raw, keydiff, expclass, expclass-history)");
 }
 const char* index_coding_name(IndexCoding i) {
-  return i == IndexCoding::gap_fixed ? "gap-fixed" : i == IndexCoding::gap_varint ? "gap-varint" : "expclass";
+  return i == IndexCoding::gap_fixed                ? "gap-fixed"
+         : i == IndexCoding::gap_varint             ? "gap-varint"
+         : i == IndexCoding::exponent_class         ? "expclass"
+                                                    : "expclass-history";
 }
 IndexCoding parse_index_coding(const std::string& name) {
   if (name == "gap-fixed") return IndexCoding::gap_fixed;
   if (name == "gap-varint") return IndexCoding::gap_varint;
   if (name == "expclass") return IndexCoding::exponent_class;
-  throw_error(__FILE__, __LINE__, "unknown index coding '" + name + "' (gap-fixed, gap-varint, expclass)");
+  if (name == "expclass-history") return IndexCoding::exponent_class_history;
+  throw_error(__FILE__, __LINE__,
+              "unknown index coding '" + name + "' (gap-fixed, gap-varint, expclass, expclass-history)");
 }
 
 EncodeOptions exponent_class_options() {
@@ -232,6 +242,14 @@ EncodeOptions exponent_class_options() {
   options.values = ValueCoding::exponent_class;
   options.indices = IndexCoding::exponent_class;
   options.compressor = Compressor::none;  // range-coded streams do not compress further
+  return options;
+}
+
+EncodeOptions exponent_class_history_options(const ChangeHistory& history) {
+  EncodeOptions options = exponent_class_options();
+  options.values = ValueCoding::exponent_class_history;
+  options.indices = IndexCoding::exponent_class_history;
+  options.history = &history;
   return options;
 }
 
@@ -270,8 +288,13 @@ std::map<std::string, const TensorRef*> by_name(const std::vector<TensorRef>& st
 namespace {
 
 void check_codings(const EncodeOptions& options) {
-  PULSE_CHECK((options.values == ValueCoding::exponent_class) == (options.indices == IndexCoding::exponent_class),
-              "the expclass coding codes indices and values together: choose it for both");
+  const bool indices_expclass =
+      options.indices == IndexCoding::exponent_class || options.indices == IndexCoding::exponent_class_history;
+  PULSE_CHECK(!(is_exponent_class(options.values) || indices_expclass) ||
+                  std::uint8_t(options.values) == std::uint8_t(options.indices),
+              "the expclass codings code indices and values together: choose the same one for both");
+  PULSE_CHECK((options.values == ValueCoding::exponent_class_history) == (options.history != nullptr),
+              "the expclass-history coding needs the sender's change history, and only it takes one");
 }
 
 void check_sizes(const std::vector<TensorRef>& state) {
@@ -286,16 +309,19 @@ class SparseCoder {
   explicit SparseCoder(const EncodeOptions& options) : options_(options) {}
 
   // Whether add() needs the changes' ranks.
-  bool ranks() const { return options_.values == ValueCoding::exponent_class; }
+  bool ranks() const { return is_exponent_class(options_.values); }
 
   // One tensor's changes.
-  void add(const SparseFormat& format, const Changes& changes, PatchEntry& e) {
+  void add(const std::string& name, const SparseFormat& format, const Changes& changes, PatchEntry& e) {
     const std::vector<index_t>& indices = changes.indices;
     const std::vector<std::uint32_t>&values = changes.values, &old_values = changes.old_values;
     e.kind = EntryKind::sparse;
     e.count = indices.size();
-    if (options_.values == ValueCoding::exponent_class) {
-      class_encoder_.add(format, changes.ranks.data(), values.data(), old_values.data(), indices.size());
+    if (is_exponent_class(options_.values)) {
+      const std::uint8_t* history = options_.history ? options_.history->of(name) : nullptr;
+      PULSE_CHECK(!options_.history || history, "the change history does not track tensor '" + name + "'");
+      class_encoder_.add(format, changes.ranks.data(), values.data(), old_values.data(), indices.size(),
+                         indices.data(), history);
       return;
     }
     if (options_.indices == IndexCoding::gap_fixed)
@@ -312,7 +338,7 @@ class SparseCoder {
 
   // Completes the streams once every tensor was added.
   void finish() {
-    if (options_.values != ValueCoding::exponent_class) return;
+    if (!is_exponent_class(options_.values)) return;
     index_stream = class_encoder_.finish_indices();
     value_stream = class_encoder_.finish_values();
   }
@@ -341,6 +367,7 @@ std::vector<std::uint8_t> entry_table(const EncodeOptions& options, const PatchC
   const bool changes_layout = !c.removed.empty() || !c.added.empty();
   const bool changes_metadata = c.target_metadata != nullptr;
   std::vector<std::uint8_t> table;
+  if (options.history) table.insert(table.end(), options.history->digest().begin(), options.history->digest().end());
   if (changes_layout) {
     put_varint(table, c.removed.size());
     for (const auto& name : c.removed) put_string(table, name);
@@ -550,6 +577,8 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
       c.added.push_back({t->name, t->dtype, t->shape});
   }
 
+  PULSE_CHECK(!options.history || (c.removed.empty() && c.added.empty()),
+              "the expclass-history coding follows a fixed layout: this target adds or removes tensors");
   std::map<std::string, Digest> base_digest_of, target_digest_of;
   thread_local Changes tensor_changes;  // kept: a large tensor's lists would be allocated and faulted in again
   SparseCoder coder(options);
@@ -565,7 +594,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     if (b && format) {
       scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
                    coder.ranks(), tensor_changes);
-      coder.add(*format, tensor_changes, e);
+      coder.add(name, *format, tensor_changes, e);
     } else {
       if (b && !base_digests) base_digest = tensor_digest(*b);
       target_digest = tensor_digest(t);
@@ -639,7 +668,7 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
         }
       }
       if (!tensor_changes.indices.empty()) target_digest = digest_with_changes(*b, *format, coder.ranks(), tensor_changes);
-      coder.add(*format, tensor_changes, e);
+      coder.add(name, *format, tensor_changes, e);
     }
     target_digest_of[name] = target_digest;
     c.target_layout.push_back({b->name, b->dtype, b->shape});
@@ -718,11 +747,14 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   PULSE_CHECK(values != 2 && indices != 2, "patch uses the expclass coding of an earlier pulse (coding id 2), which is "
                                            "no longer decoded; encode the patch again from its base and target");
   constexpr auto expclass = std::uint8_t(ValueCoding::exponent_class);
-  static_assert(std::uint8_t(IndexCoding::exponent_class) == expclass, "one id for both halves of expclass");
-  PULSE_CHECK(values <= expclass && indices <= expclass && compressor <= 2 && r.get<std::uint8_t>() == 0,
+  constexpr auto expclass_history = std::uint8_t(ValueCoding::exponent_class_history);
+  static_assert(std::uint8_t(IndexCoding::exponent_class) == expclass &&
+                    std::uint8_t(IndexCoding::exponent_class_history) == expclass_history,
+                "one id for both halves of each expclass coding");
+  PULSE_CHECK(values <= expclass_history && indices <= expclass_history && compressor <= 2 && r.get<std::uint8_t>() == 0,
               "patch names an unknown coding or compressor");
-  PULSE_CHECK((values == expclass) == (indices == expclass),
-              "patch uses the expclass coding for only one of indices and values");
+  PULSE_CHECK((values >= expclass || indices >= expclass) ? values == indices : true,
+              "patch uses an expclass coding for only one of indices and values");
   h.values = static_cast<ValueCoding>(values);
   h.indices = static_cast<IndexCoding>(indices);
   h.compressor = static_cast<Compressor>(compressor);
@@ -759,6 +791,10 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   }
 
   TableReader t{Reader{bytes, kFixedHeaderBytes + table_bytes, kFixedHeaderBytes, "entry table"}};
+  if (h.values == ValueCoding::exponent_class_history) {
+    t.r.get_bytes(h.history.data(), 16);
+    PULSE_CHECK(!h.changes_layout, "patch changes the layout, which its expclass-history coding cannot follow");
+  }
   if (h.changes_layout) {
     const auto removed = t.count(limits.max_tensors, "removed tensors");
     for (std::uint64_t i = 0; i < removed; ++i) p.removed.push_back(t.string());
@@ -819,7 +855,7 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   // Raw stream sizes follow from the entries (exactly once the receiver's layout gives the
   // element widths); anything else is corrupt (or a decompression bomb).
   const std::uint64_t changed = h.total_changed;
-  if (h.indices == IndexCoding::exponent_class) {
+  if (is_exponent_class(h.values)) {
     // A range code: at most 14 bits per binary decision (the least probability is 3 * 2^-15), a
     // change takes fewer than 140 decisions (gap and value: 64-bit Elias-gamma each, sign) and a
     // tensor fewer than 256 + 130 besides (a flag per class, a count per changed class).
@@ -865,8 +901,18 @@ void write_changes(std::byte* data, const DecodedEntry& w) {
 
 }  // namespace
 
-PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base) : patch_(patch), base_(base) {
+PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, const ChangeHistory* history)
+    : patch_(patch), base_(base) {
   const PatchHeader& h = patch.header;
+  if (h.values == ValueCoding::exponent_class_history) {
+    PULSE_CHECK(history, "patch is coded against the change history of a receiver that follows every version "
+                         "(expclass-history), which this receiver does not keep");
+    PULSE_CHECK(history->digest() == h.history, "receiver's change history is not the one patch " +
+                                                    std::to_string(h.base_version) + " -> " +
+                                                    std::to_string(h.target_version) +
+                                                    " was coded against (it followed other versions)");
+    history_ = history;
+  }
   // 1. The receiver holds the base's layout.
   std::map<std::string, Target> targets;
   base_layout_.reserve(base.size());
@@ -930,7 +976,7 @@ PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef
   index_raw_ = decompress(h.compressor, patch.index_stream, h.index_stream.coded, h.index_stream.raw);
   value_raw_ = decompress(h.compressor, patch.value_stream, h.value_stream.coded, h.value_stream.raw);
   whole_raw_ = decompress(h.compressor, patch.whole_stream, h.whole_stream.coded, h.whole_stream.raw);
-  if (h.values == ValueCoding::exponent_class)
+  if (is_exponent_class(h.values))
     class_decoder_ = std::make_unique<ExponentClassDecoder>(index_raw_.data(), index_raw_.size(), value_raw_.data(),
                                                             value_raw_.size(), h.total_changed);
 }
@@ -980,10 +1026,12 @@ DecodedEntry PatchDecoder::decode_next(std::byte* writable) {
       digest.pass(end, w.indices.data(), w.values.data(), format.bytes, found);
   };
   if (class_decoder_) {
+    const std::uint8_t* history = history_ ? history_->of(name) : nullptr;
+    PULSE_CHECK(!history_ || history, "receiver's change history does not track tensor '" + name + "'");
     // The pass that finds the changes hands each chunk of the tensor, in cache, to the digest.
     try {
       class_decoder_->decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
-                             " in tensor '" + name + "'", pass);
+                             " in tensor '" + name + "'", pass, history);
     } catch (...) {
       // The values swapped in so far hold the old ones: write them back.
       w.indices.resize(digest.swapped());
@@ -1046,15 +1094,16 @@ void PatchDecoder::check_target(const Digest& target_state) const {
 
 std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits,
                           const StateDigests* base_digests, StateDigests* target_digests, const Metadata& metadata,
-                          StateChange* change) {
+                          StateChange* change, ChangeHistory* history) {
   (void)limits;  // sizes were bounded by parse_patch; the receiver's own tensors bound the rest
   const PatchHeader& h = patch.header;
   PULSE_CHECK(change || (!h.changes_layout && !h.changes_metadata),
               "patch adds or removes tensors or changes the metadata, which this receiver cannot take");
+  PULSE_CHECK(!history || !h.changes_layout, "patch adds or removes tensors, which a change history cannot follow");
   // 1. The receiver holds the base: its layout (checked by the decoder), then its contents.
   std::vector<TensorRef> base_refs;
   for (auto& t : state) base_refs.push_back(t.view());
-  PatchDecoder decoder(patch, base_refs);
+  PatchDecoder decoder(patch, base_refs, history);
   std::vector<Digest> base_tensor_digests;
   if (base_digests) {
     for (const auto& t : state) base_tensor_digests.push_back(known_digest(*base_digests, t.name));
@@ -1073,6 +1122,11 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   std::vector<Digest> after;
   std::vector<TensorRef> target_refs;
   const Metadata& target_metadata = h.changes_metadata ? patch.metadata : metadata;
+  // The history's bytes of each receiver tensor it tracks, found before anything is written.
+  std::vector<std::uint8_t*> marks(state.size(), nullptr);
+  if (history)
+    for (std::size_t i = 0; i < state.size(); ++i)
+      if (sparse_format(state[i].dtype)) marks[i] = history->marks(state[i].name);
   Digest target_state{};
   try {
     plan.reserve(decoder.size());
@@ -1098,18 +1152,37 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     throw;
   }
 
-  // 6. Write the tensors carried whole (the sparse changes are in place).
+  // 6. Write the tensors carried whole (the sparse changes are in place), and mark each change
+  // in the history: the entries written in place now hold the old values.
+  if (history) history->age();
   std::uint64_t written = 0;
   for (const DecodedEntry& w : plan) {
     if (w.added || !w.touched()) continue;
     MutableTensor& t = state[w.tensor];
+    std::uint8_t* marked = marks[w.tensor];
     if (w.kind == EntryKind::whole) {
+      if (marked) {
+        const SparseFormat format = *sparse_format(t.dtype);
+        for (std::uint64_t i = 0; i < t.bytes / format.bytes; ++i) {
+          const auto old_key = format.key(load_value(t.data, i, format.bytes));
+          const auto new_key = format.key(load_value(reinterpret_cast<const std::byte*>(w.whole), i, format.bytes));
+          if (old_key != new_key) marked[i] = ChangeHistory::changed(old_key, new_key);
+        }
+      }
       if (t.bytes) std::memcpy(t.data, w.whole, t.bytes);
       written += t.bytes;
     } else {
+      if (marked) {
+        const SparseFormat format = *sparse_format(t.dtype);
+        const auto* old_values = reinterpret_cast<const std::byte*>(w.values.data());
+        for (std::size_t k = 0; k < w.indices.size(); ++k)
+          marked[w.indices[k]] = ChangeHistory::changed(format.key(load_value(old_values, k, w.width)),
+                                                        format.key(load_value(t.data, w.indices[k], w.width)));
+      }
       written += w.indices.size();
     }
   }
+  if (history) history->seal(target_state);
   if (change) {
     change->removed = patch.removed;
     change->added = patch.added;

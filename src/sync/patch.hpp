@@ -28,7 +28,15 @@ enum class ValueCoding : std::uint8_t {
   // old value), with IndexCoding::exponent_class; exponent_class_coding.hpp. Id 2 was an
   // earlier version of it, which parse_patch refuses.
   exponent_class = 3,
+  // The same with each sign coded in the context of its element's change history, which sender
+  // and receiver keep from version to version (change_history.hpp): receivers that follow every
+  // version (pulse-train's inference ranks), not relays or late joiners.
+  exponent_class_history = 4,
 };
+// Either expclass coding (3 or 4).
+inline bool is_exponent_class(ValueCoding v) {
+  return v == ValueCoding::exponent_class || v == ValueCoding::exponent_class_history;
+}
 enum class EntryKind : std::uint8_t {
   sparse = 0,  // a sparse-coded dtype: changed indices + values
   same = 1,    // bytes unchanged
@@ -43,9 +51,13 @@ bool is_sparse_dtype(const std::string& dtype);
 using Metadata = std::map<std::string, std::string>;
 
 const char* value_coding_name(ValueCoding v);
-ValueCoding parse_value_coding(const std::string& name);  // "raw", "keydiff", "expclass"
+// "raw", "keydiff", "expclass", "expclass-history"
+ValueCoding parse_value_coding(const std::string& name);
 const char* index_coding_name(IndexCoding i);
-IndexCoding parse_index_coding(const std::string& name);  // "gap-fixed", "gap-varint", "expclass"
+// "gap-fixed", "gap-varint", "expclass", "expclass-history"
+IndexCoding parse_index_coding(const std::string& name);
+
+class ChangeHistory;
 
 struct EncodeOptions {
   ValueCoding values = ValueCoding::keydiff;
@@ -55,10 +67,14 @@ struct EncodeOptions {
   std::uint64_t base_version = 0;
   std::uint64_t target_version = 1;
   const SecretKey* signing_key = nullptr;  // sign when set
+  // expclass-history: the sender's history at the base version, which the receiver must hold.
+  const ChangeHistory* history = nullptr;
 };
 
 // The exponent-class coding with uncompressed streams: the smallest patches of training steps.
 EncodeOptions exponent_class_options();
+// Its history variant, coded against `history` (which must outlive the options).
+EncodeOptions exponent_class_history_options(const ChangeHistory& history);
 
 // Every size a patch declares is checked against these before anything is allocated.
 struct PatchLimits {
@@ -113,6 +129,7 @@ struct PatchHeader {
   Digest target_state{};
   std::uint64_t total_changed = 0;  // sum of the sparse entries' counts
   StreamSize index_stream, value_stream, whole_stream;
+  Digest history{};  // expclass-history: ChangeHistory::digest() of the sender at the base
 };
 
 // A patch whose structure, sizes, checksum and (when a key was given) signature are valid.
@@ -211,8 +228,9 @@ struct DecodedEntry {
 class PatchDecoder {
  public:
   // Checks the receiver's layout (names, dtypes, shapes) against the patch's base and every
-  // entry against its tensor; decompresses the streams. Keeps references to both arguments.
-  PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base);
+  // entry against its tensor; decompresses the streams. Keeps references to the arguments. An
+  // expclass-history patch needs the receiver's change history, at the patch's digest.
+  PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, const ChangeHistory* history = nullptr);
   ~PatchDecoder();
   PatchDecoder(const PatchDecoder&) = delete;
   PatchDecoder& operator=(const PatchDecoder&) = delete;
@@ -247,6 +265,7 @@ class PatchDecoder {
   std::vector<std::uint8_t> index_raw_, value_raw_, whole_raw_;
   std::size_t index_pos_ = 0, value_pos_ = 0, whole_pos_ = 0, next_ = 0;
   std::unique_ptr<ExponentClassDecoder> class_decoder_;  // exponent-class patches only
+  const ChangeHistory* history_ = nullptr;                 // expclass-history patches only
 };
 
 // What a patch changes beyond the bytes of the tensors the receiver keeps; apply_patch fills it
@@ -262,10 +281,13 @@ struct StateChange {
 // any failure the state is left exactly as it was and pulse::Error says why. Returns the
 // number of elements (sparse) and bytes (whole) written. With base_digests (what the previous
 // apply returned) the base is not hashed again; only the tensors the patch touches are hashed,
-// as they are written. target_digests receives the new digests. A patch that adds or removes tensors
-// or changes the metadata needs `change`, which then receives them.
+// as they are written. target_digests receives the new digests. A patch that adds or removes
+// tensors or changes the metadata needs `change`, which then receives them. A receiver that
+// keeps a change history passes it with every patch (of any coding): it decodes
+// expclass-history patches, and advances by the version once the target is verified.
 std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits = {},
                           const StateDigests* base_digests = nullptr, StateDigests* target_digests = nullptr,
-                          const Metadata& metadata = {}, StateChange* change = nullptr);
+                          const Metadata& metadata = {}, StateChange* change = nullptr,
+                          ChangeHistory* history = nullptr);
 
 }  // namespace pulse::sync

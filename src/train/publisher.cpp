@@ -67,6 +67,7 @@ Publication Publisher::publish(const ChangedList& changes, const Kokkos::View<co
 void Publisher::save(RankCheckpoint& state) const {
   state.metadata["version"] = std::to_string(version_);
   for (std::size_t i = 0; i < history_.size(); ++i) state.add("history." + std::to_string(i), io::DType::BF16, history_[i]);
+  if (weight_sync_) weight_sync_->save(state);
 }
 
 void Publisher::load(const RankCheckpoint& state) {
@@ -75,6 +76,7 @@ void Publisher::load(const RankCheckpoint& state) {
   history_.clear();
   for (int i = 0; state.has("history." + std::to_string(i)); ++i)
     history_.push_back(state.get<bf16_bits>("history." + std::to_string(i), n));
+  if (weight_sync_) weight_sync_->load(state);
 }
 
 }  // namespace pulse

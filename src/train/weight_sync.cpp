@@ -86,6 +86,27 @@ void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weight
   broadcast(sync_, as_view(weights.data(), weights.size()), 0, Channel::weights);
   digests_ = sync::compute_digests(bf16_tensor_refs(table_, weights));
   have_digests_ = true;
+  if (relay_dir_.empty()) {
+    const auto refs = bf16_tensor_refs(table_, weights);
+    if (saved_history_)
+      history_.emplace(refs, saved_history_->first, saved_history_->second);
+    else
+      history_.emplace(refs, digests_.state);
+  }
+  saved_history_.reset();
+}
+
+void WeightSync::save(RankCheckpoint& state) const {
+  if (!history_) return;
+  state.add("sync.change_history", io::DType::U8, history_->bytes());
+  state.metadata["sync.change_history_digest"] = sync::to_hex(history_->digest());
+}
+
+void WeightSync::load(const RankCheckpoint& state) {
+  saved_history_.reset();
+  if (state.has("sync.change_history"))
+    saved_history_.emplace(state.get<std::uint8_t>("sync.change_history", table_.num_elements()),
+                           sync::digest_from_hex(state.meta("sync.change_history_digest")));
 }
 
 SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bits>* previous,
@@ -103,17 +124,21 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
   if (is_sender()) {
     PULSE_CHECK(previous != nullptr, "weight sync: the sender needs the previous version");
     Kokkos::Timer timer;
-    // Over MPI the smallest coding; with a relay the relay's own (what pulse-sync publish writes
-    // and pulse-measure sizes), for the published versions and for their replay after a resume.
-    sync::EncodeOptions options = relay_dir_.empty() ? sync::exponent_class_options() : sync::PublishOptions{}.encode;
+    // Over MPI the smallest coding, against the change history; with a relay the relay's own
+    // (what pulse-sync publish writes and pulse-measure sizes), for the published versions and
+    // for their replay after a resume.
+    sync::EncodeOptions options = history_ ? sync::exponent_class_history_options(*history_) : sync::PublishOptions{}.encode;
     options.base_version = version - 1;
     options.target_version = version;
     sync::StateDigests target;
     const auto base_refs = bf16_tensor_refs(table_, *previous);
     const auto target_refs = bf16_tensor_refs(table_, weights);
     if (over_mpi) {
-      patch = changes ? sync::encode_changes(base_refs, tensor_changes(table_, *changes), options, digests_, &target)
+      const std::vector<sync::TensorChanges> listed = changes ? tensor_changes(table_, *changes) : std::vector<sync::TensorChanges>{};
+      patch = changes ? sync::encode_changes(base_refs, listed, options, digests_, &target)
                       : sync::encode_patch(base_refs, target_refs, options, &digests_, &target);
+      if (history_ && changes) history_->advance(base_refs, listed, target.state);
+      if (history_ && !changes) history_->advance(base_refs, target_refs, target.state);
       PULSE_CHECK(version != replay_until_ || target.state == relay_head_state_,
                   "weight sync: the resumed run's version " + std::to_string(version) +
                       " differs from the one in relay '" + relay_dir_ + "' (not the same run, or not reproducible)");
@@ -163,7 +188,7 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
                                                              std::to_string(parsed.header.target_version) +
                                                              ", expected " + std::to_string(version));
     auto state = bf16_mutables(table_, weights);
-    stats.changed = sync::apply_patch(parsed, state, {}, &digests_, &target);
+    stats.changed = sync::apply_patch(parsed, state, {}, &digests_, &target, {}, nullptr, history_ ? &*history_ : nullptr);
     stats.patch_bytes = patch.size();
     stats.apply_seconds = timer.seconds();
     timer.reset();

@@ -3,16 +3,21 @@
 // inference ranks as a patch, either broadcast over MPI (the sync communicator: trainer 0 as its
 // rank 0 plus every inference rank) or published to a relay directory that the inference ranks
 // pull from. Receivers apply the patch to their BF16 copy and verify the target digest; they
-// never receive dense weights except once at start (or resume).
+// never receive dense weights except once at start (or resume). Over MPI every receiver follows
+// every version, so sender and receivers keep a change history (sync/change_history.hpp) from the
+// start and code with expclass-history; checkpoints keep it, so a resumed run codes the same bytes.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "core/tensor_table.hpp"
 #include "kernels/types.hpp"
+#include "sync/change_history.hpp"
 #include "sync/patch.hpp"
 #include "sync/relay.hpp"
+#include "train/rank_checkpoint.hpp"
 
 namespace pulse {
 
@@ -53,6 +58,10 @@ class WeightSync {
   SyncStepStats step(std::uint64_t version, const std::vector<bf16_bits>* previous, const ChangedList* changes,
                      std::vector<bf16_bits>& weights);
 
+  // The change history in a checkpoint, and back (before bootstrap, which then continues it).
+  void save(RankCheckpoint& state) const;
+  void load(const RankCheckpoint& state);
+
  private:
   Communicator sync_;
   const TensorTable& table_;
@@ -63,6 +72,10 @@ class WeightSync {
   // Resumed relay run: versions up to replay_until_ go over MPI; the relay's head digest.
   std::uint64_t replay_until_ = 0;
   sync::Digest relay_head_state_{};
+  // MPI transport: the history both ends follow since the run's start; one loaded from a
+  // checkpoint waits in saved_history_ for bootstrap.
+  std::optional<sync::ChangeHistory> history_;
+  std::optional<std::pair<std::vector<std::uint8_t>, sync::Digest>> saved_history_;
 };
 
 }  // namespace pulse

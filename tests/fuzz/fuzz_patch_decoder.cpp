@@ -1,8 +1,9 @@
 // libFuzzer entry: the input is a whole PULSESync patch. parse_patch must accept it or throw
 // pulse::Error; an accepted patch is applied to a fixed receiver state (patch_fuzz_state.hpp),
-// which must also accept it or throw pulse::Error. A crash, a sanitizer report or any other
-// exception escaping is a bug, and so is a broken receiving contract:
-//  - after a rejected apply the state is byte-identical to before (transactional);
+// which must also accept it or throw pulse::Error, with the receiver's change history for
+// expclass-history patches (and for every third other input). A crash, a sanitizer report or any
+// other exception escaping is a bug, and so is a broken receiving contract:
+//  - after a rejected apply the state and the history are as before (transactional);
 //  - after an accepted apply the state's digest is the patch's target state digest.
 // Built twice: fuzz_patch_decoder takes the input as it is (mutations mostly end at the
 // checksum), fuzz_patch_decoder_rechecksummed (PULSE_FUZZ_RECHECKSUM) first rewrites the
@@ -14,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "patch_fuzz_state.hpp"
+#include "sync/change_history.hpp"
 #include "sync/digest.hpp"
 #include "sync/patch.hpp"
 
@@ -50,6 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static std::vector<MutableTensor> receiver = pulse_fuzz::mutables(state);  // points into state
   static const StateDigests base_digests = compute_digests(pulse_fuzz::refs(pristine));
   static const KeyPair keys = pulse_fuzz::signing_keys();
+  static const ChangeHistory pristine_history = pulse_fuzz::base_history(pristine);
 
   std::vector<std::uint8_t> copy(data, data + size);  // an exact-size heap buffer for ASan
 #ifdef PULSE_FUZZ_RECHECKSUM
@@ -70,15 +73,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Both receiver paths: hashing the base here, or the digests a previous apply returned.
   const bool cached = size % 2 == 1;
+  const bool with_history = patch.header.values == ValueCoding::exponent_class_history || size % 3 == 0;
+  ChangeHistory history = pristine_history;
   StateDigests after;
   bool applied = false;
   try {
-    apply_patch(patch, receiver, {}, cached ? &base_digests : nullptr, &after);
+    apply_patch(patch, receiver, {}, cached ? &base_digests : nullptr, &after, {}, nullptr,
+                with_history ? &history : nullptr);
     applied = true;
   } catch (const pulse::Error&) {
   }
   if (!applied) {
     if (!same_bytes(state, pristine)) __builtin_trap();  // a rejected patch changed the weights
+    if (history.bytes() != pristine_history.bytes() || history.digest() != pristine_history.digest())
+      __builtin_trap();  // ... or the history
     return 0;
   }
   const Digest reached = state_digest(pulse_fuzz::refs(state));

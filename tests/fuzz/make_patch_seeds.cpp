@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,10 +41,13 @@ std::uint16_t nudge(std::uint16_t b, int steps) {
 
 // A seed is only useful if the fuzz target accepts it: it must apply to the fixed state.
 void check_applies(const std::vector<std::uint8_t>& bytes, const FuzzState& base, const FuzzState& target,
-                   const PublicKey* key = nullptr) {
+                   const PublicKey* key = nullptr, const ChangeHistory* history = nullptr) {
   FuzzState receiver = base;
   auto m = pulse_fuzz::mutables(receiver);
-  apply_patch(parse_patch(bytes.data(), bytes.size(), {}, key), m);
+  std::optional<ChangeHistory> receiver_history;
+  if (history) receiver_history.emplace(*history);
+  apply_patch(parse_patch(bytes.data(), bytes.size(), {}, key), m, {}, nullptr, nullptr, {}, nullptr,
+              receiver_history ? &*receiver_history : nullptr);
   for (std::size_t i = 0; i < receiver.size(); ++i)
     PULSE_CHECK(receiver[i].bytes == target[i].bytes, "seed patch does not reproduce tensor " + receiver[i].name);
 }
@@ -127,6 +131,23 @@ int main(int argc, char** argv) {
                      bytes);
           ++written;
         }
+    // expclass-history against the receiver's history (fuzz_patch_decoder's), no layout change.
+    const ChangeHistory history = pulse_fuzz::base_history(base);
+    for (const auto& [name, target] : targets) {
+      if (target.size() != base.size()) continue;
+      EncodeOptions opt = exponent_class_history_options(history);
+      opt.base_version = 6;
+      opt.target_version = 7;
+      std::vector<std::uint8_t> bytes;
+      try {
+        bytes = encode_patch(pulse_fuzz::refs(base), pulse_fuzz::refs(target), opt);
+      } catch (const pulse::Error&) {
+        continue;  // a target that adds or removes tensors
+      }
+      check_applies(bytes, base, target, nullptr, &history);
+      write_file(dir + "/" + name + "-expclass-history.pulsepatch", bytes);
+      ++written;
+    }
     const KeyPair keys = pulse_fuzz::signing_keys();
     EncodeOptions opt;
     opt.signing_key = &keys.secret_key;

@@ -1,8 +1,9 @@
 #pragma once
 // The fixed receiver state of fuzz_patch_decoder and its seed generator: BF16 tensors of
 // different sizes (640 elements, 7, an empty one, a one-element scalar) and an F32 tensor,
-// filled deterministically (no <random> distributions: their output is not portable), and the
-// fixed Ed25519 key pair of the signed seed.
+// filled deterministically (no <random> distributions: their output is not portable), the
+// receiver's change history (expclass-history patches), and the fixed Ed25519 key pair of the
+// signed seed.
 #include <sodium.h>
 
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "sync/change_history.hpp"
 #include "sync/patch.hpp"
 #include "sync/signing.hpp"
 
@@ -93,6 +95,20 @@ inline std::vector<pulse::sync::MutableTensor> mutables(FuzzState& s) {
   std::vector<pulse::sync::MutableTensor> out;
   for (auto& t : s) out.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
   return out;
+}
+
+// The receiver's change history of the base state: every element never changed, or changed
+// up or down 1 to 127 versions ago (deterministic), under a fixed digest.
+inline pulse::sync::ChangeHistory base_history(const FuzzState& base) {
+  using pulse::sync::ChangeHistory;
+  std::vector<std::uint8_t> bytes = ChangeHistory(refs(base), pulse::sync::Digest{}).bytes();
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const std::uint64_t r = mix(i + 1000003);
+    bytes[i] = r % 3 == 0 ? 0 : std::uint8_t((r & 0x80) | (1 + (r >> 8) % ChangeHistory::kMaxAge));
+  }
+  pulse::sync::Digest digest;
+  digest.fill(0x5A);
+  return ChangeHistory(refs(base), bytes, digest);
 }
 
 inline pulse::sync::KeyPair signing_keys() {
