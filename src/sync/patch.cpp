@@ -828,7 +828,8 @@ constexpr std::size_t kPrefetchAhead = 16;
 
 }  // namespace
 
-PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base) : patch_(patch), base_(base) {
+PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, bool hash_targets)
+    : patch_(patch), base_(base), hash_targets_(hash_targets) {
   const PatchHeader& h = patch.header;
   // 1. The receiver holds the base's layout.
   std::map<std::string, Target> targets;
@@ -915,7 +916,7 @@ DecodedEntry PatchDecoder::next() {
   if (e.kind == EntryKind::whole) {
     w.whole = whole_raw_.data() + whole_pos_;
     whole_pos_ += target.bytes;
-    w.digest = digest_bytes(w.whole, target.bytes);
+    if (hash_targets_) w.digest = digest_bytes(w.whole, target.bytes);
     return w;
   }
   const TensorRef& t = base_[target.tensor];
@@ -926,10 +927,11 @@ DecodedEntry PatchDecoder::next() {
   DigestWithChanges digest(t.data, format.bytes);
   if (class_decoder_) {
     // The pass that finds the changes hands each chunk of the tensor, in cache, to the digest.
+    auto hash = [&](std::uint64_t end, std::uint64_t found) {
+      digest.pass(end, w.indices.data(), w.values.data(), format.bytes, found);
+    };
     class_decoder_->decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
-                           " in tensor '" + name + "'", [&](std::uint64_t end, std::uint64_t found) {
-                             digest.pass(end, w.indices.data(), w.values.data(), format.bytes, found);
-                           });
+                           " in tensor '" + name + "'", hash_targets_ ? ExponentClassDecoder::Passed(hash) : nullptr);
     w.digest = digest.finish();
     return w;
   }
@@ -952,7 +954,7 @@ DecodedEntry PatchDecoder::next() {
       std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
     }
   }
-  digest.pass(numel_of(t.shape), w.indices.data(), w.values.data(), format.bytes, e.count);
+  if (hash_targets_) digest.pass(numel_of(t.shape), w.indices.data(), w.values.data(), format.bytes, e.count);
   w.digest = digest.finish();
   return w;
 }
