@@ -14,12 +14,15 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "core/atomic_file.hpp"
+#include "core/flush_behind.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "sync/model_folder.hpp"
@@ -231,6 +234,13 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   copy_bytes(in.fd, fd, length_end, header_end - length_end, base, out);
   const io::ParsedHeader header = io::parse_header(bytes, size, {}, base);
   start_writeback(fd, 0, header.data_offset);
+  // With workers, a thread that waits for the disk makes each finished part durable.
+  std::optional<FlushBehind> flush;
+  if (threads > 1) flush.emplace(fd, std::filesystem::path(out).parent_path().string());
+  auto finished = [&](std::uint64_t offset, std::uint64_t size) {
+    if (flush) flush->finished(offset, size);
+  };
+  finished(0, header.data_offset);
   std::vector<TensorRef> tensors;  // in file order
   std::vector<std::uint64_t> offsets;
   for (const auto& t : header.tensors) {
@@ -280,6 +290,7 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
       }
       write_bytes(fd, chunk.data(), length, offsets[t] + begin, out);
       start_writeback(fd, offsets[t] + begin, length);
+      finished(offsets[t] + begin, length);
     }
     base_digests[t] = base_digest.finish();
     target_digests[t] = target_digest.finish();
@@ -289,14 +300,15 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
     const std::size_t t = e.tensor;
     if (e.kind == EntryKind::sparse && e.touched()) return write_changes(e);
     hash_base(t);
-    if (e.kind != EntryKind::whole) {  // the copy is the target
-      target_digests[t] = base_digests[t];
-      return;
+    if (e.kind == EntryKind::whole) {
+      target_digests[t] = digest_bytes(e.whole, e.bytes);
+      patching[t] = 1;
+      write_bytes(fd, e.whole, e.bytes, offsets[t], out);
+    } else {
+      target_digests[t] = base_digests[t];  // the copy is the target
     }
-    target_digests[t] = digest_bytes(e.whole, e.bytes);
-    patching[t] = 1;
-    write_bytes(fd, e.whole, e.bytes, offsets[t], out);
     start_writeback(fd, offsets[t], e.bytes);
+    finished(offsets[t], e.bytes);
   };
 
   std::uint64_t written = 0;
@@ -344,6 +356,7 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   // Unmapped before the fsync in commit(), which writes what writeback has not yet.
   if (map.data != MAP_FAILED) ::munmap(map.data, map.size);
   map.data = MAP_FAILED;
+  flush.reset();
   file.commit();
   return written;
 }
