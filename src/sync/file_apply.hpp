@@ -33,8 +33,9 @@ unsigned default_apply_threads();
 // base that is not the patch's base, an I/O error) the temporary file is removed and out keeps
 // its old content or stays absent. The header is validated from the copy itself and every
 // digest is computed from the copy or the chunks written from it, so a base changed while being
-// copied is refused, never applied to. out may be base (in place). threads >= 1 (1: everything on the calling thread;
-// more: threads - 1 workers, and the flush-behind thread, which only waits for the disk).
+// copied is refused, never applied to. out may be base (in place). threads >= 1 (1: everything
+// on the calling thread; more: threads - 1 workers, and the flush-behind thread, which only
+// waits for the disk).
 // Returns the elements written; apply_seconds gets the time before the final fsync.
 std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out,
                          unsigned threads = default_apply_threads(), double* apply_seconds = nullptr);
