@@ -201,7 +201,8 @@ TEST(DigestStream, PiecesHashAsTheirConcatenation) {
   const std::vector<std::byte> bytes = random_bytes(rng, (std::size_t(1) << 20) + 37);
   for (std::size_t piece : {std::size_t(1), std::size_t(240), std::size_t(128) << 10, bytes.size()}) {
     DigestStream stream;
-    for (std::size_t at = 0; at < bytes.size(); at += piece) stream.update(bytes.data() + at, std::min(piece, bytes.size() - at));
+    for (std::size_t at = 0; at < bytes.size(); at += piece)
+      stream.update(bytes.data() + at, std::min(piece, bytes.size() - at));
     EXPECT_EQ(stream.finish(), digest_bytes(bytes.data(), bytes.size())) << "pieces of " << piece;
   }
   EXPECT_EQ(DigestStream().finish(), digest_bytes(nullptr, 0));
