@@ -22,8 +22,8 @@
 #include <thread>
 
 #include "core/atomic_file.hpp"
-#include "core/flush_behind.hpp"
 #include "core/error.hpp"
+#include "core/flush_behind.hpp"
 #include "io/safetensors.hpp"
 #include "sync/model_folder.hpp"
 

@@ -932,7 +932,7 @@ DecodedEntry PatchDecoder::next() {
     };
     class_decoder_->decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
                            " in tensor '" + name + "'", hash_targets_ ? ExponentClassDecoder::Passed(hash) : nullptr);
-    w.digest = digest.finish();
+    if (hash_targets_) w.digest = digest.finish();
     return w;
   }
   decode_gaps(h.indices, e.index_width, index_raw_.data(), index_raw_.size(), index_pos_, e.count, 0, numel_of(t.shape),
@@ -954,8 +954,10 @@ DecodedEntry PatchDecoder::next() {
       std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
     }
   }
-  if (hash_targets_) digest.pass(numel_of(t.shape), w.indices.data(), w.values.data(), format.bytes, e.count);
-  w.digest = digest.finish();
+  if (hash_targets_) {
+    digest.pass(numel_of(t.shape), w.indices.data(), w.values.data(), format.bytes, e.count);
+    w.digest = digest.finish();
+  }
   return w;
 }
 

@@ -211,8 +211,8 @@ class PatchDecoder {
  public:
   // Checks the receiver's layout (names, dtypes, shapes) against the patch's base and every
   // entry against its tensor; decompresses the streams. Keeps references to both arguments.
-  // Without hash_targets, entries come without their digest (for a caller that hashes the
-  // patched bytes as it writes them).
+  // Without hash_targets, next() leaves DecodedEntry::digest zero (for a caller that hashes
+  // the patched bytes as it writes them).
   PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, bool hash_targets = true);
   ~PatchDecoder();
   PatchDecoder(const PatchDecoder&) = delete;
