@@ -2,8 +2,9 @@
 // target file byte for byte (raw, keydiff and expclass patches; a tensor of several chunks,
 // tensors unchanged, carried whole and empty; file order unlike name order), and a patch that
 // fails in the middle of the stream or a base that is not the patch's leaves no output, an
-// existing output as it was and no temporary file.
+// existing output as it was and no temporary file. Also DigestStream and FlushBehind, which it uses.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -11,7 +12,9 @@
 #include <iterator>
 #include <random>
 
+#include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/flush_behind.hpp"
 #include "io/safetensors.hpp"
 #include "sync/file_apply.hpp"
 #include "sync/patch.hpp"
@@ -189,6 +192,42 @@ TEST_F(StreamApply, WrongBaseIsNamedAndLeavesNothing) {
         for (auto& b : t.bytes) b ^= std::byte(0x40);
     write(path("other.safetensors"), other);
     expect_refused(path("other.safetensors"), bytes, "not the patch's base");
+  }
+}
+
+// The writers hash tensors in pieces: any split gives digest_bytes of the whole.
+TEST(DigestStream, PiecesHashAsTheirConcatenation) {
+  std::mt19937 rng(3);
+  const std::vector<std::byte> bytes = random_bytes(rng, (std::size_t(1) << 20) + 37);
+  for (std::size_t piece : {std::size_t(1), std::size_t(240), std::size_t(128) << 10, bytes.size()}) {
+    DigestStream stream;
+    for (std::size_t at = 0; at < bytes.size(); at += piece)
+      stream.update(bytes.data() + at, std::min(piece, bytes.size() - at));
+    EXPECT_EQ(stream.finish(), digest_bytes(bytes.data(), bytes.size())) << "pieces of " << piece;
+  }
+  EXPECT_EQ(DigestStream().finish(), digest_bytes(nullptr, 0));
+}
+
+// Flushing behind a writer leaves the file's bytes as written, whether it flushed (more than
+// FlushBehind::kFlushBytes finished), stopped with ranges left, or had no folder to sync.
+TEST_F(StreamApply, FlushBehindLeavesTheBytesWritten) {
+  std::mt19937 rng(5);
+  const std::vector<std::byte> bytes = random_bytes(rng, std::size_t(FlushBehind::kFlushBytes) + (3 << 20));
+  for (const std::string folder : {dir_.string(), path("absent")}) {
+    const std::string file = path("flushed");
+    {
+      AtomicFile out(file);
+      FlushBehind flush(out.fd(), folder);
+      for (std::size_t at = 0, piece = 1 << 20; at < bytes.size(); at += piece) {
+        const std::size_t length = std::min(piece, bytes.size() - at);
+        ASSERT_EQ(::pwrite(out.fd(), bytes.data() + at, length, off_t(at)), ssize_t(length));
+        flush.finished(at, length);
+      }
+      out.commit();
+    }
+    const std::string written = read(file);
+    ASSERT_EQ(written.size(), bytes.size());
+    EXPECT_EQ(std::memcmp(written.data(), bytes.data(), bytes.size()), 0) << folder;
   }
 }
 

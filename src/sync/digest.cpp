@@ -13,13 +13,33 @@
 
 namespace pulse::sync {
 
-Digest digest_bytes(const void* data, std::size_t bytes) {
-  const XXH128_hash_t h = XXH3_128bits(data, bytes);
+namespace {
+
+Digest canonical_digest(XXH128_hash_t h) {
   XXH128_canonical_t canonical;  // big-endian bytes, the same on every machine
   XXH128_canonicalFromHash(&canonical, h);
   Digest d;
   std::memcpy(d.data(), canonical.digest, d.size());
   return d;
+}
+
+}  // namespace
+
+Digest digest_bytes(const void* data, std::size_t bytes) { return canonical_digest(XXH3_128bits(data, bytes)); }
+
+DigestStream::DigestStream() : state_(XXH3_createState()) {
+  PULSE_CHECK(state_ != nullptr, "out of memory for a digest state");
+  XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+DigestStream::~DigestStream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void DigestStream::update(const void* data, std::size_t bytes) {
+  XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+}
+
+Digest DigestStream::finish() const {
+  return canonical_digest(XXH3_128bits_digest(static_cast<const XXH3_state_t*>(state_)));
 }
 
 std::string to_hex(const Digest& d) {
@@ -50,11 +70,7 @@ namespace {
 Digest finish(XXH3_state_t* state) {
   const XXH128_hash_t h = XXH3_128bits_digest(state);
   XXH3_freeState(state);
-  XXH128_canonical_t canonical;
-  XXH128_canonicalFromHash(&canonical, h);
-  Digest d;
-  std::memcpy(d.data(), canonical.digest, d.size());
-  return d;
+  return canonical_digest(h);
 }
 
 // Hashes names, dtypes and shapes in order of name, and each tensor's digest when given.

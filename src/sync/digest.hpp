@@ -14,6 +14,20 @@ namespace pulse::sync {
 using Digest = std::array<std::uint8_t, 16>;
 
 Digest digest_bytes(const void* data, std::size_t bytes);
+
+// digest_bytes of bytes that arrive in pieces: the pieces' concatenation.
+class DigestStream {
+ public:
+  DigestStream();
+  ~DigestStream();
+  DigestStream(const DigestStream&) = delete;
+  DigestStream& operator=(const DigestStream&) = delete;
+  void update(const void* data, std::size_t bytes);
+  Digest finish() const;
+
+ private:
+  void* state_;  // an XXH3_state_t
+};
 std::string to_hex(const Digest& d);
 // Parses 32 hex digits; throws pulse::Error otherwise.
 Digest digest_from_hex(const std::string& hex);

@@ -14,13 +14,16 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <future>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/flush_behind.hpp"
 #include "io/safetensors.hpp"
 #include "sync/model_folder.hpp"
 
@@ -175,8 +178,10 @@ void wait_all(WorkQueue& queue, std::deque<std::future<void>>& pending, bool qui
 }
 
 // Bytes of a patched tensor go to the file in chunks this size, each started on its way to
-// disk as soon as it is written.
+// disk as soon as it is written; a chunk is built in pieces small enough to be hashed (base and
+// target) while in cache.
 constexpr std::size_t kChunkBytes = std::size_t(4) << 20;
+constexpr std::size_t kPieceBytes = std::size_t(128) << 10;
 
 }  // namespace
 
@@ -229,6 +234,13 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   copy_bytes(in.fd, fd, length_end, header_end - length_end, base, out);
   const io::ParsedHeader header = io::parse_header(bytes, size, {}, base);
   start_writeback(fd, 0, header.data_offset);
+  // With workers, a thread that waits for the disk makes each finished part durable.
+  std::optional<FlushBehind> flush;
+  if (threads > 1) flush.emplace(fd, std::filesystem::path(out).parent_path().string());
+  auto finished = [&](std::uint64_t offset, std::uint64_t size) {
+    if (flush) flush->finished(offset, size);
+  };
+  finished(0, header.data_offset);
   std::vector<TensorRef> tensors;  // in file order
   std::vector<std::uint64_t> offsets;
   for (const auto& t : header.tensors) {
@@ -236,15 +248,17 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
     tensors.push_back({t.name, io::dtype_name(t.dtype), t.shape, bytes + header.data_offset + t.begin, t.end - t.begin});
     offsets.push_back(header.data_offset + t.begin);
   }
-  PatchDecoder decoder(patch, tensors);
+  PatchDecoder decoder(patch, tensors, /*hash_targets=*/false);  // the writers hash what they write
   std::vector<std::size_t> by_name(tensors.size());  // the entries' order
   std::iota(by_name.begin(), by_name.end(), 0);
   std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
 
   // Ahead of the decoder: copy a tensor. Behind it: hash the base's bytes and write the patched
-  // ones. The decoder, the critical path, hashes the target tensor in the pass it makes anyway.
+  // ones, hashed as written (the decoder, the critical path, only decodes).
   std::vector<Digest> base_digests(tensors.size()), target_digests(tensors.size());
-  std::vector<char> copied(tensors.size(), 0), hashed(tensors.size(), 0);
+  // hashed: the base's digest is known; patching: the copy is being overwritten (a failure
+  // then leaves the base's bytes unknown).
+  std::vector<char> copied(tensors.size(), 0), hashed(tensors.size(), 0), patching(tensors.size(), 0);
   auto copy = [&](std::size_t t) {
     copy_bytes(in.fd, fd, offsets[t], tensors[t].bytes, base, out);
     copied[t] = 1;
@@ -253,28 +267,48 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
     base_digests[t] = tensor_digest(tensors[t]);
     hashed[t] = 1;
   };
-  // The target tensor's digest is the decoder's (hashed in its pass), or the base's where the
-  // copy already is the target.
+  // A sparse entry's tensor: the copy with the changes written, chunk by chunk, each piece
+  // hashed as read and as patched while it is in cache.
+  auto write_changes = [&](const DecodedEntry& e) {
+    const std::size_t t = e.tensor;
+    thread_local std::vector<std::byte> chunk;
+    chunk.resize(std::min<std::uint64_t>(e.bytes, kChunkBytes));
+    DigestStream base_digest, target_digest;
+    patching[t] = 1;
+    std::size_t c = 0;  // the next change
+    for (std::uint64_t begin = 0; begin < e.bytes; begin += kChunkBytes) {
+      const std::size_t length = std::size_t(std::min<std::uint64_t>(e.bytes - begin, kChunkBytes));
+      for (std::size_t piece = 0; piece < length; piece += kPieceBytes) {
+        const std::size_t piece_length = std::min(length - piece, kPieceBytes);
+        const std::uint64_t piece_end = begin + piece + piece_length;
+        std::byte* patched = chunk.data() + piece;
+        base_digest.update(tensors[t].data + begin + piece, piece_length);
+        std::memcpy(patched, tensors[t].data + begin + piece, piece_length);
+        for (; c < e.indices.size() && e.indices[c] * e.width < piece_end; ++c)
+          std::memcpy(chunk.data() + (e.indices[c] * e.width - begin), e.values.data() + c * e.width, e.width);
+        target_digest.update(patched, piece_length);
+      }
+      write_bytes(fd, chunk.data(), length, offsets[t] + begin, out);
+      start_writeback(fd, offsets[t] + begin, length);
+      finished(offsets[t] + begin, length);
+    }
+    base_digests[t] = base_digest.finish();
+    target_digests[t] = target_digest.finish();
+    hashed[t] = 1;
+  };
   auto hash_base_and_write = [&](const DecodedEntry& e) {
     const std::size_t t = e.tensor;
-    const std::uint64_t offset = offsets[t];
+    if (e.kind == EntryKind::sparse && e.touched()) return write_changes(e);
     hash_base(t);
-    target_digests[t] = e.touched() ? e.digest : base_digests[t];
     if (e.kind == EntryKind::whole) {
-      write_bytes(fd, e.whole, e.bytes, offset, out);
-    } else if (e.touched()) {
-      std::vector<std::byte> chunk(std::min<std::uint64_t>(e.bytes, kChunkBytes));
-      std::size_t c = 0;  // the next change
-      for (std::uint64_t begin = 0; begin < e.bytes; begin += chunk.size()) {
-        const std::size_t length = std::size_t(std::min<std::uint64_t>(e.bytes - begin, chunk.size()));
-        std::memcpy(chunk.data(), tensors[t].data + begin, length);
-        for (; c < e.indices.size() && e.indices[c] * e.width < begin + length; ++c)
-          std::memcpy(chunk.data() + (e.indices[c] * e.width - begin), e.values.data() + c * e.width, e.width);
-        write_bytes(fd, chunk.data(), length, offset + begin, out);
-        start_writeback(fd, offset + begin, length);
-      }
+      target_digests[t] = digest_bytes(e.whole, e.bytes);
+      patching[t] = 1;
+      write_bytes(fd, e.whole, e.bytes, offsets[t], out);
+    } else {
+      target_digests[t] = base_digests[t];  // the copy is the target
     }
-    start_writeback(fd, offset, e.bytes);
+    start_writeback(fd, offsets[t], e.bytes);
+    finished(offsets[t], e.bytes);
   };
 
   std::uint64_t written = 0;
@@ -303,9 +337,11 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
       // A corrupt patch, or a base that is not the patch's: the base's digest tells which.
       bool base_known = true;
       try {
-        for (std::size_t t = 0; t < tensors.size(); ++t) {
+        for (std::size_t t = 0; t < tensors.size() && base_known; ++t) {
           if (!copied[t]) copy(t);
-          if (!hashed[t]) hash_base(t);
+          // A write that failed part way left that copy neither the base nor the target.
+          base_known = hashed[t] || !patching[t];
+          if (!hashed[t] && base_known) hash_base(t);
         }
       } catch (...) {
         base_known = false;
@@ -320,6 +356,7 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   // Unmapped before the fsync in commit(), which writes what writeback has not yet.
   if (map.data != MAP_FAILED) ::munmap(map.data, map.size);
   map.data = MAP_FAILED;
+  flush.reset();
   file.commit();
   return written;
 }

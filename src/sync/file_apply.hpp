@@ -1,14 +1,15 @@
 #pragma once
 // Applying a patch from one .safetensors file to another without loading the model, tensor by
 // tensor in a pipeline: each tensor's bytes are copied from the base into the output's
-// temporary file (copy_file_range, in the kernel) and hashed; the patch's entry for it is
-// decoded against that copy (mapped read-only); its patched bytes are written back in chunks
-// and their writeback to disk is started at once, so the disk works while later tensors are
-// decoded; the file is renamed over the output once the base and target digests verify.
-// Copying and hashing ahead and writing behind run on worker threads; decoding runs in order
-// on the calling thread (the patch's streams are sequential). Memory holds the patch, the
-// decoded changes of the tensors in flight and a few chunk buffers, not the model; the output
-// keeps the base's header bytes (tensor order, padding) exactly.
+// temporary file (copy_file_range, in the kernel); the patch's entry for it is decoded against
+// that copy (mapped read-only); its patched bytes are written back in chunks, hashed (base and
+// target) in the pass that builds them, and their writeback to disk is started at once; a
+// thread flushes the finished parts behind the writers (core/flush_behind.hpp), so the disk
+// works while later tensors are decoded; the file is renamed over the output once the base and
+// target digests verify. Copying ahead and hashing and writing behind run on worker threads;
+// decoding runs in order on the calling thread (the patch's streams are sequential). Memory
+// holds the patch, the decoded changes of the tensors in flight and a chunk buffer per thread,
+// not the model; the output keeps the base's header bytes (tensor order, padding) exactly.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,8 +32,10 @@ unsigned default_apply_threads();
 // Applies patch to the file base, writing out atomically: on any failure (a corrupt patch, a
 // base that is not the patch's base, an I/O error) the temporary file is removed and out keeps
 // its old content or stays absent. The header is validated from the copy itself and every
-// digest is computed from the copy, so a base changed while being copied is refused, never
-// applied to. out may be base (in place). threads >= 1 (1: everything on the calling thread).
+// digest is computed from the copy or the chunks written from it, so a base changed while being
+// copied is refused, never applied to. out may be base (in place). threads >= 1 (1: everything
+// on the calling thread; more: threads - 1 workers, and the flush-behind thread, which only
+// waits for the disk).
 // Returns the elements written; apply_seconds gets the time before the final fsync.
 std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out,
                          unsigned threads = default_apply_threads(), double* apply_seconds = nullptr);

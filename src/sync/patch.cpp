@@ -901,8 +901,9 @@ void write_changes(std::byte* data, const DecodedEntry& w) {
 
 }  // namespace
 
-PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, const ChangeHistory* history)
-    : patch_(patch), base_(base) {
+PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, bool hash_targets,
+                           const ChangeHistory* history)
+    : patch_(patch), base_(base), hash_targets_(hash_targets) {
   const PatchHeader& h = patch.header;
   if (h.values == ValueCoding::exponent_class_history) {
     PULSE_CHECK(history, "patch is coded against the change history of a receiver that follows every version "
@@ -1009,7 +1010,7 @@ DecodedEntry PatchDecoder::decode_next(std::byte* writable) {
   if (e.kind == EntryKind::whole) {
     w.whole = whole_raw_.data() + whole_pos_;
     whole_pos_ += target.bytes;
-    w.digest = digest_bytes(w.whole, target.bytes);
+    if (hash_targets_) w.digest = digest_bytes(w.whole, target.bytes);
     return w;
   }
   const TensorRef& t = base_[target.tensor];
@@ -1018,7 +1019,9 @@ DecodedEntry PatchDecoder::decode_next(std::byte* writable) {
   w.indices.resize(e.count);
   w.values.resize(e.count * format.bytes);
   DigestWithChanges digest(t.data, format.bytes, writable);
-  // Hashes (and in place writes) the tensor up to element `end`, whose changes are the first `found`.
+  // Hashes (and in place writes) the tensor up to element `end`, whose changes are the first `found`;
+  // a receiver that hashes as it writes elsewhere (hash_targets false) needs neither.
+  const bool passing = writable || hash_targets_;
   auto pass = [&](std::uint64_t end, std::uint64_t found) {
     if (writable)
       digest.swap_in(end, w.indices.data(), w.values.data(), found);
@@ -1031,14 +1034,15 @@ DecodedEntry PatchDecoder::decode_next(std::byte* writable) {
     // The pass that finds the changes hands each chunk of the tensor, in cache, to the digest.
     try {
       class_decoder_->decode(format, t.data, numel_of(t.shape), e.count, w.indices.data(), w.values.data(),
-                             " in tensor '" + name + "'", pass, history);
+                             " in tensor '" + name + "'", passing ? ExponentClassDecoder::Passed(pass) : nullptr,
+                             history);
     } catch (...) {
       // The values swapped in so far hold the old ones: write them back.
       w.indices.resize(digest.swapped());
       if (writable) write_changes(writable, w);
       throw;
     }
-    w.digest = digest.finish();
+    if (passing) w.digest = digest.finish();
     return w;
   }
   decode_gaps(h.indices, e.index_width, index_raw_.data(), index_raw_.size(), index_pos_, e.count, 0, numel_of(t.shape),
@@ -1060,13 +1064,15 @@ DecodedEntry PatchDecoder::decode_next(std::byte* writable) {
       std::memcpy(w.values.data() + c * format.bytes, &bits, format.bytes);
     }
   }
-  // In pieces, so that each is hashed while its writes are in cache.
-  const std::uint64_t n = numel_of(t.shape);
-  for (std::uint64_t end = 0; end < n;) {
-    end = std::min(n, end + ExponentClassDecoder::kPassChunk);
-    pass(end, e.count);
+  if (passing) {
+    // In pieces, so that each is hashed while its writes are in cache.
+    const std::uint64_t n = numel_of(t.shape);
+    for (std::uint64_t end = 0; end < n;) {
+      end = std::min(n, end + ExponentClassDecoder::kPassChunk);
+      pass(end, e.count);
+    }
+    w.digest = digest.finish();
   }
-  w.digest = digest.finish();
   return w;
 }
 
@@ -1103,7 +1109,7 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
   // 1. The receiver holds the base: its layout (checked by the decoder), then its contents.
   std::vector<TensorRef> base_refs;
   for (auto& t : state) base_refs.push_back(t.view());
-  PatchDecoder decoder(patch, base_refs, history);
+  PatchDecoder decoder(patch, base_refs, true, history);
   std::vector<Digest> base_tensor_digests;
   if (base_digests) {
     for (const auto& t : state) base_tensor_digests.push_back(known_digest(*base_digests, t.name));

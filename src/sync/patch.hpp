@@ -216,7 +216,7 @@ struct DecodedEntry {
   std::vector<std::uint64_t> indices;   // sparse: the changed elements, sorted
   std::vector<std::uint8_t> values;     // sparse: their new values, width bytes each
   const std::uint8_t* whole = nullptr;  // whole: the new bytes (owned by the decoder)
-  Digest digest{};                      // touched(): the target tensor's, hashed while decoding
+  Digest digest{};                      // touched(): the target tensor's, hashed while decoding (hash_targets)
   // Whether the entry writes anything: carried whole, or sparse with changes.
   bool touched() const { return kind == EntryKind::whole || !indices.empty(); }
 };
@@ -228,9 +228,12 @@ struct DecodedEntry {
 class PatchDecoder {
  public:
   // Checks the receiver's layout (names, dtypes, shapes) against the patch's base and every
-  // entry against its tensor; decompresses the streams. Keeps references to the arguments. An
-  // expclass-history patch needs the receiver's change history, at the patch's digest.
-  PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, const ChangeHistory* history = nullptr);
+  // entry against its tensor; decompresses the streams. Keeps references to the arguments.
+  // Without hash_targets, next() leaves DecodedEntry::digest zero (for a caller that hashes the
+  // patched bytes as it writes them). An expclass-history patch needs the receiver's change
+  // history, at the patch's digest.
+  PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, bool hash_targets = true,
+               const ChangeHistory* history = nullptr);
   ~PatchDecoder();
   PatchDecoder(const PatchDecoder&) = delete;
   PatchDecoder& operator=(const PatchDecoder&) = delete;
@@ -264,6 +267,7 @@ class PatchDecoder {
   std::vector<Target> targets_;
   std::vector<std::uint8_t> index_raw_, value_raw_, whole_raw_;
   std::size_t index_pos_ = 0, value_pos_ = 0, whole_pos_ = 0, next_ = 0;
+  bool hash_targets_;
   std::unique_ptr<ExponentClassDecoder> class_decoder_;  // exponent-class patches only
   const ChangeHistory* history_ = nullptr;                 // expclass-history patches only
 };
