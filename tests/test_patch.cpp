@@ -924,6 +924,22 @@ std::vector<TensorChanges> changes_between(const State& a, const State& b) {
   return out;
 }
 
+// Three drifting versions, the sender's history after version 1, and the patch 1 -> 2 coded
+// against it.
+struct HistoryPatch {
+  std::vector<State> versions;
+  ChangeHistory sender;
+  std::vector<std::uint8_t> patch;
+};
+HistoryPatch history_patch(unsigned seed, std::size_t n) {
+  std::mt19937 rng(seed);
+  std::vector<State> versions = drifting_versions(rng, n, 3);
+  ChangeHistory sender(refs(versions[0]), compute_digests(refs(versions[0])).state);
+  sender.advance(refs(versions[0]), refs(versions[1]), compute_digests(refs(versions[1])).state);
+  auto patch = encode_patch(refs(versions[1]), refs(versions[2]), exponent_class_history_options(sender));
+  return {std::move(versions), std::move(sender), std::move(patch)};
+}
+
 }  // namespace
 
 TEST(Patch, ExpclassHistoryFollowsAChainBitExactlyAndCodesPersistentSignsSmaller) {
@@ -981,12 +997,9 @@ TEST(Patch, ExpclassHistoryFollowsAChainBitExactlyAndCodesPersistentSignsSmaller
 }
 
 TEST(Patch, ExpclassHistoryDecodesOnlyAgainstTheHistoryItWasCodedFor) {
-  std::mt19937 rng(42);
-  const auto versions = drifting_versions(rng, 3000, 3);
+  const HistoryPatch c = history_patch(42, 3000);
+  const auto& [versions, sender, patch] = c;
   const Digest origin = compute_digests(refs(versions[0])).state;
-  ChangeHistory sender(refs(versions[0]), origin);
-  sender.advance(refs(versions[0]), refs(versions[1]), compute_digests(refs(versions[1])).state);
-  const auto patch = encode_patch(refs(versions[1]), refs(versions[2]), exponent_class_history_options(sender));
   const ParsedPatch parsed = parse_patch(patch.data(), patch.size());
   auto refused = [&](ChangeHistory* history, const std::string& says) {
     State held = versions[1];
@@ -1035,12 +1048,8 @@ TEST(Patch, ExpclassHistoryDecodesOnlyAgainstTheHistoryItWasCodedFor) {
 TEST(Patch, ExpclassHistoryCorruptionsWithAValidChecksumAreRejectedOrExact) {
   // As for expclass: every byte of a small expclass-history patch replaced by each of its other
   // values, checksum rewritten; rejected with weights and history untouched, or exact.
-  std::mt19937 rng(43);
-  const auto versions = drifting_versions(rng, 40, 3);
-  const Digest origin = compute_digests(refs(versions[0])).state;
-  ChangeHistory sender(refs(versions[0]), origin);
-  sender.advance(refs(versions[0]), refs(versions[1]), compute_digests(refs(versions[1])).state);
-  const auto good = encode_patch(refs(versions[1]), refs(versions[2]), exponent_class_history_options(sender));
+  const HistoryPatch c = history_patch(43, 40);
+  const auto& [versions, sender, good] = c;
   std::size_t rejected = 0, exact = 0;
   for (std::size_t at = 0; at + 16 < good.size(); ++at)
     for (int delta = 1; delta < 256; delta += 3) {
