@@ -70,6 +70,15 @@ std::uint8_t* ChangeHistory::marks(const std::string& name) {
   return it->second.data();
 }
 
+void ChangeHistory::mark_differences(std::uint8_t* marks, const SparseFormat& format, const std::byte* before,
+                                     const std::byte* after, std::uint64_t n) {
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto old_key = format.key(load_value(before, i, format.bytes));
+    const auto new_key = format.key(load_value(after, i, format.bytes));
+    if (old_key != new_key) marks[i] = changed(old_key, new_key);
+  }
+}
+
 void ChangeHistory::seal(const Digest& target_state) { digest_ = chain(&digest_, target_state); }
 
 void ChangeHistory::advance(const std::vector<TensorRef>& base, const std::vector<TensorChanges>& changes,
@@ -98,14 +107,8 @@ void ChangeHistory::advance(const std::vector<TensorRef>& base, const std::vecto
   for (std::size_t t = 0; t < base.size(); ++t) {
     PULSE_CHECK(base[t].name == target[t].name && base[t].dtype == target[t].dtype && base[t].bytes == target[t].bytes,
                 "change history: base and target differ in layout");
-    const auto format = sparse_format(base[t].dtype);
-    if (!format) continue;
-    std::uint8_t* h = marks(base[t].name);
-    for (std::uint64_t i = 0; i < base[t].bytes / format->bytes; ++i) {
-      const auto old_key = format->key(load_value(base[t].data, i, format->bytes));
-      const auto new_key = format->key(load_value(target[t].data, i, format->bytes));
-      if (old_key != new_key) h[i] = changed(old_key, new_key);
-    }
+    if (const auto format = sparse_format(base[t].dtype))
+      mark_differences(marks(base[t].name), *format, base[t].data, target[t].data, base[t].bytes / format->bytes);
   }
   seal(target_state);
 }

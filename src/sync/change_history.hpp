@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sync/digest.hpp"
+#include "sync/sparse_format.hpp"
 
 namespace pulse::sync {
 
@@ -61,6 +62,9 @@ class ChangeHistory {
   static std::uint8_t changed(std::uint64_t old_key, std::uint64_t new_key) {
     return std::uint8_t((new_key < old_key ? kLowered : 0) | 1);
   }
+  // Writes changed() at each of n elements whose value differs from `before` to `after`.
+  static void mark_differences(std::uint8_t* marks, const SparseFormat& format, const std::byte* before,
+                               const std::byte* after, std::uint64_t n);
   void seal(const Digest& target_state);
 
   // All three for a sender: `changes` (as encode_changes takes them) turn base into the state

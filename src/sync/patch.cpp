@@ -15,11 +15,6 @@
 #include "sync/sparse_format.hpp"
 #include "sync/varint.hpp"
 
-// The header implementation, compiled for this CPU (AVX2 where -march=native has it), is
-// several times faster than the generic build in the shared library.
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 namespace pulse::sync {
 
 namespace {
@@ -93,16 +88,6 @@ std::uint64_t layout_bytes(const std::string& name, const std::string& dtype, co
   return bytes;
 }
 
-// The digest a streaming xxh3-128 state holds; frees the state.
-Digest finish_digest(XXH3_state_t* state) {
-  XXH128_canonical_t canonical;
-  XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(state));
-  XXH3_freeState(state);
-  Digest d;
-  std::memcpy(d.data(), canonical.digest, d.size());
-  return d;
-}
-
 // A sparse-coded tensor's changes: sorted indices, the new and old bits of each, and for the
 // expclass coding their ranks (ExponentClassRanker).
 struct Changes {
@@ -126,11 +111,9 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
   constexpr std::size_t chunk = std::size_t(1) << 16;
   thread_local std::vector<index_t> chunk_indices(chunk);
   thread_local std::vector<bf16_bits> chunk_values(chunk), old_copy, new_copy;
-  XXH3_state_t* old_state = old_digest ? XXH3_createState() : nullptr;
-  XXH3_state_t* new_state = XXH3_createState();
-  PULSE_CHECK(new_state && (!old_digest || old_state), "out of memory for a digest state");
-  if (old_state) XXH3_128bits_reset(old_state);
-  XXH3_128bits_reset(new_state);
+  std::optional<DigestStream> old_stream;
+  if (old_digest) old_stream.emplace();
+  DigestStream new_stream;
   changes.clear();
   std::vector<index_t>& indices = changes.indices;
   std::vector<std::uint32_t>&values = changes.values, &old_values = changes.old_values;
@@ -171,11 +154,11 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
     }
     if (ranker)
       ranker->rank(indices.data() + chunk_first, old_values.data() + chunk_first, indices.size() - chunk_first, changes.ranks);
-    if (old_state) XXH3_128bits_update(old_state, o, w * len);
-    XXH3_128bits_update(new_state, t, w * len);
+    if (old_stream) old_stream->update(o, w * len);
+    new_stream.update(t, w * len);
   }
-  if (old_state) *old_digest = finish_digest(old_state);
-  new_digest = finish_digest(new_state);
+  if (old_stream) *old_digest = old_stream->finish();
+  new_digest = new_stream.finish();
 }
 
 void put_string(std::vector<std::uint8_t>& out, const std::string& s) {
@@ -469,15 +452,7 @@ class DigestWithChanges {
  public:
   // swap_in needs `writable`: data, writable.
   DigestWithChanges(const std::byte* data, unsigned width, std::byte* writable = nullptr)
-      : data_(data), writable_(writable), width_(width), state_(XXH3_createState()) {
-    PULSE_CHECK(state_, "out of memory for a digest state");
-    XXH3_128bits_reset(state_);
-  }
-  ~DigestWithChanges() {
-    if (state_) XXH3_freeState(state_);
-  }
-  DigestWithChanges(const DigestWithChanges&) = delete;
-  DigestWithChanges& operator=(const DigestWithChanges&) = delete;
+      : data_(data), writable_(writable), width_(width) {}
 
   // Hashes the elements up to `end`, whose changes are among the first `found`: at indices[k],
   // the low `width` bytes at values + value_stride * k (little-endian hosts).
@@ -495,7 +470,7 @@ class DigestWithChanges {
           std::memcpy(copy.data() + width_ * (std::uint64_t(indices[next_]) - done_), v + value_stride * next_, width_);
         bytes = copy.data();
       }
-      XXH3_128bits_update(state_, bytes, width_ * (piece_end - done_));
+      stream_.update(bytes, width_ * (piece_end - done_));
       done_ = piece_end;
     }
   }
@@ -507,12 +482,12 @@ class DigestWithChanges {
     if (width_ == 2) swap_changes<2>(end, indices, values, found);
     else if (width_ == 4) swap_changes<4>(end, indices, values, found);
     else swap_changes<1>(end, indices, values, found);
-    XXH3_128bits_update(state_, data_ + width_ * done_, width_ * (end - done_));
+    stream_.update(data_ + width_ * done_, width_ * (end - done_));
     done_ = end;
   }
   std::uint64_t swapped() const { return next_; }
 
-  Digest finish() { return finish_digest(std::exchange(state_, nullptr)); }
+  Digest finish() const { return stream_.finish(); }
 
  private:
   template <unsigned kWidth>
@@ -530,7 +505,7 @@ class DigestWithChanges {
   const std::byte* data_;
   std::byte* writable_;
   unsigned width_;
-  XXH3_state_t* state_;
+  DigestStream stream_;
   std::uint64_t done_ = 0, next_ = 0;  // elements hashed, changes written
 };
 
@@ -1169,11 +1144,8 @@ std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& 
     if (w.kind == EntryKind::whole) {
       if (marked) {
         const SparseFormat format = *sparse_format(t.dtype);
-        for (std::uint64_t i = 0; i < t.bytes / format.bytes; ++i) {
-          const auto old_key = format.key(load_value(t.data, i, format.bytes));
-          const auto new_key = format.key(load_value(reinterpret_cast<const std::byte*>(w.whole), i, format.bytes));
-          if (old_key != new_key) marked[i] = ChangeHistory::changed(old_key, new_key);
-        }
+        ChangeHistory::mark_differences(marked, format, t.data, reinterpret_cast<const std::byte*>(w.whole),
+                                        t.bytes / format.bytes);
       }
       if (t.bytes) std::memcpy(t.data, w.whole, t.bytes);
       written += t.bytes;
