@@ -1,6 +1,9 @@
 // Speed of the GPT on this machine (Google Benchmark), against the machine's own GEMM peak:
-//   BM_Sgemm       C = A B for 1024^3 float matrices through pulse::gemm (OpenBLAS): the peak
-//                  that MFU is measured against, in the same binary and thread setting.
+//   BM_Sgemm       C = A B for 1024^3 float matrices through OpenBLAS (pulse::blas_gemm): the
+//                  peak that MFU is measured against, in the same binary and thread setting.
+//   BM_Gemm        pulse::gemm (the model's batch-invariant GEMM) against OpenBLAS on the same
+//                  operands (blas = 1), at 1024^3 and at the model's own shapes: the decoder's
+//                  64 rows and a training batch's rows x (3C, C, 4C) for each preset's C.
 //   BM_TrainStep   one optimizer step on a fixed batch per preset: set_weights (BF16 -> FP32),
 //                  forward, zero_grad, backward, fused AdamW (mixed). Counters: tokens_per_second,
 //                  model FLOP/s and MFU = model FLOP/s / SGEMM peak (calibrated once, best of 5).
@@ -20,6 +23,7 @@
 #include <string>
 
 #include "kernels/adamw.hpp"
+#include "kernels/blas_gemm.hpp"
 #include "kernels/gemm.hpp"
 #include "kernels/host_copy.hpp"
 #include "model/gpt.hpp"
@@ -45,7 +49,7 @@ Matrix filled(const char* label, int n, float scale) {
 
 double sgemm_seconds(const Matrix& a, const Matrix& b, const Matrix& c) {
   Kokkos::Timer timer;
-  gemm(DefaultExec(), Transpose::no, Transpose::no, sgemm_size, sgemm_size, sgemm_size, 1.0f, a, b, 0.0f, c);
+  blas_gemm(DefaultExec(), Transpose::no, Transpose::no, sgemm_size, sgemm_size, sgemm_size, 1.0f, a, b, 0.0f, c);
   Kokkos::fence();
   return timer.seconds();
 }
@@ -73,6 +77,31 @@ void BM_Sgemm(benchmark::State& state) {
   for (auto _ : state) state.SetIterationTime(sgemm_seconds(a, b, c));
   state.counters["flops_per_second"] = benchmark::Counter(sgemm_flops * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["size"] = sgemm_size;
+}
+
+// Args: m, n, k, trans_b (the model's forward passes B = W transposed), blas.
+void BM_Gemm(benchmark::State& state) {
+  const int m = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1)),
+            k = static_cast<int>(state.range(2));
+  const Transpose tb = state.range(3) ? Transpose::yes : Transpose::no;
+  const bool blas = state.range(4) != 0;
+  const int size = std::max({m, n, k});
+  const Matrix big_a = filled("a", size, 1e-2f), big_b = filled("b", size, 1e-2f);
+  const Kokkos::View<float**, Kokkos::LayoutRight, DefaultMem, Kokkos::MemoryUnmanaged> a(big_a.data(), m, k),
+      b(big_b.data(), tb == Transpose::yes ? n : k, tb == Transpose::yes ? k : n);
+  Matrix c("c", m, n);
+  for (auto _ : state) {
+    Kokkos::Timer timer;
+    if (blas)
+      blas_gemm(DefaultExec(), Transpose::no, tb, m, n, k, 1.0f, a, b, 0.0f, c);
+    else
+      gemm(DefaultExec(), Transpose::no, tb, m, n, k, 1.0f, a, b, 0.0f, c);
+    Kokkos::fence();
+    state.SetIterationTime(timer.seconds());
+  }
+  state.SetLabel(blas ? "openblas" : "pulse");
+  state.counters["flops_per_second"] =
+      benchmark::Counter(2.0 * m * n * k * state.iterations(), benchmark::Counter::kIsRate);
 }
 
 void BM_TrainStep(benchmark::State& state) {
@@ -146,6 +175,18 @@ void BM_Generate(benchmark::State& state) {
 }
 
 BENCHMARK(BM_Sgemm)->UseManualTime()->Unit(benchmark::kMillisecond);
+void gemm_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"m", "n", "k", "trans_b", "blas"});
+  for (int blas : {0, 1}) {
+    b->Args({sgemm_size, sgemm_size, sgemm_size, 0, blas});
+    for (int c : {64, 128, 256}) {
+      b->Args({generate_batch, 4 * c, c, 1, blas});  // the decoder's MLP up-projection
+      b->Args({1024, 4 * c, c, 1, blas});            // a training batch's
+      b->Args({1024, c, 4 * c, 1, blas});            // and its down-projection
+    }
+  }
+}
+BENCHMARK(BM_Gemm)->Apply(gemm_shapes)->UseManualTime()->Unit(benchmark::kMicrosecond);
 // {preset, batch}: the original 4 sequences, and a batch of 16 with GEMM-friendlier shapes.
 BENCHMARK(BM_TrainStep)
     ->ArgsProduct({{0, 1, 2}, {4, 16}})

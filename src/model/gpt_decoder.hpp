@@ -2,9 +2,10 @@
 // Incremental inference for the GPT: the rollout engine of GRPO. Each step() feeds one token per
 // sequence and returns the next-token logits, keeping every layer's keys and values in a cache
 // so a step costs O(pos) instead of a full forward pass. It computes with FP32 values of BF16
-// weights, as GPT does, with the same kernels and the same arithmetic order in attention, so
-// its logits equal GPT::forward's on the same sequences up to GEMM rounding (measured <= 1.2e-6
-// relative; test_gpt_decoder asserts 1e-5).
+// weights, as GPT does, with the same kernels and the same arithmetic order in attention, and
+// every product through pulse::gemm, whose rows do not depend on how many rows share a call: so
+// its logits are GPT::forward's on the same sequences bit for bit, at any batch size, on any CPU
+// and backend (test_gpt_decoder, test_rollout and test_train_roles assert it).
 #include <cstdint>
 
 #include "core/tensor_table.hpp"
