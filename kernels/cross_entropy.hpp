@@ -27,6 +27,18 @@ void cross_entropy_forward(const ExecSpace& space, FloatSpan<ExecSpace> losses, 
       });
 }
 
+// log softmax(logits)[target] of one row of V logits, in cross_entropy_forward's arithmetic
+// (-(log(sum) + max - logit[target]), the same max, the same ordered float sum): the sampler
+// records its logprobs with it, so the trainer's logprobs of the same rows from the same logits
+// are the same bits and GRPO's first ratio is exactly 1 (test_rollout checks both).
+KOKKOS_INLINE_FUNCTION float row_target_logprob(const float* logits, int V, int target) {
+  float maxv = logits[0];
+  for (int v = 1; v < V; ++v) maxv = logits[v] > maxv ? logits[v] : maxv;
+  float sum = 0.0f;
+  for (int v = 0; v < V; ++v) sum += expf(logits[v] - maxv);
+  return -(logf(sum) + maxv - logits[target]);
+}
+
 // Accumulates dlogits += (probs - onehot(target)) * dlosses[r]; dlosses is the weight of each
 // row's loss (1/N for a mean).
 template <class ExecSpace>

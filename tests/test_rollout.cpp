@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "core/error.hpp"
@@ -11,6 +12,7 @@
 #include "kernels/host_copy.hpp"
 #include "model/gpt.hpp"
 #include "model/gpt_decoder.hpp"
+#include "rl/grpo.hpp"
 #include "rl/rollout.hpp"
 
 namespace {
@@ -54,7 +56,9 @@ void expect_same_rollouts(const RolloutBatch& a, const RolloutBatch& b) {
   EXPECT_EQ(a.targets, b.targets);
   EXPECT_EQ(a.completion_mask, b.completion_mask);
   EXPECT_EQ(a.rewards, b.rewards);
-  for (std::size_t i = 0; i < a.old_logprobs.size(); ++i) ASSERT_NEAR(a.old_logprobs[i], b.old_logprobs[i], 1e-5) << i;
+  // Bit for bit: pulse::gemm makes a row's logits independent of the rows beside it.
+  ASSERT_EQ(a.old_logprobs.size(), b.old_logprobs.size());
+  EXPECT_EQ(std::memcmp(a.old_logprobs.data(), b.old_logprobs.data(), a.old_logprobs.size() * sizeof(float)), 0);
 }
 
 RolloutBatch concat(const RolloutBatch& a, const RolloutBatch& b) {
@@ -128,27 +132,57 @@ TEST(Rollouts, DeterministicAndIndependentOfBatching) {
   EXPECT_TRUE(group_differs);
 }
 
-TEST(Rollouts, OldLogprobsAreTheModelsLogprobsAtTemperatureOne) {
+// The trainer scores the rollouts with the full forward pass at the sampling temperature: its
+// logprobs are the sampler's bit for bit, so GRPO's importance ratio at the first iteration is
+// exactly 1 (and nothing is clipped).
+void expect_trainer_scores_as_sampled(Fixture& f, const RolloutBatch& b, float temperature) {
+  pulse::GPT model(f.config, b.rows, b.seq_len);
+  model.set_weights(f.weights);
+  if (temperature > 0) model.set_temperature(temperature);
+  model.forward(pulse::to_device(b.tokens), pulse::to_device(b.targets));
+  const auto trainer = pulse::to_host(model.target_logprobs());
+  int scored = 0;
+  for (std::size_t i = 0; i < trainer.size(); ++i)
+    if (b.completion_mask[i]) {
+      ASSERT_EQ(std::memcmp(&b.old_logprobs[i], &trainer[i], sizeof(float)), 0)
+          << "temperature " << temperature << " position " << i << ": sampler " << b.old_logprobs[i] << ", trainer "
+          << trainer[i];
+      ++scored;
+    }
+  EXPECT_GT(scored, 0);
+  std::vector<float> advantages(b.rows);
+  for (int r = 0; r < b.rows; ++r) advantages[r] = r % 2 ? 1.0f : -1.0f;
+  std::vector<float> weights;
+  const pulse::GrpoLossStats s = pulse::grpo_loss(trainer, b, advantages, pulse::GrpoHyper{}, 0, weights);
+  EXPECT_EQ(s.mean_ratio, 1.0) << "temperature " << temperature;
+  EXPECT_EQ(s.clip_fraction, 0.0);
+}
+
+TEST(Rollouts, OldLogprobsAreTheTrainersLogprobsBitForBit) {
   Fixture f(4.0f);
   const auto prompts = f.problems(3);
   pulse::SamplingOptions opt;
   opt.seed = 5;
-  const RolloutBatch b = f.sample(4, prompts, 2, opt);
-  pulse::GPT model(f.config, b.rows, b.seq_len);
-  model.set_weights(f.weights);
-  model.forward(pulse::to_device(b.tokens), pulse::to_device(b.targets));
-  const auto ref = pulse::to_host(model.target_logprobs());
-  for (std::size_t i = 0; i < ref.size(); ++i)
-    if (b.completion_mask[i]) ASSERT_NEAR(b.old_logprobs[i], ref[i], 2e-5) << i;
-  // At temperature 1/2 they are log-softmax(2 * logits): sharper, so the sampled tokens are
-  // on average more likely than under temperature 1.
+  for (float t : {1.0f, 0.5f, 0.7f, 0.0f}) {
+    opt.temperature = t;
+    expect_trainer_scores_as_sampled(f, f.sample(4, prompts, 2, opt), t);
+  }
+}
+
+TEST(Rollouts, OldLogprobsAreLogSoftmaxAtTheTemperature) {
+  Fixture f(4.0f);
+  const auto prompts = f.problems(3);
+  pulse::SamplingOptions opt;
+  opt.seed = 5;
+  // At temperature 1/2 they are log-softmax(2 * logits) of the model's logits (double reference).
   opt.temperature = 0.5f;
   const RolloutBatch cold = f.sample(4, prompts, 2, opt);
+  pulse::GPT model(f.config, cold.rows, cold.seq_len);
+  model.set_weights(f.weights);
   model.forward(pulse::to_device(cold.tokens), pulse::to_device(cold.targets));
-  const auto ref_cold = pulse::to_host(model.target_logprobs());
   const auto logits = pulse::to_host(model.logits());
   const int V = f.config.vocab_size;
-  for (std::size_t i = 0; i < ref_cold.size(); ++i) {
+  for (std::size_t i = 0; i < cold.old_logprobs.size(); ++i) {
     if (!cold.completion_mask[i]) continue;
     double mx = -1e30, z = 0;
     for (int v = 0; v < V; ++v) mx = std::max(mx, 2.0 * logits[i * V + v]);

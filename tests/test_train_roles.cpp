@@ -232,3 +232,30 @@ void check_routed_rollouts(int async_lag) {
 TEST(GeneratorMpi, TrainersReceiveTheirRowsOfTheBatchOneRankSamplesAlone) { check_routed_rollouts(0); }
 
 TEST(GeneratorMpi, WithAnAsyncLagTheRanksSampleTheVersionBefore) { check_routed_rollouts(1); }
+
+// The prompts of a step split over 1, 2, 3 and 4 generating ranks, evenly and not: each part
+// sampled by a Generator of its own, whose decoder holds as many rows as that rank's would (so a
+// part runs in decoder chunks of other sizes, with padding rows beside it). Every row's tokens,
+// rewards and logprobs are the bits of the batch one rank samples for all prompts.
+TEST(Generator, AnySplitOfThePromptsGivesTheSameRowsBitForBit) {
+  TrainConfig c = rollout_config(0, 0);
+  c.prompts_per_step = 12;
+  const GPTConfig config = tiny_config();
+  const auto weights = to_device(bf16_of(gpt_init(config, 5)));
+  Generator alone(c, config, seq_len_of(c), 0, 1, {});
+  const RolloutBatch whole = alone.generate(3, 0, c.prompts_per_step, weights);
+  const std::vector<std::vector<int>> splits = {{12}, {6, 6}, {4, 4, 4}, {3, 3, 3, 3}, {5, 7},
+                                                {1, 11}, {2, 3, 7}, {1, 2, 4, 5}, {11, 1}};
+  for (const std::vector<int>& split : splits) {
+    const int ranks = static_cast<int>(split.size());
+    int first = 0;
+    for (int part : split) {
+      // A trainer-only layout of `ranks` trainers sizes this rank's decoder for 12 / ranks prompts.
+      Generator rank_generator(c, config, seq_len_of(c), 0, ranks, {});
+      const RolloutBatch b = rank_generator.generate(3, first, part, weights);
+      SCOPED_TRACE("split of " + std::to_string(ranks) + ", prompts from " + std::to_string(first));
+      expect_rows_of(b, whole, first * c.group_size, part * c.group_size);
+      first += part;
+    }
+  }
+}

@@ -239,6 +239,13 @@ float GPT::forward(const Kokkos::View<const int*>& tokens, const Kokkos::View<co
   }
   layernorm_forward(space_, a_.lnf, a_.lnf_mean, a_.lnf_rstd, x, w_.lnf_w, w_.lnf_b, BT, C);
   matmul_forward(space_, a_.logits, a_.lnf, w_.lm_head, Span(), BT, C, V);
+  if (temperature_ != 1.0f) {
+    const Span logits = a_.logits;
+    const float t = temperature_;
+    Kokkos::parallel_for(
+        "pulse::gpt::temperature", FlatPolicy<Exec>(space_, 0, BT * V),
+        KOKKOS_LAMBDA(const index_t i) { logits(i) = logits(i) / t; });
+  }
   if (targets.extent(0) == 0) return -1.0f;
 
   cross_entropy_forward(space_, a_.losses, a_.probs, a_.logits, targets, BT, V);
@@ -252,6 +259,11 @@ float GPT::forward(const Kokkos::View<const int*>& tokens, const Kokkos::View<co
       "pulse::gpt::mean_loss", FlatPolicy<Exec>(space_, 0, BT),
       KOKKOS_LAMBDA(const index_t i, accum_t& s) { s += losses(i); }, sum);
   return static_cast<float>(sum / BT);
+}
+
+void GPT::set_temperature(float t) {
+  PULSE_CHECK(t > 0 && std::isfinite(t), "model: temperature must be finite and > 0, got " + std::to_string(t));
+  temperature_ = t;
 }
 
 void GPT::zero_grad() { Kokkos::deep_copy(space_, grads_, 0.0f); }
@@ -278,6 +290,13 @@ void GPT::backward_from_loss_weights() {
   const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads, V = config_.vocab_size;
   const index_t BT = index_t(B) * T, BTC = BT * C;
   cross_entropy_backward(space_, ga_.logits, ga_.losses, a_.probs, targets_, BT, V);
+  if (temperature_ != 1.0f) {  // d(l / t)/dl = 1/t
+    const Span dlogits = ga_.logits;
+    const float t = temperature_;
+    Kokkos::parallel_for(
+        "pulse::gpt::temperature_backward", FlatPolicy<Exec>(space_, 0, BT * V),
+        KOKKOS_LAMBDA(const index_t i) { dlogits(i) = dlogits(i) / t; });
+  }
   matmul_backward(space_, ga_.lnf, g_.lm_head, Span(), ga_.logits, a_.lnf, w_.lm_head, BT, C, V);
   const int L = config_.num_layers;
   layernorm_backward(space_, ga_.blocks[L - 1].res3, g_.lnf_w, g_.lnf_b, ga_.lnf, a_.blocks[L - 1].res3, w_.lnf_w,

@@ -60,6 +60,10 @@ class GPT {
 
   // Loads the compute weights from BF16 bit patterns (table order).
   void set_weights(const Kokkos::View<const bf16_bits*>& weights);
+  // The policy's sampling temperature: forward() scores softmax(logits / t), as the sampler
+  // draws (the sampler divides the same float logits by the same t), and backward() follows.
+  // 1 (the default) leaves the logits untouched; must be > 0.
+  void set_temperature(float t);
   // tokens and targets hold batch * seq_len ids, row-major [B, T]; ids outside the vocabulary
   // throw pulse::Error before any kernel runs. Returns the mean cross entropy over all
   // positions, or -1 when targets is empty (logits only; backward() then throws).
@@ -77,7 +81,7 @@ class GPT {
 
   Kokkos::View<const float*> weights() const { return weights_; }  // FP32 values of bf16(theta)
   Kokkos::View<float*> grads() const { return grads_; }
-  Kokkos::View<const float*> logits() const;  // [B, T, V] of the last forward
+  Kokkos::View<const float*> logits() const;  // [B, T, V] of the last forward (over the temperature)
 
  private:
   using BlockParams = GPTBlockParams;
@@ -104,6 +108,7 @@ class GPT {
 
   GPTConfig config_;
   int B_, T_;
+  float temperature_ = 1.0f;
   Exec space_;
   TensorTable table_, act_table_;
   Kokkos::View<float*> weights_, grads_, acts_, grad_acts_;

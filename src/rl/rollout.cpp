@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "kernels/cross_entropy.hpp"
 #include "kernels/host_copy.hpp"
 #include "rl/counter_rng.hpp"
 
@@ -19,7 +20,9 @@ constexpr std::size_t header_bytes = sizeof(rollout_magic) + 3 * sizeof(std::int
 constexpr std::size_t bytes_per_position = 2 * sizeof(std::int32_t) + sizeof(std::uint8_t) + sizeof(float);
 
 // A draw from softmax(logits / temperature) given a uniform u, and its log-probability under
-// that distribution (see sample_rollouts for temperature 0).
+// that distribution (see sample_rollouts for temperature 0). The log-probability is taken in the
+// trainer's arithmetic (row_target_logprob on the float logits, divided by the temperature
+// unless it is 1 or 0), so at temperature 1 it is the trainer's value for the same weights.
 struct Draw {
   int token;
   float logprob;
@@ -47,7 +50,10 @@ Draw draw_token(const float* logits, int V, float temperature, double u) {
       if (cumulative > target) break;
     }
   }
-  return {token, static_cast<float>(logits[token] * inv_t - scaled_max - std::log(z))};
+  if (temperature == 1.0f || temperature == 0.0f) return {token, row_target_logprob(logits, V, token)};
+  std::vector<float> scaled(logits, logits + V);
+  for (float& l : scaled) l /= temperature;
+  return {token, row_target_logprob(scaled.data(), V, token)};
 }
 
 template <class T>

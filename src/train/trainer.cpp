@@ -24,6 +24,8 @@ Trainer::Trainer(const TrainConfig& c, const Communicator& trainers, const GPTCo
                  const RankCheckpoint* resumed)
     : c_(c), trainers_(trainers), rows_(rows) {
   model_ = std::make_unique<GPT>(config, rows, seq_len);
+  // Score at the temperature the rollouts were drawn at (greedy rollouts record temperature 1).
+  if (c_.temperature > 0) model_->set_temperature(static_cast<float>(c_.temperature));
   const Precision precision = c_.precision == "mixed" ? Precision::mixed : Precision::bf16;
   params_ = std::make_unique<ParameterStore>(table, precision, initial, trainers_.rank() == 0);
   if (c_.trainer_sync != "ddp") {
