@@ -43,18 +43,32 @@ if(NOT PULSE_PYTHON)
   endif()
 endif()
 
-# ---- the Python module (pybind11): quiet find, option defaulting to found, then required ----
+# ---- the Python module (pybind11) ----
+# PULSE_ENABLE_PYTHON: AUTO (the default) decides at every configure, so the module appears as
+# soon as pybind11 does (make run configures before the test packages are installed, make test
+# after); ON requires pybind11; OFF leaves the module out. PULSE_PYTHON_MODULE is the decision.
+set(PULSE_ENABLE_PYTHON AUTO CACHE STRING "Build the pulse Python module (import pulse): AUTO, ON or OFF")
+set_property(CACHE PULSE_ENABLE_PYTHON PROPERTY STRINGS AUTO ON OFF)
 set(PYTHON_EXECUTABLE ${PULSE_PYTHON})
-# Off by default in CUDA builds: the module is host code, untested under nvcc_wrapper.
-find_package(pybind11 CONFIG QUIET)
-set(_pulse_python_default OFF)
-if(pybind11_FOUND AND NOT PULSE_KOKKOS_CUDA)
-  set(_pulse_python_default ON)
-endif()
-option(PULSE_ENABLE_PYTHON "Build the pulse Python module (import pulse; needs pybind11)" ${_pulse_python_default})
-if(PULSE_ENABLE_PYTHON)
+if(PULSE_ENABLE_PYTHON STREQUAL "AUTO")
+  find_package(pybind11 CONFIG QUIET)
+  # Not in CUDA builds: the module is host code, untested under nvcc_wrapper.
+  if(pybind11_FOUND AND NOT PULSE_KOKKOS_CUDA)
+    set(PULSE_PYTHON_MODULE ON)
+  else()
+    set(PULSE_PYTHON_MODULE OFF)
+    set(PULSE_PYTHON_MODULE_MISSING "pybind11 was not found (Debian: pybind11-dev python3-pybind11, in make test's list)")
+    if(PULSE_KOKKOS_CUDA)
+      set(PULSE_PYTHON_MODULE_MISSING "a CUDA build leaves it out (configure with -DPULSE_ENABLE_PYTHON=ON to try)")
+    endif()
+  endif()
+elseif(PULSE_ENABLE_PYTHON)
   find_package(pybind11 CONFIG REQUIRED)
+  set(PULSE_PYTHON_MODULE ON)
+else()
+  set(PULSE_PYTHON_MODULE OFF)
 endif()
+message(STATUS "pulse: Python module ${PULSE_PYTHON_MODULE} (PULSE_ENABLE_PYTHON=${PULSE_ENABLE_PYTHON})")
 
 # ---- tests and benchmarks ----
 if(PULSE_ENABLE_TESTS)
