@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Debian's python carries the apt python3-* packages; a pyenv python3 first on PATH does not.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: deps deps-run build build-run run test test-openmp bench clean
+.PHONY: deps deps-run build build-run run test test-determinism test-openmp bench clean
 
 # Debian packages (cmake/debian-deps.sh): what `make run` needs, and what the tests add.
 deps-run:
@@ -36,6 +36,11 @@ run: build-run
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The determinism tests again under every OpenBLAS kernel set the CPU runs (AVX2, and AVX-512
+# where present) at 1 and 2 BLAS threads (cmake/determinism-check.sh).
+test-determinism: build
+	cmake/determinism-check.sh $(BUILD)
 
 # The same tests against a threaded Kokkos (OpenMP) built from ../shared/vendor (CI has it; skipped
 # without it), then the kernels' device code paths forced on the host backends, and kernel_digest
