@@ -254,10 +254,11 @@ float GPT::forward(const Kokkos::View<const int*>& tokens, const Kokkos::View<co
   Kokkos::parallel_for(
       "pulse::gpt::target_logprobs", FlatPolicy<Exec>(space_, 0, BT),
       KOKKOS_LAMBDA(const index_t i) { logprobs(i) = -losses(i); });
+  // Summed on the host in position order: a parallel reduction's order (and so its last bits)
+  // would follow the thread count. BT floats cross, not the logits.
+  const auto host_losses = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses);
   accum_t sum = 0;
-  Kokkos::parallel_reduce(
-      "pulse::gpt::mean_loss", FlatPolicy<Exec>(space_, 0, BT),
-      KOKKOS_LAMBDA(const index_t i, accum_t& s) { s += losses(i); }, sum);
+  for (index_t i = 0; i < BT; ++i) sum += host_losses(i);
   return static_cast<float>(sum / BT);
 }
 
