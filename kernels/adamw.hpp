@@ -256,10 +256,20 @@ template <class ExecSpace, class Team, class Update, class IndexView, class Valu
 KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, const Update& update,
                                           const IndexView& indices, const ValueView& values, const CountView& counts) {
   if constexpr (takes_host_path<ExecSpace>) {
+    // Blocks of 512: the update loop vectorises when nothing else is in it, then a branchless
+    // compaction (write at k, advance k by the flag). k never passes i, so the writes stay in
+    // the segment's part of the staging.
+    constexpr index_t block = 512;
+    bf16_bits bits[block];
+    std::uint8_t changed[block];
     index_t k = seg.begin;
-    for (index_t i = seg.begin; i < seg.end; ++i) {
-      bf16_bits bits = 0;
-      if (update(i, true, bits)) indices(k) = i, values(k) = bits, ++k;
+    for (index_t b = seg.begin; b < seg.end; b += block) {
+      const index_t e = b + block < seg.end ? b + block : seg.end;
+      for (index_t i = b; i < e; ++i) changed[i - b] = update(i, true, bits[i - b]) ? 1 : 0;
+      for (index_t i = b; i < e; ++i) {
+        indices(k) = i, values(k) = bits[i - b];
+        k += changed[i - b];
+      }
     }
     counts(team.league_rank()) = k - seg.begin;
   } else {

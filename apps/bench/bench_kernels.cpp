@@ -155,6 +155,53 @@ void BM_AdamWBf16(benchmark::State& state) {
   });
 }
 
+// The staged variants pulse-train's trainer 0 runs: the same pass, also reading the previous BF16
+// bits and staging each change (index 8 B + bits 2 B). Counter changed_fraction: the changes'
+// share of the elements at these settings.
+void BM_AdamWMixedStaged(benchmark::State& state) {
+  const index_t n = state.range(0);
+  auto master = random_floats(n, 5, 0.05f), grad = random_floats(n, 6, 1e-3f);
+  auto m = random_floats(n, 7, 1e-4f), v = random_floats(n, 8, 1e-8f);
+  Kokkos::parallel_for("bench::abs", n, KOKKOS_LAMBDA(index_t i) { v(i) = fabsf(v(i)); });
+  Kokkos::View<bf16_bits*> copy("copy", n);
+  cast_to_bf16(DefaultExec(), master, copy);
+  const auto segs = make_segments(bench_offsets(n));
+  const auto mask = bench_decay_mask();
+  const auto staging = make_change_staging(segs);
+  AdamWHyper h;
+  h.weight_decay = 0.01;
+  std::int64_t step = 10;
+  run_timed(state, 32.0 * n, [&] {
+    adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), master, grad, m, v,
+                copy, staging);
+  });
+  index_t changed = 0;
+  const auto counts = staging.counts;
+  Kokkos::parallel_reduce("bench::changed", counts.extent(0), KOKKOS_LAMBDA(index_t j, index_t & c) { c += counts(j); },
+                          changed);
+  state.counters["changed_fraction"] = double(changed) / n;
+}
+
+void BM_AdamWBf16Staged(benchmark::State& state) {
+  const index_t n = state.range(0);
+  Kokkos::View<bf16_bits*> w("w", n), g("g", n), m("m", n), v("v", n);
+  cast_to_bf16(DefaultExec(), random_floats(n, 5, 0.05f), w);
+  cast_to_bf16(DefaultExec(), random_floats(n, 6, 1e-3f), g);
+  const auto segs = make_segments(bench_offsets(n));
+  const auto mask = bench_decay_mask();
+  const auto staging = make_change_staging(segs);
+  AdamWHyper h;
+  std::int64_t step = 10;
+  run_timed(state, 14.0 * n, [&] {
+    adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), w, g, m, v, staging);
+  });
+  index_t changed = 0;
+  const auto counts = staging.counts;
+  Kokkos::parallel_reduce("bench::changed", counts.extent(0), KOKKOS_LAMBDA(index_t j, index_t & c) { c += counts(j); },
+                          changed);
+  state.counters["changed_fraction"] = double(changed) / n;
+}
+
 // Two BF16 versions that differ in 1% of the elements (the paper's per-step sparsity).
 struct DiffInputs {
   Kokkos::View<bf16_bits*> before, after;
@@ -204,6 +251,8 @@ PULSE_BENCH(BM_Triad);
 PULSE_BENCH(BM_CastToBf16);
 PULSE_BENCH(BM_AdamWMixed);
 PULSE_BENCH(BM_AdamWBf16);
+PULSE_BENCH(BM_AdamWMixedStaged);
+PULSE_BENCH(BM_AdamWBf16Staged);
 PULSE_BENCH(BM_DiffCount);
 PULSE_BENCH(BM_DiffCompact);
 
