@@ -235,7 +235,8 @@ std::vector<std::uint8_t> rechecksummed(std::vector<std::uint8_t> bytes) {
   return bytes;
 }
 
-constexpr std::size_t kTableAt = 136;  // the entry table follows the fixed header (FORMAT.md)
+constexpr std::size_t kTableAt = pulse::sync::patch_fixed_header_bytes;  // the entry table follows it
+static_assert(kTableAt == 136, "FORMAT.md: the entry table starts at byte 136");
 
 // The patch with its entry table replaced (table size and checksum fixed up).
 std::vector<std::uint8_t> with_table(const std::vector<std::uint8_t>& bytes, const std::vector<std::uint8_t>& table) {

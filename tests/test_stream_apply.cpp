@@ -161,7 +161,7 @@ TEST_F(StreamApply, PatchFailingMidStreamLeavesNothing) {
   EncodeOptions options;
   options.compressor = Compressor::none;
   auto bytes = encode(options);
-  const std::size_t table_end = 136 + u64_at(bytes, 128);
+  const std::size_t table_end = pulse::sync::patch_fixed_header_bytes + u64_at(bytes, 128);
   const std::size_t value_end = table_end + u64_at(bytes, 80) + u64_at(bytes, 96);
   bytes[value_end - 1] = 0xFF;
   rechecksum(bytes);
@@ -172,7 +172,7 @@ TEST_F(StreamApply, PatchFailingMidStreamLeavesNothing) {
 // decodes (into other values) and is written; the target digest refuses the output.
 TEST_F(StreamApply, PatchFailingAfterTheLastTensorLeavesNothing) {
   auto bytes = encode(exponent_class_options());
-  const std::size_t table_end = 136 + u64_at(bytes, 128);
+  const std::size_t table_end = pulse::sync::patch_fixed_header_bytes + u64_at(bytes, 128);
   const std::size_t value_begin = table_end + u64_at(bytes, 80);
   const std::size_t value_size = u64_at(bytes, 96);
   bytes[value_begin + value_size - 4] ^= 0x5A;

@@ -21,9 +21,9 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'U', 'L', 'S', 'E', 'P', 'C', 'H'};
 constexpr std::uint16_t kFormatVersion = 2;
-constexpr std::size_t kFixedHeaderBytes = 8 + 2 + 2 + 4 + 8 + 8 + 3 * 16 + 3 * 16 + 8;
-constexpr std::size_t kChecksumBytes = 16;
-constexpr std::size_t kSignatureBytes = 64;
+constexpr std::size_t kFixedHeaderBytes = patch_fixed_header_bytes;
+constexpr std::size_t kChecksumBytes = patch_checksum_bytes;
+constexpr std::size_t kSignatureBytes = patch_signature_bytes;
 
 // ---- little-endian writing and bounded reading ----
 

@@ -8,6 +8,7 @@
 // apply_patch checks the receiver's layout and base digest, decodes everything (writing the
 // sparse changes in place, their old values kept), verifies the target state digest, and on any
 // failure writes the old values back.
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -20,6 +21,12 @@
 #include "sync/signing.hpp"
 
 namespace pulse::sync {
+
+// The patch file's fixed parts (FORMAT.md): the header before the entry table, the xxh3-128
+// checksum, and the Ed25519 signature of a signed patch.
+inline constexpr std::size_t patch_fixed_header_bytes = 8 + 2 + 2 + 4 + 8 + 8 + 3 * 16 + 3 * 16 + 8;  // 136
+inline constexpr std::size_t patch_checksum_bytes = 16;
+inline constexpr std::size_t patch_signature_bytes = 64;
 
 enum class ValueCoding : std::uint8_t {
   raw = 0,      // new bit patterns, split into byte planes

@@ -24,7 +24,8 @@ namespace {
 using namespace pulse::sync;
 using pulse_fuzz::FuzzState;
 
-constexpr std::size_t kFixedHeaderBytes = 132, kChecksumBytes = 16, kSignatureBytes = 64;
+constexpr std::size_t kFixedHeaderBytes = patch_fixed_header_bytes, kChecksumBytes = patch_checksum_bytes,
+                      kSignatureBytes = patch_signature_bytes;
 
 bool same_bytes(const FuzzState& a, const FuzzState& b) {
   for (std::size_t i = 0; i < a.size(); ++i)
