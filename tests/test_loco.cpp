@@ -1,5 +1,5 @@
 // PULSELoCo / DiLoCo outer synchronisation at np 1/2/4, against a reference written here from
-// DESIGN.md's equations (its own BF16 cast, gate, error feedback, rank-order sum and PyTorch's
+// docs/loco.md's equations (its own BF16 cast, gate, error feedback, rank-order sum and PyTorch's
 // SGD(nesterov=True) update), plus the invariants: error feedback conserves every pseudo-
 // gradient entry, all trainers hold the same bits, a gate that fires everywhere reduces
 // PULSELoCo to DiLoCo, both sparse exchanges agree, and the byte counters match the payloads.
@@ -192,7 +192,7 @@ TEST(Loco, OuterSgdMatchesFusedFormula) {
   EXPECT_GT(differ, n / 10) << "the test cannot tell fused from unfused";
 }
 
-// Three outer steps against the reference written from DESIGN.md: per element, per rank.
+// Three outer steps against the reference written from docs/loco.md: per element, per rank.
 TEST(Loco, PulseLocoMatchesReference) {
   auto comm = world();
   const int ranks = comm.size(), rank = comm.rank();

@@ -1,5 +1,5 @@
 #pragma once
-// The per-run HDF5 statistics file (DESIGN.md "HDF5 statistics file").
+// The per-run HDF5 statistics file (docs/statistics.md).
 //
 // Layout, for readers:
 // - root attribute "pulse_stats_format" (int64, currently 1) marks a pulse stats file;

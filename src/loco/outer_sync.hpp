@@ -21,7 +21,7 @@ struct OuterHyper {
   bool nesterov = true;
 };
 
-// allgather: every trainer's payload to every trainer (DESIGN.md). sparse_allreduce: a sparse
+// allgather: every trainer's payload to every trainer (docs/loco.md). sparse_allreduce: a sparse
 // reduce-scatter by owner chunk plus an allgather of the owners' sums; above dense_threshold
 // mean density it switches to the dense exchange DiLoCo uses.
 enum class SparseExchange { allgather, sparse_allreduce };

@@ -1,5 +1,5 @@
 #pragma once
-// Codec choice by link bandwidth (DESIGN.md): for each candidate coding, the time to ship one
+// Codec choice by link bandwidth (docs/pulse-sync.md, "--codec auto"): for each candidate coding, the time to ship one
 // patch is T = encode + 8 S / B + apply, with encode and apply times measured on this machine
 // for this very patch and S its size; the best codec minimises T. Between two codecs a (smaller)
 // and b (faster) the crossover bandwidth is B* = 8 (S_a - S_b) / (t_b - t_a), t = encode + apply.
