@@ -28,11 +28,13 @@ build: deps
 MPIRUN ?= mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root,)
 
 # default.toml starts from an SFT warm start that pulse-train makes on first use and caches in
-# runs/sft-tiny-d2-800 (delete it to make it again).
+# runs/sft-tiny-d2-800 (delete it to make it again). The same run again in pure BF16 (weights and
+# Adam state in BF16, no FP32 master): the paper's regime, reported beside the default.
 run: build-run
 	mkdir -p runs
 	$(MPIRUN) -n 2 $(BUILD)/apps/pulse-train --config jobs/configs/default.toml --out runs/default.h5 --overwrite
-	cd analysis && $(PYTHON) -m pulse_analysis report ../runs/default.h5 -o ../runs/default
+	$(MPIRUN) -n 2 $(BUILD)/apps/pulse-train --config jobs/configs/default.toml --precision bf16 --out runs/default-bf16.h5 --overwrite
+	cd analysis && $(PYTHON) -m pulse_analysis report ../runs/default.h5 ../runs/default-bf16.h5 -o ../runs/default
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
