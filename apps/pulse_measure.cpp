@@ -9,6 +9,8 @@
 // comparing it block by block with the previous checkpoint's; earlier versions are rebuilt block by
 // block from logs of the changes between checkpoints (src/measure/change_log.hpp), so memory per
 // rank is the two checkpoints' mapped pages plus the logs. The kernel reads the next one ahead.
+// FP32 tensors are compared as the BF16 (or F16) cast the forward pass reads, or as stored
+// (--as raw): src/measure/compare_as.hpp.
 #include <glob.h>
 #include <signal.h>
 #include <unistd.h>
@@ -43,6 +45,7 @@
 #include "measure/change_log.hpp"
 #include "measure/checkpoint_reader.hpp"
 #include "measure/compare.hpp"
+#include "measure/compare_as.hpp"
 #include "measure/patch_size.hpp"
 #include "measure/tensor_kind.hpp"
 #include "measure/work_split.hpp"
@@ -71,6 +74,7 @@ struct Options {
   double unit_mb = 16;
   int level = 3;
   int max_k = 32;
+  std::string as;  // bf16, f16, raw; empty: bf16 for a series of FP32 tensors only, raw otherwise
 };
 
 bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
@@ -184,6 +188,15 @@ void check_series(const std::vector<std::pair<std::int64_t, std::string>>& serie
   }
 }
 
+// What the FP32 tensors are compared as: --as, or by default the BF16 cast where every tensor
+// is FP32 (an FP32 master, which the forward pass reads cast), as stored otherwise (FP32 tensors
+// beside BF16 or F16 ones are kept in FP32 on purpose, as norms often are, and read so).
+measure::CompareAs compare_as(const std::string& as, const std::vector<MeasuredTensor>& tensors) {
+  if (!as.empty()) return measure::parse_compare_as(as);
+  const bool all_f32 = std::all_of(tensors.begin(), tensors.end(), [](const MeasuredTensor& t) { return t.dtype == "F32"; });
+  return all_f32 ? measure::CompareAs::bf16 : measure::CompareAs::raw;
+}
+
 // Elements compared per block: small enough for the block of the checkpoint being measured to
 // stay in L1 while every version the row needs is compared with it.
 constexpr std::size_t kBlockElements = 8192;
@@ -214,16 +227,23 @@ std::string clock_text(double s) {
 class Measurement {
  public:
   Measurement(const Options& o, std::vector<std::pair<std::int64_t, std::string>> series,
-              std::vector<MeasuredTensor> tensors, std::string command_line)
-      : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), command_line_(std::move(command_line)) {
+              std::vector<MeasuredTensor> tensors, measure::CompareAs as, std::string command_line)
+      : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), as_(as), command_line_(std::move(command_line)) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
     for (const int k : kstep_values)
       if (k <= o.max_k) ks_.push_back(k);
-    units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
+    std::vector<MeasuredTensor> compared = tensors_;  // units by the bytes compared: the patches of a cast
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {  // series are those of the cast checkpoints
+      cast_.push_back(as_ != measure::CompareAs::raw && tensors_[t].dtype == "F32");
+      compared[t].element_bytes = compared_bytes(t);
+      numel_ += tensors_[t].numel;
+      dense_bytes_ += std::uint64_t(tensors_[t].numel) * compared_bytes(t);
+    }
+    units_ = measure::make_units(compared, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
-    for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
-    for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
+    for (std::size_t u = first_unit_; u < last_unit_; ++u)
+      for (const Piece& p : units_[u].pieces) share_bytes_ += std::uint64_t(p.end - p.begin) * tensors_[p.tensor].element_bytes;
   }
 
   void run() {
@@ -252,13 +272,19 @@ class Measurement {
   }
 
  private:
+  std::size_t compared_bytes(std::size_t t) const { return cast_[t] ? 2 : tensors_[t].element_bytes; }
+  std::string compared_dtype(std::size_t t) const {
+    return cast_[t] ? (as_ == measure::CompareAs::bf16 ? "BF16" : "F16") : tensors_[t].dtype;
+  }
+
   void declare() {
     using io::SeriesType;
     auto& s = *stats_;
     s.declare("/steps/step", SeriesType::int64, 0, "1", "step of the checkpoint the row measures");
     s.declare("/steps/steps_apart", SeriesType::int64, 0, "steps", "steps between this checkpoint and the previous one");
     s.declare("/steps/changed", SeriesType::int64, 0, "elements",
-              "BF16/F16/F32 weights whose bits changed since the previous checkpoint");
+              "BF16/F16/F32 weights whose bits (as compared: root attribute compared_as) changed since the previous "
+              "checkpoint");
     s.declare("/steps/sparsity", SeriesType::float64, 0, "1",
               "fraction of BF16/F16/F32 weights whose bits did not change since the previous checkpoint");
     s.declare("/steps/tensor_changed", SeriesType::int64, int(tensors_.size()), "elements",
@@ -268,7 +294,7 @@ class Measurement {
     s.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names);
     s.declare("/steps/patch_bytes", SeriesType::int64, 0, "bytes",
               "PULSESync patch from the previous checkpoint: sum of one patch per unit (root attribute unit_bytes)");
-    s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes sent densely");
+    s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes (as compared) sent densely");
     s.declare("/steps/bits_per_changed", SeriesType::float64, 0, "bits", "8 patch_bytes / changed (NaN if none changed)");
     s.declare("/steps/encode_s", SeriesType::float64, 0, "s",
               "time to size the patches (index and value streams coded and compressed), slowest rank");
@@ -297,7 +323,8 @@ class Measurement {
     s.set_attribute("command_line", command_line_);
     s.set_attribute("num_ranks", std::int64_t(nranks_));
     s.set_attribute("absent_datasets", std::string(kAbsent));
-    std::vector<std::string> paths, shapes, dtypes, tensor_kinds;
+    s.set_attribute("compared_as", measure::compare_as_name(as_));
+    std::vector<std::string> paths, shapes, dtypes, compared_dtypes, tensor_kinds;
     std::vector<double> steps, numel, kind_numel(kinds.size(), 0.0);
     for (const auto& [step, path] : series_) steps.push_back(double(step)), paths.push_back(path);
     for (const MeasuredTensor& t : tensors_) {
@@ -305,6 +332,7 @@ class Measurement {
       for (const std::int64_t d : t.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
       shapes.push_back(shape);
       dtypes.push_back(t.dtype);
+      compared_dtypes.push_back(compared_dtype(dtypes.size() - 1));
       numel.push_back(double(t.numel));
       const measure::TensorKind kind = measure::classify_tensor(t.name);
       tensor_kinds.push_back(measure::tensor_kind_name(kind));
@@ -325,6 +353,7 @@ class Measurement {
     s.set_attribute("tensor_names", names);
     s.set_attribute("tensor_shapes", shapes);
     s.set_attribute("tensor_dtypes", dtypes);
+    s.set_attribute("tensor_compared_dtypes", compared_dtypes);
     s.set_attribute("tensor_numel", numel);
     s.set_attribute("tensor_kinds", tensor_kinds);
     s.set_attribute("kind_names", kinds);
@@ -382,17 +411,23 @@ class Measurement {
       patch_.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
-        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin);
+        const bool cast = cast_[p.tensor];
+        const std::size_t esz = compared_bytes(p.tensor), n = std::size_t(p.end - p.begin);
         const std::byte* piece = checkpoint.data(t, p.begin, p.end);
         if (!has_prev) continue;
         const std::byte* piece_before = previous->data(t, p.begin, p.end);
         const bool whole = p.begin == 0 && p.end == t.numel;
         patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
-                          t.dtype, n);
+                          compared_dtype(p.tensor), n);
         for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
           const std::size_t m = std::min(kBlockElements, n - b);
-          const std::byte* now = piece + b * esz;
-          const std::byte* before = piece_before + b * esz;
+          const std::byte* now = piece + b * t.element_bytes;
+          const std::byte* before = piece_before + b * t.element_bytes;
+          if (cast) {
+            measure::cast_block(as_, now, m, cast_now_.data());
+            measure::cast_block(as_, before, m, cast_before_.data());
+            now = cast_now_.data(), before = cast_before_.data();
+          }
           const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
           sums[p.tensor] += std::int64_t(changed.size());
           const auto e0 = std::chrono::steady_clock::now();
@@ -478,6 +513,8 @@ class Measurement {
   Options o_;
   std::vector<std::pair<std::int64_t, std::string>> series_;
   std::vector<MeasuredTensor> tensors_;
+  measure::CompareAs as_;
+  std::vector<bool> cast_;  // per tensor: compared as its 16-bit cast
   std::string command_line_;
   int rank_ = 0, nranks_ = 1;
   std::vector<Unit> units_;
@@ -488,6 +525,8 @@ class Measurement {
   std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
   std::vector<measure::ChangeLog> spare_logs_;           // dropped, with their buffers
   std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted
+  std::vector<std::byte> cast_now_ = std::vector<std::byte>(kBlockElements * 2);  // a cast block and its
+  std::vector<std::byte> cast_before_ = std::vector<std::byte>(kBlockElements * 2);  // predecessor
   measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
 };
@@ -530,6 +569,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 32))
         ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
+    app.add_option("--as", o.as, "compare FP32 tensors as their BF16 or F16 cast (round to nearest even, what the "
+                                 "forward pass reads) or as stored (raw); default bf16 when every tensor is FP32, raw "
+                                 "otherwise")
+        ->check(CLI::IsMember({"bf16", "f16", "raw"}));
     app.add_flag("-q,--quiet", o.quiet, "no progress lines");
     cli::JsonSummary summary(app, "pulse-measure");
     std::string command_line;
@@ -552,11 +595,16 @@ int main(int argc, char** argv) {
         const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only));
         if (tensors.empty()) throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure");
         check_series(series, tensors);
+        const measure::CompareAs as = compare_as(o.as, tensors);
+        summary.set("compared_as", measure::compare_as_name(as));
         if (!o.overwrite && std::filesystem::exists(o.out))
           throw Error(o.out + ": exists (give --overwrite to replace it)");
         const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();
         if (!std::filesystem::is_directory(out_dir)) throw Error(o.out + ": folder " + out_dir.string() + " does not exist");
-        m = std::make_unique<Measurement>(o, series, tensors, command_line);
+        m = std::make_unique<Measurement>(o, series, tensors, as, command_line);
+        if (rank == 0 && !o.quiet && o.as.empty() && as != measure::CompareAs::raw)
+          std::fprintf(stderr, "pulse-measure: every tensor is FP32: comparing their BF16 cast (round to nearest even, "
+                               "as the forward pass reads them); --as raw compares the FP32 bits\n");
       } catch (const std::exception& e) {
         if (rank == 0) std::cerr << "pulse-measure: " << e.what() << "\n";
         code = 1;

@@ -133,16 +133,17 @@ def bits(a):
     return a.view(np.uint32) if a.dtype.itemsize == 4 else a.view(np.uint16)
 
 
-def expected_rows(paths, steps):
-    """The datasets pulse-measure must write, recomputed with numpy."""
-    states = [read_state(p) for p in paths]
+def expected_rows(paths, steps, view=lambda dtype, a: bits(a)):
+    """The datasets pulse-measure must write, recomputed with numpy; view(dtype, array): the bits
+    compared."""
+    states = [{n: (d, view(d, a)) for n, (d, a) in read_state(p).items() if d != "I64"} for p in paths]
     names = sorted(n for n in MODEL if MODEL[n][0] != "I64")
     numel = {n: int(np.prod(MODEL[n][1])) for n in names}
     total = sum(numel.values())
     rows = {"step": [], "changed": [], "sparsity": [], "tensor_changed": [], "kstep": [], "kinds_changed": [],
             "dense_bytes": []}
     for t in range(1, len(states)):
-        per = [int(np.count_nonzero(bits(states[t][n][1]) != bits(states[t - 1][n][1]))) for n in names]
+        per = [int(np.count_nonzero(states[t][n][1] != states[t - 1][n][1])) for n in names]
         rows["step"].append(steps[t])
         rows["tensor_changed"].append(per)
         rows["changed"].append(sum(per))
@@ -152,11 +153,11 @@ def expected_rows(paths, steps):
         for k in KSTEP:
             if steps[t] - k in steps[:t]:
                 j = steps.index(steps[t] - k)
-                ks.append(sum(int(np.count_nonzero(bits(states[t][n][1]) == bits(states[j][n][1]))) for n in names) / total)
+                ks.append(sum(int(np.count_nonzero(states[t][n][1] == states[j][n][1])) for n in names) / total)
             else:
                 ks.append(math.nan)
         rows["kstep"].append(ks)
-        rows["dense_bytes"].append(sum(numel[n] * (4 if MODEL[n][0] == "F32" else 2) for n in names))
+        rows["dense_bytes"].append(sum(numel[n] * states[t][n][1].itemsize for n in names))
     return names, rows
 
 
@@ -174,9 +175,9 @@ def same_nan(a, b, atol=0.0):
     return a.shape == b.shape and bool(np.all((np.abs(a - b) <= atol) | (np.isnan(a) & np.isnan(b))))
 
 
-def check_against_numpy(label, out, paths, steps):
+def check_against_numpy(label, out, paths, steps, view=lambda dtype, a: bits(a)):
     data, attrs, names = read_h5(out)
-    exp_names, rows = expected_rows(paths, steps)
+    exp_names, rows = expected_rows(paths, steps, view)
     expect(sorted(names) == exp_names, f"{label}: tensor_names {names}")
     if sorted(names) != exp_names:
         return data
@@ -326,6 +327,95 @@ def check_patch_bytes(args, tmp):
                    f"patch_bytes {int(data['steps/patch_bytes'][t - 1])} vs pulse-sync {os.path.getsize(patch)}")
 
 
+def cast_bits(to):
+    """view for expected_rows: FP32 arrays as the bits of torch's cast to `to` (round to nearest even),
+    16-bit ones as stored."""
+    def view(dtype, a):
+        if dtype != "F32":
+            return bits(a)
+        return torch.from_numpy(np.array(a)).to(to).view(torch.int16).numpy().view(np.uint16)
+    return view
+
+
+def fp32_state(gen):
+    """An FP32 master (every float tensor of MODEL in F32); model.extra_scale holds the edge cases:
+    a BF16 and an F16 rounding tie, an F16 subnormal, a value beyond F16's range, an FP32
+    subnormal, a NaN (its payload changes every step) and a large negative value."""
+    state = {n: torch.randn(shape, generator=gen) * 0.05 for n, (dtype, shape, _) in MODEL.items() if dtype != "I64"}
+    state["model.extra_scale"] = torch.tensor([1 + 2 ** -8, 1 + 2 ** -11, 2.0 ** -20, 7e4, 1e-40, math.nan, -3e5])
+    return state
+
+
+def next_fp32_state(state, gen, t):
+    """Small FP32 updates to every element (AdamW-sized at lr ~1e-5): most BF16 casts stay put."""
+    out = {n: a + torch.randn(a.shape, generator=gen) * 1e-5 for n, a in state.items()}
+    nan = out["model.extra_scale"].view(torch.int32)
+    nan[5] = 0x7FC00000 | (t + 1)
+    return out
+
+
+def check_compare_as(args, mpi, tmp):
+    """--as on an FP32 series: the default (every tensor FP32) compares the BF16 cast; bf16, f16 and
+    raw each equal numpy on torch's casts; bf16 equals --as raw on the BF16 checkpoints torch casts
+    (patch bytes included, equal to pulse-sync's patch between them); the choice is in the file."""
+    gen = torch.Generator().manual_seed(13)
+    state = fp32_state(gen)
+    d = os.path.join(tmp, "fp32")
+    os.makedirs(d)
+    paths, cast_paths = [], []
+    for t in range(10):
+        paths.append(os.path.join(d, f"master-{t}.safetensors"))
+        safetensors_ref.write(paths[-1], [(n, "F32", a.numpy()) for n, a in state.items()])
+        cast_paths.append(os.path.join(d, f"bf16-{t}.safetensors"))
+        safetensors_ref.write(cast_paths[-1], [(n, "BF16", to_numpy(a.to(torch.bfloat16), "BF16"))
+                                               for n, a in state.items()])
+        state = next_fp32_state(state, gen, t)
+    outs = {}
+    for as_, view in (("", cast_bits(torch.bfloat16)), ("bf16", cast_bits(torch.bfloat16)),
+                      ("f16", cast_bits(torch.float16)), ("raw", lambda dtype, a: bits(a))):
+        out = os.path.join(tmp, f"fp32-{as_ or 'default'}.h5")
+        code, o, e = run(mpi + ["-n", "2", args.app, "--out", out, "--unit-mb", "0.004", "--max-k", "4"]
+                         + (["--as", as_] if as_ else []) + paths)
+        expect(code == 0, f"--as {as_}: exit {code}: {e.strip()[-800:]}")
+        if code != 0:
+            continue
+        expect(("comparing their BF16 cast" in e) == (as_ == ""), f"--as {as_!r}: stderr {e!r}")
+        data, attrs, _ = read_h5(out)
+        _, rows = expected_rows(paths, list(range(10)), view)
+        label = f"--as {as_ or '(default)'}"
+        expect(list(data["steps/changed"]) == rows["changed"], f"{label}: changed {list(data['steps/changed'])} vs "
+                                                               f"{rows['changed']}")
+        expect(same_nan(data["kstep/sparsity"], np.array(rows["kstep"])[:, :3], 1e-12), f"{label}: kstep")
+        expect(list(data["steps/dense_bytes"]) == rows["dense_bytes"], f"{label}: dense_bytes")
+        expect(attrs["compared_as"] == (as_ or "bf16"), f"{label}: compared_as {attrs['compared_as']}")
+        outs[as_ or "default"] = data
+    if "bf16" in outs and "raw" in outs:
+        expect(float(np.mean(outs["raw"]["steps/sparsity"])) < 1e-3 < float(np.mean(outs["bf16"]["steps/sparsity"])),
+               "FP32 master: raw should be ~0% sparse and its BF16 view sparse")
+    out = os.path.join(tmp, "cast-raw.h5")
+    code, o, e = run(mpi + ["-n", "2", args.app, "--quiet", "--out", out, "--unit-mb", "0.004", "--max-k", "4",
+                            "--as", "raw"] + cast_paths)
+    expect(code == 0, f"torch-cast BF16 series: exit {code}: {e.strip()[-800:]}")
+    if code == 0 and "bf16" in outs:
+        cast, _, _ = read_h5(out)
+        for key, value in outs["bf16"].items():
+            if key not in TIMING and not key.startswith("ranks/"):
+                expect(same_nan(cast[key], value), f"--as bf16 on FP32 vs raw on torch's BF16 cast: {key} differs")
+    out = os.path.join(tmp, "fp32-one-unit.h5")
+    code, o, e = run([args.app, "--quiet", "--out", out, "--unit-mb", "1024"] + paths[:2])
+    expect(code == 0, f"one unit: exit {code}: {e.strip()}")
+    patch = os.path.join(tmp, "fp32-cast.pulse")
+    p = subprocess.run([args.sync_app, "encode", "--base", cast_paths[0], "--target", cast_paths[1], "-o", patch],
+                       capture_output=True, text=True)
+    expect(p.returncode == 0, f"pulse-sync encode: {p.stderr.strip()}")
+    if code == 0 and p.returncode == 0:
+        data, _, _ = read_h5(out)
+        expect(int(data["steps/patch_bytes"][0]) == os.path.getsize(patch),
+               f"--as bf16 patch_bytes {int(data['steps/patch_bytes'][0])} vs pulse-sync {os.path.getsize(patch)}")
+    code, o, e = run([args.app, "--quiet", "--out", out, "--overwrite", "--as", "fp8"] + paths[:2])
+    expect(code != 0 and len(e.strip().splitlines()) == 1 and "--as" in e, f"--as fp8: exit {code}, {e!r}")
+
+
 def check_bad_input(args, tmp):
     gen = torch.Generator().manual_seed(5)
     state = initial_state(gen)
@@ -454,6 +544,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         check_bad_input(args, tmp)
         check_patch_bytes(args, tmp)
+        check_compare_as(args, mpi, tmp)
         check_series(args, mpi, tmp)
         if args.train_app:
             check_pulse_train(args, mpi, tmp)
