@@ -47,6 +47,7 @@
 #include "measure/compare.hpp"
 #include "measure/compare_as.hpp"
 #include "measure/patch_size.hpp"
+#include "measure/run_config.hpp"
 #include "measure/tensor_kind.hpp"
 #include "measure/work_split.hpp"
 
@@ -75,6 +76,8 @@ struct Options {
   int level = 3;
   int max_k = 32;
   std::string as;  // bf16, f16, raw; empty: bf16 for a series of FP32 tensors only, raw otherwise
+  std::vector<std::string> settings;  // --set key=value
+  std::string label;
 };
 
 bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
@@ -217,6 +220,12 @@ std::string utc_now() {
   return s;
 }
 
+std::string fixed(double v, int digits) {
+  char out[64];
+  std::snprintf(out, sizeof out, "%.*f", digits, v);
+  return out;
+}
+
 std::string clock_text(double s) {
   char out[32];
   const long v = long(std::llround(std::max(0.0, s)));
@@ -227,8 +236,10 @@ std::string clock_text(double s) {
 class Measurement {
  public:
   Measurement(const Options& o, std::vector<std::pair<std::int64_t, std::string>> series,
-              std::vector<MeasuredTensor> tensors, measure::CompareAs as, std::string command_line)
-      : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), as_(as), command_line_(std::move(command_line)) {
+              std::vector<MeasuredTensor> tensors, measure::CompareAs as, measure::RunConfig config,
+              std::string command_line)
+      : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), as_(as), config_(std::move(config)),
+        command_line_(std::move(command_line)) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
     for (const int k : kstep_values)
@@ -239,6 +250,7 @@ class Measurement {
       compared[t].element_bytes = compared_bytes(t);
       numel_ += tensors_[t].numel;
       dense_bytes_ += std::uint64_t(tensors_[t].numel) * compared_bytes(t);
+      stored_bytes_ += std::uint64_t(tensors_[t].numel) * tensors_[t].element_bytes;
     }
     units_ = measure::make_units(compared, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
@@ -262,13 +274,43 @@ class Measurement {
       previous = std::move(current);
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
-        const double gb = double(dense_bytes_) * double(i + 1) / 1e9;
+        const double gb = double(stored_bytes_) * double(i + 1) / 1e9;
         std::fprintf(stderr, "pulse-measure: checkpoint %zu/%zu (step %lld), %.3g GB read in %s (%.3g GB/s), ETA %s\n",
                      i + 1, series_.size(), (long long)series_[i].first, gb, clock_text(el).c_str(), gb / el,
                      clock_text(el / double(i + 1) * double(series_.size() - i - 1)).c_str());
       }
     }
     stats_.reset();
+  }
+
+  // The run's figures (rank 0), for --json and the closing line.
+  nlohmann::json figures() const {
+    nlohmann::json k = nlohmann::json::object();
+    for (std::size_t j = 0; j < ks_.size(); ++j)
+      k[std::to_string(ks_[j])] = totals_.kstep_rows[j] ? nlohmann::json(totals_.kstep_sum[j] / double(totals_.kstep_rows[j]))
+                                                         : nlohmann::json(nullptr);
+    const auto ratio = [](double a, double b) { return b > 0 ? nlohmann::json(a / b) : nlohmann::json(nullptr); };
+    return {{"rows", totals_.rows},
+            {"num_parameters", numel_},
+            {"mean_sparsity", ratio(totals_.sparsity_sum, double(totals_.rows))},
+            {"min_sparsity", totals_.rows ? nlohmann::json(totals_.min_sparsity) : nlohmann::json(nullptr)},
+            {"kstep_mean_sparsity", k},
+            {"changed", totals_.changed},
+            {"patch_bytes", totals_.patch},
+            {"dense_bytes", totals_.dense},
+            {"dense_over_patch", ratio(double(totals_.dense), double(totals_.patch))},
+            {"bits_per_changed", ratio(8.0 * double(totals_.patch), double(totals_.changed))}};
+  }
+
+  std::string figures_line() const {
+    const nlohmann::json f = figures();
+    auto pct = [](const nlohmann::json& v) { return v.is_null() ? std::string("-") : fixed(100 * v.get<double>(), 3) + "%"; };
+    std::string k = ks_.empty() ? "" : ", k=" + std::to_string(ks_.back()) + " " + pct(f["kstep_mean_sparsity"][std::to_string(ks_.back())]);
+    return std::to_string(totals_.rows) + " rows: mean sparsity " + pct(f["mean_sparsity"]) + " (min " +
+           pct(f["min_sparsity"]) + ")" + k + ", " + std::to_string(totals_.changed) + " changed, patches " +
+           std::to_string(totals_.patch) + " B against " + std::to_string(totals_.dense) + " B dense (" +
+           (f["dense_over_patch"].is_null() ? "-" : fixed(f["dense_over_patch"].get<double>(), 1) + "x") + "), " +
+           (f["bits_per_changed"].is_null() ? "-" : fixed(f["bits_per_changed"].get<double>(), 2)) + " bits per change";
   }
 
  private:
@@ -360,8 +402,17 @@ class Measurement {
     s.set_attribute("kind_numel", kind_numel);
     s.set_attribute("num_parameters", std::int64_t(numel_));
     s.set_attribute("unit_bytes", std::int64_t(o_.unit_mb * (1 << 20)));
-    s.set_attribute("precision", std::string("checkpoint"));
-    s.set_attribute("trainer_sync", std::string("unknown"));  // the report would assume ddp
+    // What the run was, as --set and --label say (never guessed from the checkpoints), except
+    // that the BF16 view of an FP32 series is the mixed-precision regime by what is compared.
+    s.set_attribute("config", config_.toml());
+    if (!o_.label.empty()) s.set_attribute("label", o_.label);
+    if (!config_.text("model").empty()) s.set_attribute("model", config_.text("model"));
+    const bool fp32_master_view = as_ == measure::CompareAs::bf16 &&
+                                  std::all_of(cast_.begin(), cast_.end(), [](bool cast) { return cast; });
+    const std::string precision = config_.text("precision");
+    s.set_attribute("precision", !precision.empty() ? precision : fp32_master_view ? "mixed" : "checkpoint");
+    const std::string trainer_sync = config_.text("trainer-sync");
+    s.set_attribute("trainer_sync", trainer_sync.empty() ? std::string("unknown") : trainer_sync);  // not ddp
   }
 
   // The changes of a block (at element b of the piece) to the unit's patch size.
@@ -492,6 +543,7 @@ class Measurement {
       row.set("/kstep/sparsity", kstep);
       row.set_int("/kinds/changed", per_kind);
       row.set("/kinds/sparsity", kind_sparsity);
+      totals_.add(changed, patch, std::int64_t(dense_bytes_), 1.0 - double(changed) / double(numel_), kstep);
     }
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
@@ -514,12 +566,13 @@ class Measurement {
   std::vector<std::pair<std::int64_t, std::string>> series_;
   std::vector<MeasuredTensor> tensors_;
   measure::CompareAs as_;
+  measure::RunConfig config_;
   std::vector<bool> cast_;  // per tensor: compared as its 16-bit cast
   std::string command_line_;
   int rank_ = 0, nranks_ = 1;
   std::vector<Unit> units_;
   std::size_t first_unit_ = 0, last_unit_ = 0;
-  std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
+  std::uint64_t share_bytes_ = 0, dense_bytes_ = 0, stored_bytes_ = 0;  // dense: as compared; stored: as read
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
   std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
@@ -527,6 +580,19 @@ class Measurement {
   std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted
   std::vector<std::byte> cast_now_ = std::vector<std::byte>(kBlockElements * 2);  // a cast block and its
   std::vector<std::byte> cast_before_ = std::vector<std::byte>(kBlockElements * 2);  // predecessor
+  struct Totals {  // over the rows (rank 0)
+    std::int64_t rows = 0, changed = 0, patch = 0, dense = 0;
+    double sparsity_sum = 0, min_sparsity = 1;
+    std::vector<double> kstep_sum;
+    std::vector<std::int64_t> kstep_rows;
+    void add(std::int64_t c, std::int64_t p, std::int64_t d, double sparsity, const std::vector<double>& kstep) {
+      ++rows, changed += c, patch += p, dense += d, sparsity_sum += sparsity;
+      min_sparsity = std::min(min_sparsity, sparsity);
+      kstep_sum.resize(kstep.size(), 0.0), kstep_rows.resize(kstep.size(), 0);
+      for (std::size_t j = 0; j < kstep.size(); ++j)
+        if (std::isfinite(kstep[j])) kstep_sum[j] += kstep[j], ++kstep_rows[j];
+    }
+  } totals_;
   measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
 };
@@ -573,6 +639,11 @@ int main(int argc, char** argv) {
                                  "forward pass reads) or as stored (raw); default bf16 when every tensor is FP32, raw "
                                  "otherwise")
         ->check(CLI::IsMember({"bf16", "f16", "raw"}));
+    app.add_option("--set", o.settings, "describe the run: key=value into the file's config (lr=3e-6, precision=bf16, "
+                                        "model=..., seed=2; repeat --set for each); the report groups runs by them")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    app.add_option("--label", o.label, "the run's name in the report (config key label)");
     app.add_flag("-q,--quiet", o.quiet, "no progress lines");
     cli::JsonSummary summary(app, "pulse-measure");
     std::string command_line;
@@ -590,6 +661,7 @@ int main(int argc, char** argv) {
         // Everything is checked on every rank alike before the output is created: a bad series
         // exits with one line and writes nothing.
         o.steps = parse_steps(steps_list);
+        const measure::RunConfig config = measure::parse_run_config(o.settings, o.label);
         const auto series = resolve_series(o);
         summary.set("checkpoints", series.size());
         const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only));
@@ -601,7 +673,7 @@ int main(int argc, char** argv) {
           throw Error(o.out + ": exists (give --overwrite to replace it)");
         const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();
         if (!std::filesystem::is_directory(out_dir)) throw Error(o.out + ": folder " + out_dir.string() + " does not exist");
-        m = std::make_unique<Measurement>(o, series, tensors, as, command_line);
+        m = std::make_unique<Measurement>(o, series, tensors, as, config, command_line);
         if (rank == 0 && !o.quiet && o.as.empty() && as != measure::CompareAs::raw)
           std::fprintf(stderr, "pulse-measure: every tensor is FP32: comparing their BF16 cast (round to nearest even, "
                                "as the forward pass reads them); --as raw compares the FP32 bits\n");
@@ -612,6 +684,10 @@ int main(int argc, char** argv) {
       if (m) {
         try {
           m->run();
+          if (rank == 0) {
+            summary.set("figures", m->figures());
+            if (!o.quiet) std::fprintf(stderr, "pulse-measure: %s\n", m->figures_line().c_str());
+          }
         } catch (const std::exception& e) {
           // Output errors (an existing --out) arise on every rank alike; anything else may be
           // one rank's, so the job is aborted rather than left waiting in a collective.

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import h5py
 import numpy as np
@@ -388,6 +389,9 @@ def check_compare_as(args, mpi, tmp):
         expect(same_nan(data["kstep/sparsity"], np.array(rows["kstep"])[:, :3], 1e-12), f"{label}: kstep")
         expect(list(data["steps/dense_bytes"]) == rows["dense_bytes"], f"{label}: dense_bytes")
         expect(attrs["compared_as"] == (as_ or "bf16"), f"{label}: compared_as {attrs['compared_as']}")
+        # the BF16 view of an FP32 master is the mixed-precision regime; anything else is not said
+        expect(attrs["precision"] == ("mixed" if as_ in ("", "bf16") else "checkpoint"),
+               f"{label}: precision {attrs['precision']}")
         outs[as_ or "default"] = data
     if "bf16" in outs and "raw" in outs:
         expect(float(np.mean(outs["raw"]["steps/sparsity"])) < 1e-3 < float(np.mean(outs["bf16"]["steps/sparsity"])),
@@ -414,6 +418,54 @@ def check_compare_as(args, mpi, tmp):
                f"--as bf16 patch_bytes {int(data['steps/patch_bytes'][0])} vs pulse-sync {os.path.getsize(patch)}")
     code, o, e = run([args.app, "--quiet", "--out", out, "--overwrite", "--as", "fp8"] + paths[:2])
     expect(code != 0 and len(e.strip().splitlines()) == 1 and "--as" in e, f"--as fp8: exit {code}, {e!r}")
+
+
+def check_description_and_json(args, tmp):
+    """--set and --label into the config attribute (read back with tomllib), precision and model
+    from them; --json's figures equal those recomputed from the file's datasets; a bad --set exits
+    with one line and writes nothing."""
+    gen = torch.Generator().manual_seed(17)
+    state = {n: t for n, t in initial_state(gen).items() if MODEL[n][0] != "I64"}
+    files = []
+    for t in range(6):
+        files.append(os.path.join(tmp, f"described-{t}.safetensors"))
+        write_file(files[-1], state)
+        state = next_state(state, gen)
+    out = os.path.join(tmp, "described.h5")
+    code, o, e = run([args.app, "--out", out, "--json", "--max-k", "4", "--set", "lr=3e-6", "--set", "seed=2",
+                      "--set", "precision=bf16", "--set", "model=Qwen2.5-0.5B", "--set", "note=a \"quoted\" word",
+                      "--label", "bf16, lr 3e-6"] + files)
+    expect(code == 0, f"--set: exit {code}: {e.strip()[-800:]}")
+    if code != 0:
+        return
+    data, attrs, _ = read_h5(out)
+    config = tomllib.loads(attrs["config"])
+    expect(config == {"lr": 3e-6, "seed": 2, "precision": "bf16", "model": "Qwen2.5-0.5B", "note": 'a "quoted" word',
+                      "label": "bf16, lr 3e-6"}, f"--set: config {config}")
+    expect(attrs["precision"] == "bf16" and attrs["model"] == "Qwen2.5-0.5B" and attrs["label"] == "bf16, lr 3e-6",
+           f"--set: attributes {attrs['precision']}, {attrs.get('model')}, {attrs.get('label')}")
+    fig = json.loads(o.strip().splitlines()[-1])["figures"]
+    changed, patch, dense = data["steps/changed"], data["steps/patch_bytes"], data["steps/dense_bytes"]
+    want = {"rows": len(changed), "num_parameters": int(attrs["num_parameters"]),
+            "mean_sparsity": float(np.mean(data["steps/sparsity"])), "min_sparsity": float(np.min(data["steps/sparsity"])),
+            "changed": int(changed.sum()), "patch_bytes": int(patch.sum()), "dense_bytes": int(dense.sum()),
+            "dense_over_patch": float(dense.sum() / patch.sum()), "bits_per_changed": float(8 * patch.sum() / changed.sum())}
+    for key, value in want.items():
+        expect(math.isclose(fig[key], value, rel_tol=1e-12), f"--json {key}: {fig[key]} vs {value}")
+    k = data["kstep/sparsity"]
+    want_k = {"1": float(np.mean(k[:, 0])), "2": float(np.mean(k[1:, 1])), "4": float(np.mean(k[3:, 2]))}
+    expect(sorted(fig["kstep_mean_sparsity"]) == sorted(want_k) and
+           all(math.isclose(fig["kstep_mean_sparsity"][j], v, rel_tol=1e-12) for j, v in want_k.items()),
+           f"--json kstep {fig['kstep_mean_sparsity']} vs {want_k}")
+    expect(f"mean sparsity {100 * want['mean_sparsity']:.3f}%" in e and f"{want['changed']} changed" in e,
+           f"closing line: {e.strip().splitlines()[-1]}")
+    for bad, words in ((["--set", "lr"], ["--set lr", "key=value"]), (["--set", "lr=1", "--set", "lr=2"], ["twice"]),
+                       (["--set", "label=x"], ["--label"])):
+        fresh = os.path.join(tmp, "described-bad.h5")
+        code, o, e = run([args.app, "--out", fresh] + bad + files[:2])
+        lines = [line for line in e.splitlines() if line.strip()]
+        expect(code != 0 and len(lines) == 1 and all(w in lines[0] for w in words), f"{bad}: exit {code}, {e!r}")
+        expect(not os.path.exists(fresh), f"{bad}: wrote the output")
 
 
 def check_bad_input(args, tmp):
@@ -545,6 +597,7 @@ def main():
         check_bad_input(args, tmp)
         check_patch_bytes(args, tmp)
         check_compare_as(args, mpi, tmp)
+        check_description_and_json(args, tmp)
         check_series(args, mpi, tmp)
         if args.train_app:
             check_pulse_train(args, mpi, tmp)
