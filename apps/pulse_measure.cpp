@@ -37,6 +37,7 @@
 #include <set>
 
 #include "cli/conventions.hpp"
+#include "cli/folder_filter.hpp"
 #include "cli/json_summary.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
@@ -78,6 +79,8 @@ struct Options {
   std::string as;  // bf16, f16, raw; empty: bf16 for a series of FP32 tensors only, raw otherwise
   std::vector<std::string> settings;  // --set key=value
   std::string label;
+  std::vector<std::string> include, exclude;  // globs on a folder's files
+  cli::FolderFilter filter() const { return cli::FolderFilter(include, exclude); }
 };
 
 bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
@@ -156,25 +159,35 @@ std::vector<std::pair<std::int64_t, std::string>> resolve_series(const Options& 
   return series;
 }
 
+// A folder's file by its path relative to the folder.
+std::string relative_name(const io::ModelState& state, const std::string& path) {
+  return std::filesystem::relative(path, state.path()).generic_string();
+}
+
 // The BF16/F16/F32 tensors in storage order (shard by shard, by offset), so that each rank reads
-// its share of a checkpoint front to back, and a single file's patch is the one pulse-sync writes.
-std::vector<MeasuredTensor> measured_tensors(const io::ModelState& state) {
+// its share of a checkpoint front to back, and a single file's patch is the one pulse-sync writes;
+// of a folder, those of the shards the filter keeps.
+std::vector<MeasuredTensor> measured_tensors(const io::ModelState& state, const cli::FolderFilter& filter) {
   std::vector<MeasuredTensor> out;
-  for (const io::SafetensorsFile& shard : state.shards())
+  for (const io::SafetensorsFile& shard : state.shards()) {
+    if (state.is_folder() && !filter.keeps(relative_name(state, shard.path()))) continue;
     for (const io::TensorView& t : shard.tensors()) {
       if (!is_measured(t.dtype)) continue;
       MeasuredTensor m{t.name, io::dtype_name(t.dtype), t.shape, 1, io::dtype_size(t.dtype)};
       for (const std::int64_t d : t.shape) m.numel *= d;
       out.push_back(m);
     }
+  }
   return out;
 }
 
 // Every checkpoint opens and holds the first one's measured tensors (names, dtypes, shapes).
-void check_series(const std::vector<std::pair<std::int64_t, std::string>>& series, const std::vector<MeasuredTensor>& first) {
+void check_series(const std::vector<std::pair<std::int64_t, std::string>>& series, const std::vector<MeasuredTensor>& first,
+                  const cli::FolderFilter& filter) {
   for (std::size_t i = 1; i < series.size(); ++i) {
     const std::string& path = series[i].second;
-    const std::vector<MeasuredTensor> these = measured_tensors(io::ModelState::open(path, {}, io::ShardBytes::header_only));
+    const std::vector<MeasuredTensor> these =
+        measured_tensors(io::ModelState::open(path, {}, io::ShardBytes::header_only), filter);
     std::set<std::string> names;
     for (const MeasuredTensor& t : these) names.insert(t.name);
     for (const MeasuredTensor& a : first) {
@@ -384,12 +397,18 @@ class Measurement {
     // What else the first checkpoint holds, for the record: its folder's other files and the
     // safetensors __metadata__ of each file.
     const io::ModelState first = io::ModelState::open(series_[0].second, {}, io::ShardBytes::header_only);
-    std::vector<std::string> files, metadata;
-    for (const io::OtherFile& f : first.other_files()) files.push_back(f.name + " (" + std::to_string(f.bytes) + " bytes)");
+    std::vector<std::string> files, metadata, left_out;
+    const cli::FolderFilter filter = o_.filter();
+    for (const io::OtherFile& f : first.other_files())
+      (filter.keeps(f.name) ? files : left_out).push_back(f.name + " (" + std::to_string(f.bytes) + " bytes)");
+    for (const io::SafetensorsFile& shard : first.shards())
+      if (first.is_folder() && !filter.keeps(relative_name(first, shard.path())))
+        left_out.push_back(relative_name(first, shard.path()));
     for (const io::SafetensorsFile& shard : first.shards())
       for (const auto& [key, value] : shard.metadata())
         metadata.push_back(std::filesystem::path(shard.path()).filename().string() + ": " + key + "=" + value);
     if (!files.empty()) s.set_attribute("checkpoint_other_files", files);
+    if (!left_out.empty()) s.set_attribute("checkpoint_left_out_files", left_out);
     if (!metadata.empty()) s.set_attribute("checkpoint_metadata", metadata);
     s.set_attribute("checkpoint_steps", steps);
     s.set_attribute("tensor_names", names);
@@ -642,8 +661,20 @@ int main(int argc, char** argv) {
     app.add_option("--set", o.settings, "describe the run: key=value into the file's config (lr=3e-6, precision=bf16, "
                                         "model=..., seed=2; repeat --set for each); the report groups runs by them")
         ->expected(1)
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false);
     app.add_option("--label", o.label, "the run's name in the report (config key label)");
+    app.add_option("--include", o.include, "read only a folder's files matching this glob (repeatable; paths relative "
+                                           "to the folder, or file names); names a Trainer file to keep it")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false);
+    app.add_option("--exclude", o.exclude, "leave out a folder's files matching this glob (repeatable); the Hugging "
+                                           "Face Trainer's (optimizer.pt, scheduler.pt, rng_state*.pth, "
+                                           "trainer_state.json, training_args.bin) are left out by default")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false);
     app.add_flag("-q,--quiet", o.quiet, "no progress lines");
     cli::JsonSummary summary(app, "pulse-measure");
     std::string command_line;
@@ -664,9 +695,17 @@ int main(int argc, char** argv) {
         const measure::RunConfig config = measure::parse_run_config(o.settings, o.label);
         const auto series = resolve_series(o);
         summary.set("checkpoints", series.size());
-        const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only));
-        if (tensors.empty()) throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure");
-        check_series(series, tensors);
+        const io::ModelState first = io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only);
+        const std::vector<MeasuredTensor> tensors = measured_tensors(first, o.filter());
+        if (tensors.empty())
+          throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure" +
+                      (o.include.empty() && o.exclude.empty() ? "" : " in the files --include/--exclude keep"));
+        check_series(series, tensors, o.filter());
+        std::vector<std::string> names;
+        for (const io::OtherFile& f : first.other_files()) names.push_back(f.name);
+        for (const io::SafetensorsFile& shard : first.shards())
+          if (first.is_folder()) names.push_back(relative_name(first, shard.path()));
+        const std::string left_out = o.filter().left_out_line(names);
         const measure::CompareAs as = compare_as(o.as, tensors);
         summary.set("compared_as", measure::compare_as_name(as));
         if (!o.overwrite && std::filesystem::exists(o.out))
@@ -674,6 +713,8 @@ int main(int argc, char** argv) {
         const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();
         if (!std::filesystem::is_directory(out_dir)) throw Error(o.out + ": folder " + out_dir.string() + " does not exist");
         m = std::make_unique<Measurement>(o, series, tensors, as, config, command_line);
+        if (rank == 0 && !o.quiet && !left_out.empty())
+          std::fprintf(stderr, "pulse-measure: %s: %s\n", series[0].second.c_str(), left_out.c_str());
         if (rank == 0 && !o.quiet && o.as.empty() && as != measure::CompareAs::raw)
           std::fprintf(stderr, "pulse-measure: every tensor is FP32: comparing their BF16 cast (round to nearest even, "
                                "as the forward pass reads them); --as raw compares the FP32 bits\n");

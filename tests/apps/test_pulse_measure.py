@@ -468,6 +468,60 @@ def check_description_and_json(args, tmp):
         expect(not os.path.exists(fresh), f"{bad}: wrote the output")
 
 
+TRAINER_FILES = ["optimizer.pt", "rng_state_0.pth", "scheduler.pt", "trainer_state.json", "training_args.bin"]
+
+
+def check_folder_filters(args, tmp):
+    """Hugging Face Trainer folders: the Trainer's files are left out by default, named in one
+    line and in checkpoint_left_out_files, the rows those of the folders without them; --include
+    '*' keeps them; --exclude of a shard measures the other shard's tensors alone (numpy)."""
+    gen = torch.Generator().manual_seed(19)
+    state = initial_state(gen)
+    paths = []
+    for t in range(4):
+        path = os.path.join(tmp, "trainer", f"checkpoint-{t}")
+        write_folder(path, state)
+        torch.save({"state": {0: {"exp_avg": torch.randn(1000, generator=gen)}}}, os.path.join(path, "optimizer.pt"))
+        torch.save({"last_epoch": t}, os.path.join(path, "scheduler.pt"))
+        torch.save({"python": t}, os.path.join(path, "rng_state_0.pth"))
+        torch.save({"lr": 1e-5}, os.path.join(path, "training_args.bin"))
+        with open(os.path.join(path, "trainer_state.json"), "w") as f:
+            json.dump({"global_step": t}, f)
+        paths.append(path)
+        state = next_state(state, gen)
+    out = os.path.join(tmp, "trainer.h5")
+    code, o, e = run([args.app, "--out", out, "--unit-mb", "0.004"] + paths)
+    expect(code == 0, f"Trainer folders: exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        lines = [line for line in e.splitlines() if "left out" in line]
+        expect(len(lines) == 1 and all(n in lines[0] for n in TRAINER_FILES) and "Hugging Face Trainer" in lines[0],
+               f"Trainer folders: left-out line {lines}")
+        check_against_numpy("Trainer folders", out, paths, list(range(4)))  # other files: config, index, tokenizer
+        _, attrs, _ = read_h5(out)
+        left = [f.decode() if isinstance(f, bytes) else f for f in attrs["checkpoint_left_out_files"]]
+        expect([f.split(" (")[0] for f in left] == TRAINER_FILES, f"checkpoint_left_out_files {left}")
+    code, o, e = run([args.app, "--quiet", "--out", out, "--overwrite", "--include", "*"] + paths)
+    expect(code == 0, f"--include '*': exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        _, attrs, _ = read_h5(out)
+        files = [(f.decode() if isinstance(f, bytes) else f).split(" (")[0] for f in attrs["checkpoint_other_files"]]
+        expect(all(n in files for n in TRAINER_FILES), f"--include '*': other files {files}")
+    code, o, e = run([args.app, "--out", out, "--overwrite", "--exclude", "model-00002-of-00002.safetensors"] + paths)
+    expect(code == 0, f"--exclude shard: exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        data, _, names = read_h5(out)
+        first = sorted(n for n in list(MODEL)[0::2] if MODEL[n][0] != "I64")  # write_folder's shard 1
+        expect(sorted(names) == first, f"--exclude shard: tensors {names}")
+        states = [read_state(p) for p in paths]
+        want = [sum(int(np.count_nonzero(bits(states[t][n][1]) != bits(states[t - 1][n][1]))) for n in first)
+                for t in range(1, 4)]
+        expect(list(data["steps/changed"]) == want, f"--exclude shard: changed {list(data['steps/changed'])} vs {want}")
+        expect("model-00002-of-00002.safetensors (by --include/--exclude)" in e, f"--exclude shard: stderr {e!r}")
+    code, o, e = run([args.app, "--out", os.path.join(tmp, "none.h5"), "--exclude", "*.safetensors"] + paths)
+    expect(code != 0 and len(e.strip().splitlines()) == 1 and "--include/--exclude keep" in e,
+           f"--exclude everything: exit {code}, {e!r}")
+
+
 def check_bad_input(args, tmp):
     gen = torch.Generator().manual_seed(5)
     state = initial_state(gen)
@@ -598,6 +652,7 @@ def main():
         check_patch_bytes(args, tmp)
         check_compare_as(args, mpi, tmp)
         check_description_and_json(args, tmp)
+        check_folder_filters(args, tmp)
         check_series(args, mpi, tmp)
         if args.train_app:
             check_pulse_train(args, mpi, tmp)
