@@ -18,7 +18,8 @@ which jobs/ script makes it):
   comm          trainer-to-trainer bytes per step and cumulative per trainer-sync method, gate density
   sync          trainer -> inference patch bytes against dense BF16 bytes per step
   bandwidth     sync time and utilisation against link bandwidth (bandwidth.py)
-Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, bandwidth.csv.
+Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, regimes.csv (a run in both regimes: FP32
+master and pure BF16, side by side with the paper's), bandwidth.csv.
 """
 import csv
 import math
@@ -140,6 +141,28 @@ def kstep_rows(runs):
     return rows
 
 
+def regime_rows(runs, summary):
+    """The default regime beside the paper's: each mixed-precision run (FP32 master) followed by its
+    pure-BF16 twins (predict.pure_bf16_twins: the same config, seed included, but the precision),
+    with their summary's mean sparsity at k = 1 and the largest k both hold and the paper's at the
+    same lr and num-iterations (the paper's table is for pure BF16 weights and Adam state), and
+    dense over patch bytes."""
+    by_name = {row["run"]: row for row in summary}
+    rows = []
+    for r in runs:
+        twins = predict.pure_bf16_twins(r, runs)
+        if not twins:
+            continue
+        k = max(set(r.k_values).intersection(*(q.k_values for q in twins)))
+        for q in [r] + twins:
+            row = by_name[q.name]
+            rows.append({"pair": r.name, "run": q.name, "precision": q.attrs.get("precision"),
+                         "k1_mean_sparsity": row["k1_mean_sparsity"], "paper_k1_mean_sparsity": _paper(q, 1)[0],
+                         "k": k, "k_mean_sparsity": row[f"k{k}_mean_sparsity"], "paper_k_mean_sparsity": _paper(q, k)[0],
+                         "compression_vs_dense": row["compression_vs_dense"]})
+    return rows
+
+
 def comm_rows(runs):
     """Per trainer-sync method: bytes the trainer ranks send per step and over the run, averaged
     over the method's runs with >= 2 trainers; ratio against DDP when DDP runs are present."""
@@ -202,6 +225,7 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
     summary = [summary_row(r, k_values) for r in runs]
     ksteps = kstep_rows(runs)
     comm = comm_rows(runs)
+    regimes = regime_rows(runs, summary)
     predictions = [p for p in map(predict.of, runs) if p]
     # the bandwidth model needs a run that sent patches to inference ranks
     synced = [r for r in runs if r.steps["patch_bytes"].sum() > 0 and r.steps["changed"].sum() > 0
@@ -212,6 +236,7 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
     _write_csv(os.path.join(out_dir, "summary.csv"), summary)
     _write_csv(os.path.join(out_dir, "kstep.csv"), ksteps)
     _write_csv(os.path.join(out_dir, "comm.csv"), comm)
+    _write_csv(os.path.join(out_dir, "regimes.csv"), regimes)
     _write_csv(os.path.join(out_dir, "bandwidth.csv"), bw)
 
     fig = Figures(out_dir, runs, groups, keep=keep_figures)
@@ -238,6 +263,12 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
         f.write("All columns are in summary.csv:\n\n" +
                 "\n".join(f"- `{c}`: {d}" for c, d in SUMMARY_COLUMNS.items()) +
                 "\n- `k<K>_mean_sparsity`: mean of the finite entries of /kstep/sparsity column k=K\n\n")
+        if regimes:
+            f.write("## Both regimes: FP32 master (mixed) and pure BF16, the paper's\n\n"
+                    "Each mixed-precision run, then the run of the same config in pure BF16 (the regime of the "
+                    "paper's sparsity table: BF16 weights and Adam state), with the paper's mean sparsity at the "
+                    "same lr and num-iterations (fractions; k: the largest both runs measured):\n\n" +
+                    _md_table(regimes) + "\n")
         f.write("## k-step sparsity, with the paper's at the same lr and num-iterations\n\n" + _md_table(ksteps) +
                 f"\nPaper numbers: {paper.source()}.\n\n")
         f.write("## Measured explanation: changes predicted from the absorption histograms\n\n")
@@ -268,5 +299,5 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
                                    f"makes one" if why.startswith("jobs/") else why)
                 for name, why in fig.missing.items()) + "\n\n")
         f.write("## Figures\n\n" + "\n".join(f"![{n}]({n})" for n in fig.written) + "\n")
-    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "bandwidth": bw,
+    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "regimes": regimes, "bandwidth": bw,
             "predictions": predictions, "figures": fig.figures, "written": fig.written, "missing": fig.missing}

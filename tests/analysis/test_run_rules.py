@@ -6,7 +6,8 @@ simulation (synth_runs.py) and then edited as pulse-measure or the recorder woul
 - the prediction follows each run's precision (mixed: FP32-master model; bf16: 1 - absorbed, exact;
   anything else: none), and a mixed run is paired with a pure-BF16 twin only of its own config;
 - a figure whose series no file holds is not drawn (training without reward, loss, pass@1);
-- trainer-to-trainer communication only for runs with >= 2 trainer ranks.
+- trainer-to-trainer communication only for runs with >= 2 trainer ranks;
+- a run in both regimes (mixed and its pure-BF16 twin) side by side with the paper's numbers.
     python3 tests/analysis/test_run_rules.py
 """
 import os
@@ -139,6 +140,28 @@ def test_communication_only_between_two_or_more_trainers(tmp_path):
     assert "comm.png" in out["written"]
     assert [row["runs"] for row in out["comm"]] == [1]
     assert out["comm"][0]["mean_bytes_per_step"] == 2 * 820_000
+
+
+def test_both_regimes_side_by_side(tmp_path):
+    mixed = synth_runs.write(str(tmp_path / "default.h5"), seed=1, steps=34, absorption_every=0)
+    pure = synth_runs.write(str(tmp_path / "paper-regime.h5"), seed=1, steps=34, absorption_every=0, precision="bf16")
+    other = synth_runs.write(str(tmp_path / "other-seed.h5"), seed=2, steps=34, absorption_every=0, precision="bf16")
+    out = report.write_report([mixed, pure, other], str(tmp_path / "out"))
+    rows = out["regimes"]
+    assert [(r["pair"], r["run"], r["precision"]) for r in rows] == [("default", "default", "mixed"),
+                                                                    ("default", "paper-regime", "bf16")]
+    for row in rows:
+        run = Run(str(tmp_path / f"{row['run']}.h5"))
+        assert row["k"] == 32
+        assert row["k1_mean_sparsity"] == pytest.approx(float(np.mean(run.kstep[:, 0])), rel=1e-12)
+        k32 = run.kstep[:, run.k_values.index(32)]
+        assert row["k_mean_sparsity"] == pytest.approx(float(np.mean(k32[np.isfinite(k32)])), rel=1e-12)
+        paper_k1 = [r["mean_pct"] for r in report.paper.kstep_rows(lr=3e-6, mu=1, k=1)]
+        assert row["paper_k1_mean_sparsity"] == pytest.approx(sum(paper_k1) / len(paper_k1) / 100, rel=1e-12)
+    summary = open(tmp_path / "out" / "summary.md").read()
+    assert "## Both regimes" in summary and os.path.exists(tmp_path / "out" / "regimes.csv")
+    alone = report.write_report([mixed, other], str(tmp_path / "alone"))
+    assert alone["regimes"] == [] and "## Both regimes" not in open(tmp_path / "alone" / "summary.md").read()
 
 
 if __name__ == "__main__":
