@@ -6,9 +6,11 @@ weights) and in pure BF16. Per step: the training step (forward, backward, optim
 recorder.step(), medians over the steps after --warmup; the recorder's k-step history in bytes
 (history_bytes(), where the recorder has it) and the process's peak RSS growth over the run.
 --recorder FILE loads another version of pulse/torch.py (e.g. `git show REV:python/pulse/torch.py`)
-in place of the built one, for a before/after comparison in one environment.
+in place of the built one, for a before/after comparison in one environment. --checkpoints DIR
+also saves the weights after each step as DIR/PRECISION/step-N.safetensors (as stored: FP32 for
+mixed), the series pulse-measure reads.
     PYTHONPATH=build/python python3 apps/bench/bench_recorder.py [--steps 40] [--lr 1e-4]
-        [--recorder OLD_torch.py] [--json runs/bench/recorder.json]
+        [--recorder OLD_torch.py] [--checkpoints DIR] [--json runs/bench/recorder.json]
 """
 import argparse
 import importlib.util
@@ -106,7 +108,12 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def bench(recorder_module, precision, steps, warmup, lr, out):
+def save_weights(model, folder, step):
+    os.makedirs(folder, exist_ok=True)
+    pulse.save({n: p.detach().clone() for n, p in model.named_parameters()}, os.path.join(folder, f"step-{step}.safetensors"))
+
+
+def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
     torch.manual_seed(0)
     model = Llama()
     if precision == "bf16":
@@ -117,6 +124,8 @@ def bench(recorder_module, precision, steps, warmup, lr, out):
     rss0 = peak_rss_bytes()
     rec = recorder_module.SparsityRecorder(model, out=out, optimizer=opt, overwrite=True)
     train_s, record_s, sparsity = [], [], []
+    if checkpoints:
+        save_weights(model, os.path.join(checkpoints, precision), 0)
     for t in range(steps):
         t0 = time.perf_counter()
         logits = model(data[t, :, :-1])
@@ -129,6 +138,8 @@ def bench(recorder_module, precision, steps, warmup, lr, out):
         t2 = time.perf_counter()
         train_s.append(t1 - t0)
         record_s.append(t2 - t1)
+        if checkpoints:
+            save_weights(model, os.path.join(checkpoints, precision), t + 1)
     history = rec.history_bytes() if hasattr(rec, "history_bytes") else None
     rec.close()
     import h5py
@@ -151,6 +162,7 @@ def main():
     parser.add_argument("--precision", default="mixed,bf16")
     parser.add_argument("--recorder", help="another pulse/torch.py to load in place of the built one")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--checkpoints", help="save the weights after each step into this folder")
     parser.add_argument("--json", default=os.path.join("runs", "bench", "recorder.json"))
     args = parser.parse_args()
     if args.threads:
@@ -159,7 +171,8 @@ def main():
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precision.split(","):
-            r = bench(module, precision, args.steps, args.warmup, args.lr, os.path.join(tmp, f"{precision}.h5"))
+            r = bench(module, precision, args.steps, args.warmup, args.lr, os.path.join(tmp, f"{precision}.h5"),
+                      args.checkpoints)
             results.append(r)
             history = "-" if r["history_bytes"] is None else f"{r['history_bytes'] / 2**20:.1f} MiB"
             print(f"{precision:5s} {r['parameters'] / 1e6:.2f}M params: train step {1e3 * r['train_step_s']:.0f} ms, "
