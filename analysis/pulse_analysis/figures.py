@@ -134,7 +134,7 @@ class Figures:
         self.save(fig, "sparsity")
 
     def kstep(self):
-        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
+        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 5.5))
         ks = self.runs[0].k_values
         for label, runs in self.groups:
             means = 100 * np.array([[mean_finite(r.kstep[:, j]) for j in range(len(ks))] for r in runs])
@@ -148,7 +148,7 @@ class Figures:
         _k_axis(left, ks)
         left.set_ylabel("mean k-step sparsity (%)")
         left.set_title("k-step sparsity" + (" (bands: min-max over seeds)" if self._banded else ""))
-        left.legend(fontsize=7)
+        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below: the paper band stays visible
         right.set_xlabel("step")
         _integer_x(right)
         right.set_ylabel("k-step sparsity (%)")

@@ -7,7 +7,8 @@ simulation (synth_runs.py) and then edited as pulse-measure or the recorder woul
   anything else: none), and a mixed run is paired with a pure-BF16 twin only of its own config;
 - a figure whose series no file holds is not drawn (training without reward, loss, pass@1);
 - trainer-to-trainer communication only for runs with >= 2 trainer ranks;
-- a run in both regimes (mixed and its pure-BF16 twin) side by side with the paper's numbers.
+- a run in both regimes (mixed and its pure-BF16 twin) side by side with the paper's numbers;
+- the k-step figure's legend lies outside its axes (it covered the paper's band).
     python3 tests/analysis/test_run_rules.py
 """
 import os
@@ -162,6 +163,17 @@ def test_both_regimes_side_by_side(tmp_path):
     assert "## Both regimes" in summary and os.path.exists(tmp_path / "out" / "regimes.csv")
     alone = report.write_report([mixed, other], str(tmp_path / "alone"))
     assert alone["regimes"] == [] and "## Both regimes" not in open(tmp_path / "alone" / "summary.md").read()
+
+
+def test_kstep_legend_leaves_the_paper_band_visible(tmp_path):
+    paths = [synth_runs.write(str(tmp_path / f"s{s}.h5"), seed=s, steps=34) for s in (1, 2)]
+    out = report.write_report(paths, str(tmp_path / "out"), keep_figures=True)
+    fig = out["figures"]["kstep"]
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.y1 <= axes.y0, (legend, axes)  # wholly below the axes
+    assert any("paper" in t.get_text() for t in ax.get_legend().get_texts())
 
 
 if __name__ == "__main__":
