@@ -184,10 +184,9 @@ class _Versions:
         self.index = np.int32 if numel < 2 ** 31 else np.int64
         self.ends = np.cumsum([n for _, _, n, _, _ in params])
         self.views, offset = {}, 0
-        for _, name, n, dtype, shape in params:
-            self.views[name] = tuple(torch.from_numpy(a[offset:offset + n]).view(dtype)
-                                     for a in (self.flat, self.staging))
-            self.views[name] = (self.views[name][0].view(shape), self.views[name][1])
+        for _, name, n, dtype, shape in params:  # torch views of the bits: (recorded, staging)
+            self.views[name] = (torch.from_numpy(self.flat[offset:offset + n]).view(dtype).view(shape),
+                                torch.from_numpy(self.staging[offset:offset + n]).view(dtype))
             offset += n
         self.logs = collections.deque(maxlen=keep)          # newest last: (positions or None, old bits)
 
