@@ -245,6 +245,19 @@ def check_series(args, mpi, tmp):
         expect(np.all(outs[np_]["ranks/read_bytes"].sum(axis=1) == outs[np_]["steps/dense_bytes"]),
                f"np {np_}: the ranks' shares do not add up to the model")
 
+    # --as bf16 on the mixed-dtype series: its F32 norms compared as their BF16 cast, the BF16 and
+    # F16 tensors as stored (the default there is raw: FP32 tensors beside 16-bit ones).
+    out = os.path.join(tmp, "mixed-as-bf16.h5")
+    code, o, e = run(mpi + ["-n", "2", args.app, "--quiet", "--out", out, "--unit-mb", "0.004", "--as", "bf16"] + paths)
+    expect(code == 0, f"mixed dtypes --as bf16: exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        check_against_numpy("mixed dtypes --as bf16", out, paths, list(range(35)), cast_bits(torch.bfloat16))
+        _, attrs, _ = read_h5(out)
+        expect(attrs["compared_as"] == "bf16" and attrs["precision"] == "checkpoint",
+               f"mixed dtypes --as bf16: {attrs['compared_as']}, {attrs['precision']}")
+    _, attrs, _ = read_h5(os.path.join(tmp, "np1.h5"))
+    expect(attrs["compared_as"] == "raw", f"mixed dtypes default: compared_as {attrs['compared_as']}")
+
     # A shorter history (--max-k 5: k = 1, 2, 4), every other checkpoint from the 5th on (gaps in
     # the history it reverts through): the same rows as the numpy recomputation, and the same
     # k = 1, 2, 4 columns as the full run where the steps are all there.
