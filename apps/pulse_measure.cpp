@@ -9,6 +9,8 @@
 // comparing it block by block with the previous checkpoint's; earlier versions are rebuilt block by
 // block from logs of the changes between checkpoints (src/measure/change_log.hpp), so memory per
 // rank is the two checkpoints' mapped pages plus the logs. The kernel reads the next one ahead.
+// FP32 tensors are compared as the BF16 (or F16) cast the forward pass reads, or as stored
+// (--as raw): src/measure/compare_as.hpp.
 #include <glob.h>
 #include <signal.h>
 #include <unistd.h>
@@ -35,6 +37,7 @@
 #include <set>
 
 #include "cli/conventions.hpp"
+#include "cli/folder_filter.hpp"
 #include "cli/json_summary.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
@@ -43,7 +46,9 @@
 #include "measure/change_log.hpp"
 #include "measure/checkpoint_reader.hpp"
 #include "measure/compare.hpp"
+#include "measure/compare_as.hpp"
 #include "measure/patch_size.hpp"
+#include "measure/run_config.hpp"
 #include "measure/tensor_kind.hpp"
 #include "measure/work_split.hpp"
 
@@ -71,6 +76,11 @@ struct Options {
   double unit_mb = 16;
   int level = 3;
   int max_k = 32;
+  std::string as;  // bf16, f16, raw; empty: bf16 for a series of FP32 tensors only, raw otherwise
+  std::vector<std::string> settings;  // --set key=value
+  std::string label;
+  std::vector<std::string> include, exclude;  // globs on a folder's files
+  cli::FolderFilter filter() const { return cli::FolderFilter(include, exclude); }
 };
 
 bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
@@ -149,25 +159,35 @@ std::vector<std::pair<std::int64_t, std::string>> resolve_series(const Options& 
   return series;
 }
 
+// A folder's file by its path relative to the folder.
+std::string relative_name(const io::ModelState& state, const std::string& path) {
+  return std::filesystem::relative(path, state.path()).generic_string();
+}
+
 // The BF16/F16/F32 tensors in storage order (shard by shard, by offset), so that each rank reads
-// its share of a checkpoint front to back, and a single file's patch is the one pulse-sync writes.
-std::vector<MeasuredTensor> measured_tensors(const io::ModelState& state) {
+// its share of a checkpoint front to back, and a single file's patch is the one pulse-sync writes;
+// of a folder, those of the shards the filter keeps.
+std::vector<MeasuredTensor> measured_tensors(const io::ModelState& state, const cli::FolderFilter& filter) {
   std::vector<MeasuredTensor> out;
-  for (const io::SafetensorsFile& shard : state.shards())
+  for (const io::SafetensorsFile& shard : state.shards()) {
+    if (state.is_folder() && !filter.keeps(relative_name(state, shard.path()))) continue;
     for (const io::TensorView& t : shard.tensors()) {
       if (!is_measured(t.dtype)) continue;
       MeasuredTensor m{t.name, io::dtype_name(t.dtype), t.shape, 1, io::dtype_size(t.dtype)};
       for (const std::int64_t d : t.shape) m.numel *= d;
       out.push_back(m);
     }
+  }
   return out;
 }
 
 // Every checkpoint opens and holds the first one's measured tensors (names, dtypes, shapes).
-void check_series(const std::vector<std::pair<std::int64_t, std::string>>& series, const std::vector<MeasuredTensor>& first) {
+void check_series(const std::vector<std::pair<std::int64_t, std::string>>& series, const std::vector<MeasuredTensor>& first,
+                  const cli::FolderFilter& filter) {
   for (std::size_t i = 1; i < series.size(); ++i) {
     const std::string& path = series[i].second;
-    const std::vector<MeasuredTensor> these = measured_tensors(io::ModelState::open(path, {}, io::ShardBytes::header_only));
+    const std::vector<MeasuredTensor> these =
+        measured_tensors(io::ModelState::open(path, {}, io::ShardBytes::header_only), filter);
     std::set<std::string> names;
     for (const MeasuredTensor& t : these) names.insert(t.name);
     for (const MeasuredTensor& a : first) {
@@ -182,6 +202,15 @@ void check_series(const std::vector<std::pair<std::int64_t, std::string>>& serie
     if (!names.empty())
       throw Error(path + ": not the model of " + series[0].second + ": has extra tensor \"" + *names.begin() + "\"");
   }
+}
+
+// What the FP32 tensors are compared as: --as, or by default the BF16 cast where every tensor
+// is FP32 (an FP32 master, which the forward pass reads cast), as stored otherwise (FP32 tensors
+// beside BF16 or F16 ones are kept in FP32 on purpose, as norms often are, and read so).
+measure::CompareAs compare_as(const std::string& as, const std::vector<MeasuredTensor>& tensors) {
+  if (!as.empty()) return measure::parse_compare_as(as);
+  const bool all_f32 = std::all_of(tensors.begin(), tensors.end(), [](const MeasuredTensor& t) { return t.dtype == "F32"; });
+  return all_f32 ? measure::CompareAs::bf16 : measure::CompareAs::raw;
 }
 
 // Elements compared per block: small enough for the block of the checkpoint being measured to
@@ -204,6 +233,12 @@ std::string utc_now() {
   return s;
 }
 
+std::string fixed(double v, int digits) {
+  char out[64];
+  std::snprintf(out, sizeof out, "%.*f", digits, v);
+  return out;
+}
+
 std::string clock_text(double s) {
   char out[32];
   const long v = long(std::llround(std::max(0.0, s)));
@@ -214,16 +249,26 @@ std::string clock_text(double s) {
 class Measurement {
  public:
   Measurement(const Options& o, std::vector<std::pair<std::int64_t, std::string>> series,
-              std::vector<MeasuredTensor> tensors, std::string command_line)
-      : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), command_line_(std::move(command_line)) {
+              std::vector<MeasuredTensor> tensors, measure::CompareAs as, measure::RunConfig config,
+              std::string command_line)
+      : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), as_(as), config_(std::move(config)),
+        command_line_(std::move(command_line)) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
     for (const int k : kstep_values)
       if (k <= o.max_k) ks_.push_back(k);
-    units_ = measure::make_units(tensors_, std::uint64_t(o.unit_mb * (1 << 20)));
+    std::vector<MeasuredTensor> compared = tensors_;  // units by the bytes compared: the patches of a cast
+    for (std::size_t t = 0; t < tensors_.size(); ++t) {  // series are those of the cast checkpoints
+      cast_.push_back(as_ != measure::CompareAs::raw && tensors_[t].dtype == "F32");
+      compared[t].element_bytes = compared_bytes(t);
+      numel_ += tensors_[t].numel;
+      dense_bytes_ += std::uint64_t(tensors_[t].numel) * compared_bytes(t);
+      stored_bytes_ += std::uint64_t(tensors_[t].numel) * tensors_[t].element_bytes;
+    }
+    units_ = measure::make_units(compared, std::uint64_t(o.unit_mb * (1 << 20)));
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
-    for (std::size_t u = first_unit_; u < last_unit_; ++u) share_bytes_ += units_[u].bytes;
-    for (const MeasuredTensor& t : tensors_) numel_ += t.numel, dense_bytes_ += std::uint64_t(t.numel) * t.element_bytes;
+    for (std::size_t u = first_unit_; u < last_unit_; ++u)
+      for (const Piece& p : units_[u].pieces) share_bytes_ += std::uint64_t(p.end - p.begin) * tensors_[p.tensor].element_bytes;
   }
 
   void run() {
@@ -242,7 +287,7 @@ class Measurement {
       previous = std::move(current);
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
-        const double gb = double(dense_bytes_) * double(i + 1) / 1e9;
+        const double gb = double(stored_bytes_) * double(i + 1) / 1e9;
         std::fprintf(stderr, "pulse-measure: checkpoint %zu/%zu (step %lld), %.3g GB read in %s (%.3g GB/s), ETA %s\n",
                      i + 1, series_.size(), (long long)series_[i].first, gb, clock_text(el).c_str(), gb / el,
                      clock_text(el / double(i + 1) * double(series_.size() - i - 1)).c_str());
@@ -251,14 +296,50 @@ class Measurement {
     stats_.reset();
   }
 
+  // The run's figures (rank 0), for --json and the closing line.
+  nlohmann::json figures() const {
+    nlohmann::json k = nlohmann::json::object();
+    for (std::size_t j = 0; j < ks_.size(); ++j)
+      k[std::to_string(ks_[j])] = totals_.kstep_rows[j] ? nlohmann::json(totals_.kstep_sum[j] / double(totals_.kstep_rows[j]))
+                                                         : nlohmann::json(nullptr);
+    const auto ratio = [](double a, double b) { return b > 0 ? nlohmann::json(a / b) : nlohmann::json(nullptr); };
+    return {{"rows", totals_.rows},
+            {"num_parameters", numel_},
+            {"mean_sparsity", ratio(totals_.sparsity_sum, double(totals_.rows))},
+            {"min_sparsity", totals_.rows ? nlohmann::json(totals_.min_sparsity) : nlohmann::json(nullptr)},
+            {"kstep_mean_sparsity", k},
+            {"changed", totals_.changed},
+            {"patch_bytes", totals_.patch},
+            {"dense_bytes", totals_.dense},
+            {"dense_over_patch", ratio(double(totals_.dense), double(totals_.patch))},
+            {"bits_per_changed", ratio(8.0 * double(totals_.patch), double(totals_.changed))}};
+  }
+
+  std::string figures_line() const {
+    const nlohmann::json f = figures();
+    auto pct = [](const nlohmann::json& v) { return v.is_null() ? std::string("-") : fixed(100 * v.get<double>(), 3) + "%"; };
+    std::string k = ks_.empty() ? "" : ", k=" + std::to_string(ks_.back()) + " " + pct(f["kstep_mean_sparsity"][std::to_string(ks_.back())]);
+    return std::to_string(totals_.rows) + " rows: mean sparsity " + pct(f["mean_sparsity"]) + " (min " +
+           pct(f["min_sparsity"]) + ")" + k + ", " + std::to_string(totals_.changed) + " changed, patches " +
+           std::to_string(totals_.patch) + " B against " + std::to_string(totals_.dense) + " B dense (" +
+           (f["dense_over_patch"].is_null() ? "-" : fixed(f["dense_over_patch"].get<double>(), 1) + "x") + "), " +
+           (f["bits_per_changed"].is_null() ? "-" : fixed(f["bits_per_changed"].get<double>(), 2)) + " bits per change";
+  }
+
  private:
+  std::size_t compared_bytes(std::size_t t) const { return cast_[t] ? 2 : tensors_[t].element_bytes; }
+  std::string compared_dtype(std::size_t t) const {
+    return cast_[t] ? (as_ == measure::CompareAs::bf16 ? "BF16" : "F16") : tensors_[t].dtype;
+  }
+
   void declare() {
     using io::SeriesType;
     auto& s = *stats_;
     s.declare("/steps/step", SeriesType::int64, 0, "1", "step of the checkpoint the row measures");
     s.declare("/steps/steps_apart", SeriesType::int64, 0, "steps", "steps between this checkpoint and the previous one");
     s.declare("/steps/changed", SeriesType::int64, 0, "elements",
-              "BF16/F16/F32 weights whose bits changed since the previous checkpoint");
+              "BF16/F16/F32 weights whose bits (as compared: root attribute compared_as) changed since the previous "
+              "checkpoint");
     s.declare("/steps/sparsity", SeriesType::float64, 0, "1",
               "fraction of BF16/F16/F32 weights whose bits did not change since the previous checkpoint");
     s.declare("/steps/tensor_changed", SeriesType::int64, int(tensors_.size()), "elements",
@@ -268,7 +349,7 @@ class Measurement {
     s.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names);
     s.declare("/steps/patch_bytes", SeriesType::int64, 0, "bytes",
               "PULSESync patch from the previous checkpoint: sum of one patch per unit (root attribute unit_bytes)");
-    s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes sent densely");
+    s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes (as compared) sent densely");
     s.declare("/steps/bits_per_changed", SeriesType::float64, 0, "bits", "8 patch_bytes / changed (NaN if none changed)");
     s.declare("/steps/encode_s", SeriesType::float64, 0, "s",
               "time to size the patches (index and value streams coded and compressed), slowest rank");
@@ -297,7 +378,8 @@ class Measurement {
     s.set_attribute("command_line", command_line_);
     s.set_attribute("num_ranks", std::int64_t(nranks_));
     s.set_attribute("absent_datasets", std::string(kAbsent));
-    std::vector<std::string> paths, shapes, dtypes, tensor_kinds;
+    s.set_attribute("compared_as", measure::compare_as_name(as_));
+    std::vector<std::string> paths, shapes, dtypes, compared_dtypes, tensor_kinds;
     std::vector<double> steps, numel, kind_numel(kinds.size(), 0.0);
     for (const auto& [step, path] : series_) steps.push_back(double(step)), paths.push_back(path);
     for (const MeasuredTensor& t : tensors_) {
@@ -305,6 +387,7 @@ class Measurement {
       for (const std::int64_t d : t.shape) shape += (shape.empty() ? "" : "x") + std::to_string(d);
       shapes.push_back(shape);
       dtypes.push_back(t.dtype);
+      compared_dtypes.push_back(compared_dtype(dtypes.size() - 1));
       numel.push_back(double(t.numel));
       const measure::TensorKind kind = measure::classify_tensor(t.name);
       tensor_kinds.push_back(measure::tensor_kind_name(kind));
@@ -314,25 +397,41 @@ class Measurement {
     // What else the first checkpoint holds, for the record: its folder's other files and the
     // safetensors __metadata__ of each file.
     const io::ModelState first = io::ModelState::open(series_[0].second, {}, io::ShardBytes::header_only);
-    std::vector<std::string> files, metadata;
-    for (const io::OtherFile& f : first.other_files()) files.push_back(f.name + " (" + std::to_string(f.bytes) + " bytes)");
+    std::vector<std::string> files, metadata, left_out;
+    const cli::FolderFilter filter = o_.filter();
+    for (const io::OtherFile& f : first.other_files())
+      (filter.keeps(f.name) ? files : left_out).push_back(f.name + " (" + std::to_string(f.bytes) + " bytes)");
+    for (const io::SafetensorsFile& shard : first.shards())
+      if (first.is_folder() && !filter.keeps(relative_name(first, shard.path())))
+        left_out.push_back(relative_name(first, shard.path()));
     for (const io::SafetensorsFile& shard : first.shards())
       for (const auto& [key, value] : shard.metadata())
         metadata.push_back(std::filesystem::path(shard.path()).filename().string() + ": " + key + "=" + value);
     if (!files.empty()) s.set_attribute("checkpoint_other_files", files);
+    if (!left_out.empty()) s.set_attribute("checkpoint_left_out_files", left_out);
     if (!metadata.empty()) s.set_attribute("checkpoint_metadata", metadata);
     s.set_attribute("checkpoint_steps", steps);
     s.set_attribute("tensor_names", names);
     s.set_attribute("tensor_shapes", shapes);
     s.set_attribute("tensor_dtypes", dtypes);
+    s.set_attribute("tensor_compared_dtypes", compared_dtypes);
     s.set_attribute("tensor_numel", numel);
     s.set_attribute("tensor_kinds", tensor_kinds);
     s.set_attribute("kind_names", kinds);
     s.set_attribute("kind_numel", kind_numel);
     s.set_attribute("num_parameters", std::int64_t(numel_));
     s.set_attribute("unit_bytes", std::int64_t(o_.unit_mb * (1 << 20)));
-    s.set_attribute("precision", std::string("checkpoint"));
-    s.set_attribute("trainer_sync", std::string("unknown"));  // the report would assume ddp
+    // What the run was, as --set and --label say (never guessed from the checkpoints), except
+    // that the BF16 view of an FP32 series is the mixed-precision regime by what is compared.
+    s.set_attribute("config", config_.toml());
+    if (!o_.label.empty()) s.set_attribute("label", o_.label);
+    if (!config_.text("model").empty()) s.set_attribute("model", config_.text("model"));
+    const bool fp32_master_view = as_ == measure::CompareAs::bf16 &&
+                                  std::all_of(cast_.begin(), cast_.end(), [](bool cast) { return cast; });
+    const std::string precision = config_.text("precision");
+    s.set_attribute("precision", !precision.empty() ? precision : fp32_master_view ? "mixed" : "checkpoint");
+    const std::string trainer_sync = config_.text("trainer-sync");
+    s.set_attribute("trainer_sync", trainer_sync.empty() ? std::string("unknown") : trainer_sync);  // not ddp
   }
 
   // The changes of a block (at element b of the piece) to the unit's patch size.
@@ -382,17 +481,23 @@ class Measurement {
       patch_.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
-        const std::size_t esz = t.element_bytes, n = std::size_t(p.end - p.begin);
+        const bool cast = cast_[p.tensor];
+        const std::size_t esz = compared_bytes(p.tensor), n = std::size_t(p.end - p.begin);
         const std::byte* piece = checkpoint.data(t, p.begin, p.end);
         if (!has_prev) continue;
         const std::byte* piece_before = previous->data(t, p.begin, p.end);
         const bool whole = p.begin == 0 && p.end == t.numel;
         patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
-                          t.dtype, n);
+                          compared_dtype(p.tensor), n);
         for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
           const std::size_t m = std::min(kBlockElements, n - b);
-          const std::byte* now = piece + b * esz;
-          const std::byte* before = piece_before + b * esz;
+          const std::byte* now = piece + b * t.element_bytes;
+          const std::byte* before = piece_before + b * t.element_bytes;
+          if (cast) {
+            measure::cast_block(as_, now, m, cast_now_.data());
+            measure::cast_block(as_, before, m, cast_before_.data());
+            now = cast_now_.data(), before = cast_before_.data();
+          }
           const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
           sums[p.tensor] += std::int64_t(changed.size());
           const auto e0 = std::chrono::steady_clock::now();
@@ -457,6 +562,7 @@ class Measurement {
       row.set("/kstep/sparsity", kstep);
       row.set_int("/kinds/changed", per_kind);
       row.set("/kinds/sparsity", kind_sparsity);
+      totals_.add(changed, patch, std::int64_t(dense_bytes_), 1.0 - double(changed) / double(numel_), kstep);
     }
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
@@ -478,16 +584,34 @@ class Measurement {
   Options o_;
   std::vector<std::pair<std::int64_t, std::string>> series_;
   std::vector<MeasuredTensor> tensors_;
+  measure::CompareAs as_;
+  measure::RunConfig config_;
+  std::vector<bool> cast_;  // per tensor: compared as its 16-bit cast
   std::string command_line_;
   int rank_ = 0, nranks_ = 1;
   std::vector<Unit> units_;
   std::size_t first_unit_ = 0, last_unit_ = 0;
-  std::uint64_t share_bytes_ = 0, dense_bytes_ = 0;
+  std::uint64_t share_bytes_ = 0, dense_bytes_ = 0, stored_bytes_ = 0;  // dense: as compared; stored: as read
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
   std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
   std::vector<measure::ChangeLog> spare_logs_;           // dropped, with their buffers
   std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted
+  std::vector<std::byte> cast_now_ = std::vector<std::byte>(kBlockElements * 2);  // a cast block and its
+  std::vector<std::byte> cast_before_ = std::vector<std::byte>(kBlockElements * 2);  // predecessor
+  struct Totals {  // over the rows (rank 0)
+    std::int64_t rows = 0, changed = 0, patch = 0, dense = 0;
+    double sparsity_sum = 0, min_sparsity = 1;
+    std::vector<double> kstep_sum;
+    std::vector<std::int64_t> kstep_rows;
+    void add(std::int64_t c, std::int64_t p, std::int64_t d, double sparsity, const std::vector<double>& kstep) {
+      ++rows, changed += c, patch += p, dense += d, sparsity_sum += sparsity;
+      min_sparsity = std::min(min_sparsity, sparsity);
+      kstep_sum.resize(kstep.size(), 0.0), kstep_rows.resize(kstep.size(), 0);
+      for (std::size_t j = 0; j < kstep.size(); ++j)
+        if (std::isfinite(kstep[j])) kstep_sum[j] += kstep[j], ++kstep_rows[j];
+    }
+  } totals_;
   measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
 };
@@ -530,6 +654,27 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 32))
         ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
+    app.add_option("--as", o.as, "compare FP32 tensors as their BF16 or F16 cast (round to nearest even, what the "
+                                 "forward pass reads) or as stored (raw); default bf16 when every tensor is FP32, raw "
+                                 "otherwise")
+        ->check(CLI::IsMember({"bf16", "f16", "raw"}));
+    app.add_option("--set", o.settings, "describe the run: key=value into the file's config (lr=3e-6, precision=bf16, "
+                                        "model=..., seed=2; repeat --set for each); the report groups runs by them")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false);
+    app.add_option("--label", o.label, "the run's name in the report (config key label)");
+    app.add_option("--include", o.include, "read only a folder's files matching this glob (repeatable; paths relative "
+                                           "to the folder, or file names); names a Trainer file to keep it")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false);
+    app.add_option("--exclude", o.exclude, "leave out a folder's files matching this glob (repeatable); the Hugging "
+                                           "Face Trainer's (optimizer.pt, scheduler.pt, rng_state*.pth, "
+                                           "trainer_state.json, training_args.bin) are left out by default")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false);
     app.add_flag("-q,--quiet", o.quiet, "no progress lines");
     cli::JsonSummary summary(app, "pulse-measure");
     std::string command_line;
@@ -547,16 +692,32 @@ int main(int argc, char** argv) {
         // Everything is checked on every rank alike before the output is created: a bad series
         // exits with one line and writes nothing.
         o.steps = parse_steps(steps_list);
+        const measure::RunConfig config = measure::parse_run_config(o.settings, o.label);
         const auto series = resolve_series(o);
         summary.set("checkpoints", series.size());
-        const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only));
-        if (tensors.empty()) throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure");
-        check_series(series, tensors);
+        const io::ModelState first = io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only);
+        const std::vector<MeasuredTensor> tensors = measured_tensors(first, o.filter());
+        if (tensors.empty())
+          throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure" +
+                      (o.include.empty() && o.exclude.empty() ? "" : " in the files --include/--exclude keep"));
+        check_series(series, tensors, o.filter());
+        std::vector<std::string> names;
+        for (const io::OtherFile& f : first.other_files()) names.push_back(f.name);
+        for (const io::SafetensorsFile& shard : first.shards())
+          if (first.is_folder()) names.push_back(relative_name(first, shard.path()));
+        const std::string left_out = o.filter().left_out_line(names);
+        const measure::CompareAs as = compare_as(o.as, tensors);
+        summary.set("compared_as", measure::compare_as_name(as));
         if (!o.overwrite && std::filesystem::exists(o.out))
           throw Error(o.out + ": exists (give --overwrite to replace it)");
         const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();
         if (!std::filesystem::is_directory(out_dir)) throw Error(o.out + ": folder " + out_dir.string() + " does not exist");
-        m = std::make_unique<Measurement>(o, series, tensors, command_line);
+        m = std::make_unique<Measurement>(o, series, tensors, as, config, command_line);
+        if (rank == 0 && !o.quiet && !left_out.empty())
+          std::fprintf(stderr, "pulse-measure: %s: %s\n", series[0].second.c_str(), left_out.c_str());
+        if (rank == 0 && !o.quiet && o.as.empty() && as != measure::CompareAs::raw)
+          std::fprintf(stderr, "pulse-measure: every tensor is FP32: comparing their BF16 cast (round to nearest even, "
+                               "as the forward pass reads them); --as raw compares the FP32 bits\n");
       } catch (const std::exception& e) {
         if (rank == 0) std::cerr << "pulse-measure: " << e.what() << "\n";
         code = 1;
@@ -564,6 +725,10 @@ int main(int argc, char** argv) {
       if (m) {
         try {
           m->run();
+          if (rank == 0) {
+            summary.set("figures", m->figures());
+            if (!o.quiet) std::fprintf(stderr, "pulse-measure: %s\n", m->figures_line().c_str());
+          }
         } catch (const std::exception& e) {
           // Output errors (an existing --out) arise on every rank alike; anything else may be
           // one rank's, so the job is aborted rather than left waiting in a collective.

@@ -134,7 +134,7 @@ class Figures:
         self.save(fig, "sparsity")
 
     def kstep(self):
-        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 4.5))
+        fig, (left, right) = self.plt.subplots(1, 2, figsize=(12, 5.5))
         ks = self.runs[0].k_values
         for label, runs in self.groups:
             means = 100 * np.array([[mean_finite(r.kstep[:, j]) for j in range(len(ks))] for r in runs])
@@ -148,7 +148,7 @@ class Figures:
         _k_axis(left, ks)
         left.set_ylabel("mean k-step sparsity (%)")
         left.set_title("k-step sparsity" + (" (bands: min-max over seeds)" if self._banded else ""))
-        left.legend(fontsize=7)
+        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below: the paper band stays visible
         right.set_xlabel("step")
         _integer_x(right)
         right.set_ylabel("k-step sparsity (%)")
@@ -313,15 +313,22 @@ class Figures:
         for r in runs:
             p = predict.Prediction(r)
             (line,) = left.plot(r.steps["step"], 100 * (1 - r.steps["sparsity"]), lw=0.8, label=f"{r.name}: measured")
-            left.errorbar(p.steps, 100 * p.predicted, yerr=[100 * (p.predicted - p.low), 100 * (p.high - p.predicted)],
-                          fmt="x", capsize=3, color=line.get_color(),
-                          label=f"{r.name}: predicted ({100 * p.relative_error:+.0f}% vs measured; bars: bin width)")
-            left.plot(p.steps, 100 * p.pure_bf16, "v", color=line.get_color(), mfc="none",
-                      label=f"{r.name}: predicted in pure BF16 (absorbed updates lost)")
+            if p.model == "pure BF16":
+                left.plot(p.steps, 100 * p.predicted, "v", color=line.get_color(),
+                          label=f"{r.name}: predicted, pure BF16: updates not absorbed ({100 * p.relative_error:+.0f}%)")
+            else:
+                left.errorbar(p.steps, 100 * p.predicted, yerr=[100 * (p.predicted - p.low), 100 * (p.high - p.predicted)],
+                              fmt="x", capsize=3, color=line.get_color(),
+                              label=f"{r.name}: predicted, FP32 master ({100 * p.relative_error:+.0f}% vs measured; "
+                                    f"bars: bin width)")
+                left.plot(p.steps, 100 * p.pure_bf16, "v", color=line.get_color(), mfc="none",
+                          label=f"{r.name}: predicted in pure BF16 (absorbed updates lost)")
             for q in predict.pure_bf16_twins(r, self.runs):
                 left.plot(q.steps["step"], 100 * (1 - q.steps["sparsity"]), ":", lw=0.8, color=line.get_color(),
                           label=f"{q.name}: measured in pure BF16 (--precision bf16)")
             right.plot(p.k_values, 100 * p.kstep_measured, "o-", color=line.get_color(), label=f"{r.name}: measured")
+            if p.kstep_bounds is None:
+                continue  # pure BF16: no k-step model
             right.fill_between(p.k_values, 100 * p.kstep_bounds["random walk"], 100 * p.kstep_bounds["same sign"],
                                color=line.get_color(), alpha=0.2,
                                label=f"{r.name}: predicted, random walk (low) to same sign (high)")
@@ -402,33 +409,44 @@ class Figures:
         self.save(fig, "grad_sparsity")
 
     def training(self):
-        evaluated = [r for r in self.runs if np.isfinite(r.steps["eval_pass1"]).any()]
-        fig, axes = self.plt.subplots(1, 3 if evaluated else 2, figsize=(15 if evaluated else 10, 4.5))
-        for label, runs in self.groups:
-            self._band(axes[0], label, runs, lambda r: r.steps["reward"])
-            self._band(axes[1], label, runs, lambda r: r.steps["loss"])
-        for r in evaluated:
+        """One panel per series some run holds (reward, loss, pass@1); none without any."""
+        held = {name: [r for r in self.runs if np.isfinite(r.steps[name]).any()] for name in ("reward", "loss", "eval_pass1")}
+        panels = [name for name, runs in held.items() if runs]
+        if not panels:
+            self.missing["training"] = "no reward, loss or evaluation in these files (weights only)"
+            return
+        fig, axes = self.plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+        axes = dict(zip(panels, axes[0]))
+        for name in ("reward", "loss"):
+            if name not in axes:
+                continue
+            for label, runs in self.groups:
+                runs = [r for r in runs if r in held[name]]
+                if runs:
+                    self._band(axes[name], label, runs, lambda r: r.steps[name])
+        for r in held["eval_pass1"]:
             ev = r.steps["eval_pass1"]
             ok = np.isfinite(ev)
             n = int(r.cfg("eval-problems", 128))
             lo, hi = wilson(ev[ok], n)
-            axes[2].errorbar(r.steps["step"][ok], 100 * ev[ok], yerr=[100 * (ev[ok] - lo), 100 * (hi - ev[ok])],
-                             fmt="o", capsize=3, label=f"{r.name} (n={n} problems, 95% Wilson interval)")
-        titles = ("mean rollout reward", "GRPO loss", "greedy pass@1 on held-out problems")
-        for ax, y, title in zip(axes, ("mean reward", "GRPO loss", "greedy pass@1 (%)"), titles):
+            axes["eval_pass1"].errorbar(r.steps["step"][ok], 100 * ev[ok], yerr=[100 * (ev[ok] - lo), 100 * (hi - ev[ok])],
+                                        fmt="o", capsize=3, label=f"{r.name} (n={n} problems, 95% Wilson interval)")
+        text = {"reward": ("mean reward", "mean rollout reward"), "loss": ("loss", "training loss"),
+                "eval_pass1": ("greedy pass@1 (%)", "greedy pass@1 on held-out problems")}
+        for name, ax in axes.items():
             ax.set_xlabel("step")
             _integer_x(ax)
-            ax.set_ylabel(y)
-            ax.set_title(title + (" (bands: min-max over seeds)" if self._banded and ax is not axes[-1] else ""))
+            ax.set_ylabel(text[name][0])
+            ax.set_title(text[name][1] + (" (bands: min-max over seeds)" if self._banded and name != "eval_pass1" else ""))
             ax.legend(fontsize=7)
         self.save(fig, "training")
 
     def comm(self, rows):
         from . import report
 
-        runs = [r for r in self.runs if "bytes_sent" in r.ranks and report.trainer_bytes(r).sum() > 0]
+        runs = [r for r in self.runs if report.exchanges(r)]
         if not runs:
-            self.missing["comm"] = "no bytes between trainers (one trainer rank): run >= 2 trainers (jobs/loco.sbatch)"
+            self.missing["comm"] = "no run with >= 2 trainer ranks (one trainer sends to no one): jobs/loco.sbatch"
             return
         gated = [r for r in runs if "gate_density" in r.steps and np.isfinite(r.steps["gate_density"]).any()]
         fig, axes = self.plt.subplots(1, 3 if gated else 2, figsize=(16 if gated else 11, 4.5))

@@ -15,6 +15,10 @@ cast of w + u alone gives bf16(w)), yet it still moves the master, and with prob
 crosses a boundary: that is why fewer weights stay unchanged than updates are absorbed.
 In pure BF16 (no FP32 master) an absorbed update is lost, so the same
 updates would change only the weights with r >= 1: c1 = 1 - absorbed / N (`pure_bf16`).
+Which model a run is held to follows from its precision attribute: "mixed" (an FP32 master and
+its BF16 copy) the first, "bf16" (the weights themselves in BF16) the second, exactly (absorbed is
+counted per element, no bin width); a run of any other precision (a checkpoint series measured as
+stored, an FP32 run) is held to neither.
 The bin width bounds the prediction's own resolution: r at the bins' lower and upper edges gives
 c1 / sqrt(2) and sqrt(2) c1 for the sub-threshold part (the stated tolerance, `low` and `high`).
 
@@ -67,18 +71,26 @@ class Mean:
 TWIN_KEYS = {"precision", "absorption-every"} | FOLLOWS_FROM_MODEL
 
 
+# precision attribute -> the model of the module docstring a run is held to
+MODELS = {"mixed": "FP32 master", "bf16": "pure BF16"}
+
+
 def pure_bf16_twins(run, runs):
-    """Runs with --precision bf16 and otherwise the config of this run (seed included): they
-    measure what `pure_bf16` predicts."""
+    """For a mixed-precision run: the runs with --precision bf16 and otherwise its config (seed
+    included; both configs given): they measure what `pure_bf16` predicts."""
+    if run.attrs.get("precision") != "mixed" or not run.config:
+        return []
     same = [(k, v) for k, v in run.variant() if k not in TWIN_KEYS] + [("seed", repr(run.cfg("seed")))]
-    return [q for q in runs if q.attrs.get("precision") == "bf16" and
+    return [q for q in runs if q.attrs.get("precision") == "bf16" and q.config and
             [(k, v) for k, v in q.variant() if k not in TWIN_KEYS] + [("seed", repr(q.cfg("seed")))] == same]
 
 
 def of(run):
-    """The run's Prediction, or None when it recorded no histogram at a step it has a row for."""
+    """The run's Prediction, or None when its precision has no model or it recorded no histogram at
+    a step it has a row for."""
     rows = {int(x) for x in run.steps["step"]}
-    return Prediction(run) if any(a.step in rows for a in run.absorption) else None
+    return Prediction(run) if run.attrs.get("precision") in MODELS and any(a.step in rows for a in run.absorption) \
+        else None
 
 
 class Prediction:
@@ -95,12 +107,17 @@ class Prediction:
         self.measured = np.array([1.0 - run.steps["sparsity"][rows[a.step]] for a in recorded])
         self.absorbed = np.array([a.absorbed / a.elements for a in recorded])
         self.pure_bf16 = 1.0 - self.absorbed  # the same updates without an FP32 master to keep them
+        self.model = MODELS[run.attrs.get("precision")]
+        self.k_values = list(run.k_values)
+        self.kstep_measured = np.array([_nanmean(1.0 - run.kstep[:, j]) for j in range(len(self.k_values))])
+        if self.model == "pure BF16":  # exact: no band; no k-step model (a lost update is not carried)
+            self.predicted = self.low = self.high = self.pure_bf16
+            self.kstep_bounds = None
+            return
         self.predicted = np.array([changed_fraction(a) for a in recorded])
         self.low = np.array([changed_fraction(a, edge="low") for a in recorded])
         self.high = np.array([changed_fraction(a, edge="high") for a in recorded])
         pooled = Mean(recorded)
-        self.k_values = list(run.k_values)
-        self.kstep_measured = np.array([_nanmean(1.0 - run.kstep[:, j]) for j in range(len(self.k_values))])
         # low: random walk with each bin's lower edge; high: same sign with its upper edge
         self.kstep_bounds = {name: np.array([changed_fraction(pooled, k, e, edge) for k in self.k_values])
                              for (name, e), edge in zip(KSTEP_BOUNDS, ("low", "high"))}
@@ -126,7 +143,9 @@ class Prediction:
 
     def kstep_inside(self):
         """Per k: whether the measured k-step changed fraction lies between the two bounds (None
-        where the run is too short to measure k steps)."""
+        where the run is too short to measure k steps, or the model has no k-step bounds)."""
+        if self.kstep_bounds is None:
+            return [None] * len(self.k_values)
         lo, hi = self.kstep_bounds["random walk"], self.kstep_bounds["same sign"]
         return [bool(a <= m <= b) if math.isfinite(m) else None for a, m, b in zip(lo, self.kstep_measured, hi)]
 
@@ -139,7 +158,12 @@ class Prediction:
 
     def statement(self):
         """One sentence on agreement, for the report."""
-        s = (f"`{self.run}`: per-step changed fraction measured {100 * self.mean_measured:.3g}%, predicted "
+        if self.model == "pure BF16":
+            return (f"`{self.run}` (pure BF16: an update changes a weight when it is at least half an ulp): per-step "
+                    f"changed fraction measured {100 * self.mean_measured:.3g}%, predicted {100 * self.mean_predicted:.3g}% "
+                    f"({100 * self.relative_error:+.0f}%) = the {100 * (1 - self.pure_bf16.mean()):.3g}% of updates not "
+                    f"absorbed, over {len(self.steps)} recorded steps.")
+        s = (f"`{self.run}` (FP32 master): per-step changed fraction measured {100 * self.mean_measured:.3g}%, predicted "
              f"{100 * self.mean_predicted:.3g}% ({100 * self.relative_error:+.0f}%; bin-width band "
              f"{100 * self.low.mean():.3g}-{100 * self.high.mean():.3g}%: "
              f"{'inside' if self.within_tolerance else 'outside'}) over {len(self.steps)} recorded steps; "

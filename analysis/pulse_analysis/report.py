@@ -18,7 +18,8 @@ which jobs/ script makes it):
   comm          trainer-to-trainer bytes per step and cumulative per trainer-sync method, gate density
   sync          trainer -> inference patch bytes against dense BF16 bytes per step
   bandwidth     sync time and utilisation against link bandwidth (bandwidth.py)
-Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, bandwidth.csv.
+Tables: summary.md (all of them), summary.csv, kstep.csv, comm.csv, regimes.csv (a run in both regimes: FP32
+master and pure BF16, side by side with the paper's), bandwidth.csv.
 """
 import csv
 import math
@@ -49,7 +50,7 @@ SUMMARY_COLUMNS = {
     "compression_vs_dense": "sum(/steps/dense_bytes) / sum(/steps/patch_bytes)",
     "bits_per_changed": "8 sum(/steps/patch_bytes) / sum(/steps/changed)",
     "verified_fraction": "mean of /steps/verify_ok",
-    "mean_trainer_bytes_sent": "mean over steps of /ranks/trainer_bytes_sent summed over trainer ranks",
+    "mean_trainer_bytes_sent": "mean over steps of /ranks/trainer_bytes_sent summed over trainer ranks (>= 2 trainers)",
     "outer_steps": "sum of /steps/outer_step (steps on which the trainers synchronised)",
     "mean_gate_density": "mean of the finite /steps/gate_density (outer steps of diloco/pulseloco)",
     "final_reward": "last /steps/reward",
@@ -70,6 +71,12 @@ def _mean_finite(x):
     x = np.asarray(x, dtype=float)
     x = x[np.isfinite(x)]
     return float(x.mean()) if x.size else math.nan
+
+
+def exchanges(run):
+    """Whether the run's trainers exchanged anything: at least two trainer ranks and the bytes they
+    sent on record (one trainer has no one to send to)."""
+    return len(run.trainer_ranks) >= 2 and "bytes_sent" in run.ranks
 
 
 def trainer_bytes(run):
@@ -94,7 +101,7 @@ def summary_row(run, k_values):
         "compression_vs_dense": float(dense.sum() / patch.sum()) if patch.sum() else math.nan,
         "bits_per_changed": 8.0 * float(patch.sum()) / float(s["changed"].sum()) if s["changed"].sum() else math.nan,
         "verified_fraction": float(np.mean(s["verify_ok"])),
-        "mean_trainer_bytes_sent": float(np.mean(trainer_bytes(run))) if "bytes_sent" in run.ranks else math.nan,
+        "mean_trainer_bytes_sent": float(np.mean(trainer_bytes(run))) if exchanges(run) else math.nan,
         "outer_steps": int(np.sum(s["outer_step"])) if "outer_step" in s else "",
         "mean_gate_density": _mean_finite(s["gate_density"]) if "gate_density" in s else math.nan,
         "final_reward": float(s["reward"][-1]), "mean_reward": float(np.mean(s["reward"])),
@@ -134,12 +141,34 @@ def kstep_rows(runs):
     return rows
 
 
+def regime_rows(runs, summary):
+    """The default regime beside the paper's: each mixed-precision run (FP32 master) followed by its
+    pure-BF16 twins (predict.pure_bf16_twins: the same config, seed included, but the precision),
+    with their summary's mean sparsity at k = 1 and the largest k both hold and the paper's at the
+    same lr and num-iterations (the paper's table is for pure BF16 weights and Adam state), and
+    dense over patch bytes."""
+    by_name = {row["run"]: row for row in summary}
+    rows = []
+    for r in runs:
+        twins = predict.pure_bf16_twins(r, runs)
+        if not twins:
+            continue
+        k = max(set(r.k_values).intersection(*(q.k_values for q in twins)))
+        for q in [r] + twins:
+            row = by_name[q.name]
+            rows.append({"pair": r.name, "run": q.name, "precision": q.attrs.get("precision"),
+                         "k1_mean_sparsity": row["k1_mean_sparsity"], "paper_k1_mean_sparsity": _paper(q, 1)[0],
+                         "k": k, "k_mean_sparsity": row[f"k{k}_mean_sparsity"], "paper_k_mean_sparsity": _paper(q, k)[0],
+                         "compression_vs_dense": row["compression_vs_dense"]})
+    return rows
+
+
 def comm_rows(runs):
     """Per trainer-sync method: bytes the trainer ranks send per step and over the run, averaged
-    over the method's runs; ratio against DDP when DDP runs are present."""
+    over the method's runs with >= 2 trainers; ratio against DDP when DDP runs are present."""
     by = {}
     for r in runs:
-        if "bytes_sent" in r.ranks:
+        if exchanges(r):
             by.setdefault(r.trainer_sync, []).append(trainer_bytes(r).astype(float))
     rows = [{"method": m, "runs": len(v), "mean_bytes_per_step": float(np.mean([x.mean() for x in v])),
              "mean_total_bytes": float(np.mean([x.sum() for x in v]))} for m, v in by.items()]
@@ -196,6 +225,7 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
     summary = [summary_row(r, k_values) for r in runs]
     ksteps = kstep_rows(runs)
     comm = comm_rows(runs)
+    regimes = regime_rows(runs, summary)
     predictions = [p for p in map(predict.of, runs) if p]
     # the bandwidth model needs a run that sent patches to inference ranks
     synced = [r for r in runs if r.steps["patch_bytes"].sum() > 0 and r.steps["changed"].sum() > 0
@@ -206,6 +236,7 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
     _write_csv(os.path.join(out_dir, "summary.csv"), summary)
     _write_csv(os.path.join(out_dir, "kstep.csv"), ksteps)
     _write_csv(os.path.join(out_dir, "comm.csv"), comm)
+    _write_csv(os.path.join(out_dir, "regimes.csv"), regimes)
     _write_csv(os.path.join(out_dir, "bandwidth.csv"), bw)
 
     fig = Figures(out_dir, runs, groups, keep=keep_figures)
@@ -225,20 +256,30 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(f"# pulse-train report: {len(runs)} run(s)\n\n")
         f.write("Runs: " + ", ".join(f"`{r.name}` ({r.rows} steps)" for r in runs) + "\n\n")
-        f.write("Variants (runs that differ only in seed or output are one variant): " +
+        f.write("Variants (runs that differ in seed alone are one variant; a run whose file says nothing of its "
+                "settings is one of its own): " +
                 "; ".join(f"{label}: {', '.join(r.name for r in rs)}" for label, rs in groups) + "\n\n")
         f.write("## Per run\n\n" + _md_table(summary, main_cols) + "\n")
         f.write("All columns are in summary.csv:\n\n" +
                 "\n".join(f"- `{c}`: {d}" for c, d in SUMMARY_COLUMNS.items()) +
                 "\n- `k<K>_mean_sparsity`: mean of the finite entries of /kstep/sparsity column k=K\n\n")
+        if regimes:
+            f.write("## Both regimes: FP32 master (mixed) and pure BF16, the paper's\n\n"
+                    "Each mixed-precision run, then the run of the same config in pure BF16 (the regime of the "
+                    "paper's sparsity table: BF16 weights and Adam state), with the paper's mean sparsity at the "
+                    "same lr and num-iterations (fractions; k: the largest both runs measured):\n\n" +
+                    _md_table(regimes) + "\n")
         f.write("## k-step sparsity, with the paper's at the same lr and num-iterations\n\n" + _md_table(ksteps) +
                 f"\nPaper numbers: {paper.source()}.\n\n")
         f.write("## Measured explanation: changes predicted from the absorption histograms\n\n")
         if predictions:
-            f.write("Model (pulse_analysis/predict.py): a weight's FP32 master sits uniformly between two BF16 "
+            f.write("Each run is held to the model of its precision (pulse_analysis/predict.py). FP32 master (mixed): "
+                    "a weight's FP32 master sits uniformly between two BF16 "
                     "rounding boundaries one ulp apart, so an update u changes its BF16 copy with probability "
                     "min(1, |u| / ulp); over k steps the displacement is between sqrt(k) |u| (random walk) and "
-                    "k |u| (same sign). Tolerance: the histogram's log2 bins (r at their lower and upper edges).\n\n" +
+                    "k |u| (same sign). Tolerance: the histogram's log2 bins (r at their lower and upper edges). "
+                    "Pure BF16: an update changes its weight exactly when it is at least half an ulp (not absorbed)."
+                    "\n\n" +
                     "\n".join(f"- {p.statement()}" for p in predictions) + "\n" +
                     "".join(f"- {p.twin_statement(q)}\n" for p in predictions
                             for q in predict.pure_bf16_twins(p.source, runs)) + "\n")
@@ -258,5 +299,5 @@ def write_report(paths, out_dir, params=None, compute_s=None, sparsity=None, ban
                                    f"makes one" if why.startswith("jobs/") else why)
                 for name, why in fig.missing.items()) + "\n\n")
         f.write("## Figures\n\n" + "\n".join(f"![{n}]({n})" for n in fig.written) + "\n")
-    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "bandwidth": bw,
+    return {"runs": runs, "summary": summary, "kstep": ksteps, "comm": comm, "regimes": regimes, "bandwidth": bw,
             "predictions": predictions, "figures": fig.figures, "written": fig.written, "missing": fig.missing}

@@ -8,9 +8,9 @@ import tomllib
 import numpy as np
 
 # Config keys that do not change what is measured: runs that differ only in these are repetitions
-# (seeds) of one variant.
+# of one variant (seeds, where their seeds differ; see group_runs). The label names a run.
 NOT_A_VARIANT = {"seed", "out", "overwrite", "resume", "quiet", "config", "checkpoint-every", "relay", "anchor-every",
-                 "keep-anchors"}
+                 "keep-anchors", "label"}
 
 
 # Config keys that follow from the model swept (its own warm start).
@@ -115,35 +115,53 @@ class Run:
 
     @property
     def trainer_ranks(self):
-        return [r for r, role in enumerate(self.attrs["roles"]) if role == "trainer"]
+        return [r for r, role in enumerate(self.attrs.get("roles", [])) if role == "trainer"]
 
     @property
     def inference_ranks(self):
-        return [r for r, role in enumerate(self.attrs["roles"]) if role == "inference"]
+        return [r for r, role in enumerate(self.attrs.get("roles", [])) if role == "inference"]
 
     def variant(self):
         """The config without the keys that only repeat a measurement (see NOT_A_VARIANT)."""
         flat = {k.replace("_", "-"): v for k, v in self.config.items()}
         return tuple(sorted((k, repr(v)) for k, v in flat.items() if k not in NOT_A_VARIANT))
 
+def seeds_of_one_variant(runs):
+    """Whether runs (of one variant) differ in seed alone: each has a seed, and no two the same."""
+    seeds = [repr(r.cfg("seed")) for r in runs]
+    return "None" not in seeds and len(set(seeds)) == len(seeds)
+
+
 def group_runs(runs):
-    """Runs grouped by variant, in first-seen order, each group labelled by the config keys that
-    differ between the groups (e.g. 'lr=1e-05'); one group is labelled by its runs' common stem."""
-    groups = {}
+    """Runs grouped by variant (the config without NOT_A_VARIANT), in first-seen order. Several runs
+    share a group only where they differ in seed alone; a run whose file says nothing about it (no
+    config: pulse-measure without --set) or that repeats another's seed is a group of its own. A
+    group is labelled by its runs' common label (--label), else by the config keys that differ
+    between the groups (e.g. 'lr=1e-05'), else by its runs' common stem."""
+    variants = {}
     for r in runs:
-        groups.setdefault(r.variant(), []).append(r)
-    keys = list(groups)
-    dicts = [dict(k) for k in keys]
-    differing = sorted({k for d in dicts for k in d if any(d.get(k) != e.get(k) for e in dicts)})
+        variants.setdefault(r.variant() if r.config else (("file", r.path),), []).append(r)
+    groups = []
+    for key, rs in variants.items():
+        if len(rs) == 1 or seeds_of_one_variant(rs):
+            groups.append((key, rs))
+        else:
+            groups += [(key + (("file", r.path),), [r]) for r in rs]
+    described = [dict(key) for key, rs in groups if rs[0].config]
+    differing = sorted({k for d in described for k in d if k != "file" and any(d.get(k) != e.get(k) for e in described)})
     # a model's own warm start (init, sft-steps) follows from the model: named only when alone
     if set(differing) - FOLLOWS_FROM_MODEL:
         differing = [k for k in differing if k not in FOLLOWS_FROM_MODEL]
     out = []
-    for key, d in zip(keys, dicts):
-        if differing:
+    for key, rs in groups:
+        d = dict(key)
+        names = {r.cfg("label", r.attrs.get("label")) for r in rs}
+        if len(names) == 1 and None not in names:
+            label = str(names.pop())
+        elif rs[0].config and differing:
             label = ", ".join(f"{k}={d[k] if k in d else '-'}".replace("'", "") for k in differing)
         else:
-            label = os.path.commonprefix([r.name for r in groups[key]]).rstrip("-_") or groups[key][0].name
-        out.append((label, groups[key]))
+            label = os.path.commonprefix([r.name for r in rs]).rstrip("-_") or rs[0].name
+        out.append((label, rs))
     labels = [label for label, _ in out]
     return [(f"{label} [{rs[0].name}]" if labels.count(label) > 1 else label, rs) for label, rs in out]

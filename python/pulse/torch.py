@@ -1,15 +1,18 @@
 """The paper's measurements inside any PyTorch training loop.
 
-    recorder = pulse.torch.SparsityRecorder(model, out="run.h5", optimizer=opt)
+    recorder = pulse.torch.SparsityRecorder(model, out="run.h5", optimizer=opt, label="lr 3e-6", config={"seed": 1})
     for batch in data:
         loss = ...; loss.backward(); opt.step(); opt.zero_grad()
         recorder.step(loss=loss.item())
     recorder.close()                      # then: python3 -m pulse_analysis report run.h5
 
-Each step records, against the BF16 weights the inference side would see (bf16(θ), cast
-round-to-nearest-even as torch's .to(torch.bfloat16)): changed elements, per-step sparsity, per
-tensor changes, k-step sparsity, and the bytes of the PULSESync patch (encoded by pulse's C++
-library). Given an Adam-family optimizer (torch.optim.AdamW), the quantiles of |m_hat| /
+Each step records, against the weights the forward pass reads (FP32 parameters as their cast,
+compare_as="bf16" by default or "f16", round-to-nearest-even as torch's .to(); "raw": their FP32
+bits; BF16 and F16 parameters as stored): changed elements, per-step sparsity, per tensor changes,
+k-step sparsity (from change logs of the last max(k) steps, not copies), and the bytes of the
+PULSESync patch (encoded by pulse's C++ library). The file's config holds what the recorder reads
+itself (model class, precision, optimizer, lr, betas, eps, weight decay) and the caller's label
+and config. Given an Adam-family optimizer (torch.optim.AdamW), the quantiles of |m_hat| /
 (sqrt(v_hat) + eps) from its exp_avg / exp_avg_sq, and every absorption_every steps histograms
 of |u| / half_ulp(bf16(w)) and |w|: u is the FP32 master's change for FP32 parameters (mixed
 precision), or the AdamW update rebuilt from the optimizer state for BF16 parameters. The file
@@ -18,9 +21,13 @@ is pulse-train's HDF5 schema (src/train/stats_schema, `pulse-train --print-schem
 """
 import collections
 import datetime
+import itertools
+import json
+import math
 import sys
 import time
 
+import numpy as np
 import torch
 
 from . import Sender, _pulse, inspect
@@ -55,13 +62,36 @@ def _schema():
     return {c["path"]: c for c in _pulse.train_stats_schema()}
 
 
-def bf16_copy(t):
-    """A copy of bf16(t) (round to nearest even, as torch casts); compare bits through .view(torch.int16)."""
-    return t.detach().to(torch.bfloat16, copy=True)
+# What an FP32 parameter is compared as (compare_as): the cast the forward pass reads, round to
+# nearest even as torch's .to() casts, or its own bits; other dtypes are compared as stored.
+COMPARE_AS = {"bf16": torch.bfloat16, "f16": torch.float16, "raw": torch.float32}
+_BITS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
-def bits(t):
-    return t.view(torch.int16)
+def compared_dtype(dtype, compare_as):
+    return COMPARE_AS[compare_as] if dtype == torch.float32 else dtype
+
+
+def toml_text(config):
+    """A flat dict as TOML (numbers, booleans, strings, lists of them), one `key = value` a line."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int):
+            return str(v)
+        if isinstance(v, float):
+            return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else "inf" if v > 0 else "-inf")
+        if isinstance(v, str):
+            return json.dumps(v)  # JSON's string escapes are TOML's
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        raise _pulse.Error(f"config value {v!r}: not a number, boolean, string or list of them")
+    lines = []
+    for key, v in config.items():
+        if not key or not all(c.isalnum() or c in "-_" for c in key) or not key.isascii():
+            raise _pulse.Error(f"config key {key!r}: letters, digits, '-' and '_' only")
+        lines.append(f"{key} = {value(v)}\n")
+    return "".join(lines)
 
 
 def floor_log2_abs(x):
@@ -102,47 +132,197 @@ def absorption(w, u):
 
 
 def quantiles(x, qs):
-    """Quantiles with linear interpolation between order statistics (numpy's default)."""
-    x, _ = torch.sort(x.to(torch.float64))
+    """numpy's default quantiles (linear interpolation between order statistics) of the non-negative
+    float32 values x (a 1-D CPU tensor), by a radix select instead of a sort: their bits order
+    them, so a histogram of the top 16 bits (below 0x8000: no sign) names the bin of each order
+    statistic, and a histogram of the low 16 bits of that bin's values names its bits exactly."""
+    n = x.numel()
+    if n == 0:
+        return [math.nan] * len(qs)
+    bits = x.numpy().view(np.uint32)  # numpy's shifts and compares: several times torch 1.13's on a CPU
+    top = (bits >> 16).astype(np.int16)
+    below = _cumulative(torch.bincount(torch.from_numpy(top), minlength=1 << 15))  # below[b]: values in lower bins
+    ranks = {r for q in qs for r in (int(q * (n - 1)), min(int(q * (n - 1)) + 1, n - 1))}
+    chosen = sorted({int(np.searchsorted(below, r, side="right")) - 1 for r in ranks})
+    mask = top == chosen[0]
+    for b in chosen[1:]:
+        mask |= top == b
+    picked, picked_top = bits[mask], top[mask]  # the chosen bins' values: one pass over all, then these alone
+    value = {}
+    for b in chosen:
+        low = _cumulative(torch.bincount(torch.from_numpy((picked[picked_top == b] & 0xFFFF).astype(np.int32)),
+                                         minlength=1 << 16))
+        for r in (r for r in ranks if below[b] <= r < below[b + 1]):
+            word = (b << 16) | (int(np.searchsorted(low, r - below[b], side="right")) - 1)
+            value[r] = float(np.array([word], dtype=np.uint32).view(np.float32)[0])
     out = []
     for q in qs:
-        pos = q * (x.numel() - 1)
+        pos = q * (n - 1)
         lo = int(pos)
-        hi = min(lo + 1, x.numel() - 1)
-        out.append(float(x[lo] + (x[hi] - x[lo]) * (pos - lo)))
+        hi = min(lo + 1, n - 1)
+        out.append(value[lo] + (value[hi] - value[lo]) * (pos - lo))
     return out
 
 
+def _count_at_most(x, thresholds):
+    """Elements of x at most each threshold; on the host by numpy (its compares: ten times torch
+    1.13's on this CPU, measured)."""
+    if x.device.type == "cpu":
+        a = x.numpy()
+        return [int(np.count_nonzero(a <= th)) for th in thresholds]
+    return [int(torch.count_nonzero(x <= th)) for th in thresholds]
+
+
+def _cumulative(counts):
+    """[0, c0, c0 + c1, ...] of a bincount (numpy or torch), as int64 numpy."""
+    return np.concatenate([[0], np.cumsum(np.asarray(counts))])
+
+
+class _Versions:
+    """The last recorded version of the parameters of one element width, as compared (flat, as bits),
+    and the change log of each of the last `keep` steps: the positions that changed and their old
+    bits, or the whole old version where that is smaller (most changed). Reverting the newest logs
+    in turn gives the versions 1, 2, ... steps back, so the k-step history costs the changes, not
+    k copies of the model (as pulse-measure's src/measure/change_log.hpp)."""
+
+    def __init__(self, params, width, keep):
+        self.params = params  # [(index, name, numel, compared dtype, shape)], each of `width` bytes
+        numel = sum(n for _, _, n, _, _ in params)
+        self.flat = np.empty(numel, dtype=_BITS[width])     # the recorded version
+        self.staging = np.empty_like(self.flat)             # the version now, then the scratch of a revert
+        self.index = np.int32 if numel < 2 ** 31 else np.int64
+        self.ends = np.cumsum([n for _, _, n, _, _ in params])
+        self.views, offset = {}, 0
+        for _, name, n, dtype, shape in params:  # torch views of the bits: (recorded, staging)
+            self.views[name] = (torch.from_numpy(self.flat[offset:offset + n]).view(dtype).view(shape),
+                                torch.from_numpy(self.staging[offset:offset + n]).view(dtype))
+            offset += n
+        self.logs = collections.deque(maxlen=keep)          # newest last: (positions or None, old bits)
+
+    def stage(self, tensors):
+        """Casts the parameters into staging (on their device first: only the cast crosses to the host)."""
+        for (_, name, _, dtype, _), p in zip(self.params, tensors):
+            src = p.detach().reshape(-1)
+            if src.device.type != "cpu":
+                src = src.to(dtype)
+            self.views[name][1].copy_(src)
+
+    def commit(self):
+        """Logs the staged changes and makes staging the recorded version; returns the changed
+        elements per parameter."""
+        changed = np.flatnonzero(self.staging != self.flat)
+        if changed.size * (np.dtype(self.index).itemsize + self.flat.itemsize) < self.flat.nbytes:
+            self.logs.append((changed.astype(self.index), self.flat[changed]))
+            self.flat[changed] = self.staging[changed]
+        else:
+            self.logs.append((None, self.flat.copy()))
+            np.copyto(self.flat, self.staging)
+        return np.bincount(np.searchsorted(self.ends, changed, side="right"), minlength=len(self.params)).tolist()
+
+    def differing(self, ks):
+        """{k: elements that differ from the version k steps back} for the k the logs reach; uses
+        staging (equal to flat after commit) as the scratch version being reverted."""
+        out, differ = {}, 0
+        scratch, now = self.staging, self.flat
+        for j, (positions, old) in enumerate(reversed(self.logs), start=1):
+            if positions is None:
+                np.copyto(scratch, old)
+                differ = int(np.count_nonzero(old != now))
+            else:
+                here = now[positions]
+                differ += int(np.count_nonzero(old != here)) - int(np.count_nonzero(scratch[positions] != here))
+                scratch[positions] = old
+            if j in ks:
+                out[j] = differ
+        return out
+
+    def bytes(self):
+        return self.flat.nbytes + self.staging.nbytes + \
+            sum(old.nbytes + (0 if positions is None else positions.nbytes) for positions, old in self.logs)
+
+
 class SparsityRecorder:
-    """Records BF16 update sparsity, patch sizes and (given an Adam-family optimizer) Adam ratios
-    and absorption into `out`, one row per step() after optimizer.step()."""
+    """Records the update sparsity of the weights as the forward pass reads them, patch sizes and
+    (given an Adam-family optimizer) Adam ratios and absorption into `out`, one row per step()
+    after optimizer.step().
+
+    compare_as: what FP32 parameters are compared as, "bf16" (default) or "f16" (the cast, round to
+    nearest even) or "raw" (their FP32 bits); BF16 and F16 parameters are compared as stored.
+    label, config: the run's description for the report (config: a dict of settings such as
+    {"seed": 2, "task": "gsm8k"}), written with what the recorder reads itself (the model's class,
+    precision, the optimizer's class, lr, betas, eps and weight decay) into the file's config;
+    a key given in config replaces the one read."""
 
     def __init__(self, model, out="run.h5", optimizer=None, k_values=(1, 2, 4, 8, 16, 32), absorption_every=0,
-                 overwrite=False):
+                 overwrite=False, compare_as="bf16", label=None, config=None):
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
             raise _pulse.Error("SparsityRecorder: the model has no trainable parameters")
+        if compare_as not in COMPARE_AS:
+            raise _pulse.Error(f"SparsityRecorder: compare_as {compare_as!r} is not bf16, f16 or raw")
         self.optimizer = optimizer
+        self.compare_as = compare_as
         self.k_values = tuple(int(k) for k in k_values)
         self.absorption_every = int(absorption_every)
         self.mixed = any(p.dtype != torch.bfloat16 for _, p in self.params)
         self.numel = sum(p.numel() for _, p in self.params)
         self.t = 0
-        self.bf16 = {n: bf16_copy(p) for n, p in self.params}
-        self.history = collections.deque([dict(self.bf16)], maxlen=max(self.k_values))  # [-k]: k steps back
-        self.sender = Sender(self.bf16)
+        by_width = {}
+        for i, (name, p) in enumerate(self.params):
+            dtype = compared_dtype(p.dtype, compare_as)
+            width = torch.empty(0, dtype=dtype).element_size()
+            by_width.setdefault(width, []).append((i, name, p.numel(), dtype, tuple(p.shape)))
+        self.versions = [_Versions(group, width, max(self.k_values)) for width, group in by_width.items()]
+        for v in self.versions:
+            v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
+            np.copyto(v.flat, v.staging)
+        self.dense_bytes = sum(v.flat.nbytes for v in self.versions)
+        views = {name: v.views[name][0] for v in self.versions for name in v.views}
+        self.compared = {name: views[name] for name, _ in self.params}  # the recorded version, in parameter order
+        self.sender = Sender(self.compared)
         self.master = self._master_copy()
         self.start = self.last = time.perf_counter()
         self.write_s = float("nan")
+        settings = {"model": type(model).__name__, "precision": self.precision, "compare-as": self.compare_as,
+                    "optimizer": type(self.optimizer).__name__ if self.optimizer else "",
+                    "absorption-every": self.absorption_every, **self._optimizer_settings(), **dict(config or {})}
+        if label is not None:
+            settings["label"] = str(label)
+        config_text = toml_text(settings)  # a bad setting fails before the file exists
         self.file = _pulse.StatsFile(str(out), "overwrite" if overwrite else "create")
-        self._declare(model)
+        self._declare(settings, config_text)
 
     def _master_copy(self):
-        if not (self.absorption_every and self.mixed):
+        """The FP32 master before the step, kept only when the next step records absorption."""
+        if not (self.absorption_every and self.mixed and (self.t + 1) % self.absorption_every == 0):
             return None
         return {n: p.detach().to(torch.float32).clone() for n, p in self.params}
 
-    def _declare(self, model):
+    @property
+    def precision(self):
+        if not self.mixed:
+            return "bf16"
+        return {"bf16": "mixed", "f16": "mixed-f16", "raw": "fp32"}[self.compare_as]
+
+    def _optimizer_settings(self):
+        """lr, betas, eps and weight decay of the optimizer's parameter groups (a list where the
+        groups differ; a scheduler's initial_lr for lr when it set one)."""
+        if self.optimizer is None:
+            return {}
+        groups = self.optimizer.param_groups
+        read = {"lr": lambda g: g.get("initial_lr", g.get("lr")), "beta1": lambda g: (g.get("betas") or (None,))[0],
+                "beta2": lambda g: (g.get("betas") or (None, None))[1], "eps": lambda g: g.get("eps"),
+                "weight-decay": lambda g: g.get("weight_decay")}
+        out = {}
+        for key, get in read.items():
+            values = [get(g) for g in groups]
+            values = [float(v) if isinstance(v, (int, float)) or torch.is_tensor(v) else v for v in values]
+            if any(v is None for v in values):
+                continue
+            out[key] = values[0] if len(set(values)) == 1 else values
+        return out
+
+    def _declare(self, settings, config_text):
         f = self.file
         names = [n for n, _ in self.params]
         labels = {"tensor_names": names, "thresholds": list(GRAD_THRESHOLDS), "quantiles": list(ADAM_QUANTILES),
@@ -154,14 +334,13 @@ class SparsityRecorder:
             f.declare(path, c["type"], len(columns), c["units"], _RECORDER_MEANING.get(path, c["description"]))
             if columns:
                 f.set_dataset_attribute(path, c["columns_attribute"], columns)
-        precision = "mixed" if self.mixed else "bf16"
-        config = (f'model = "{type(model).__name__}"\nprecision = "{precision}"\n'
-                  f'optimizer = "{type(self.optimizer).__name__ if self.optimizer else ""}"\n'
-                  f'absorption-every = {self.absorption_every}\n')
+        label = settings.get("label")
         for key, value in [("format", "pulse-train statistics"), ("program_version", "pulse.torch"),
                            ("start_utc", datetime.datetime.now(datetime.timezone.utc).isoformat()),
-                           ("config", config), ("command_line", " ".join(sys.argv)),
-                           ("model", type(model).__name__), ("precision", precision), ("trainer_sync", "none")]:
+                           ("config", config_text), ("command_line", " ".join(sys.argv)),
+                           ("model", str(settings["model"])), ("precision", str(settings["precision"])),
+                           ("compared_as", self.compare_as), ("trainer_sync", "none")] + \
+                ([("label", str(label))] if label is not None else []):
             f.set_attribute(key, value)
         for key, value in [("format_version", 1), ("num_ranks", 1), ("trainer_ranks", 1), ("inference_ranks", 0),
                            ("num_parameters", self.numel)]:
@@ -170,6 +349,8 @@ class SparsityRecorder:
         f.set_attribute("tensor_names", names)
         f.set_attribute("tensor_shapes", ["x".join(str(d) for d in p.shape) for _, p in self.params])
         f.set_attribute("tensor_numel", [float(p.numel()) for _, p in self.params])
+        f.set_attribute("tensor_compared_dtypes", [str(compared_dtype(p.dtype, self.compare_as)).replace("torch.", "")
+                                                   for _, p in self.params])
 
     def _adam(self):
         """(m, v, step, group) of each parameter, or None without an Adam-family optimizer state."""
@@ -181,16 +362,25 @@ class SparsityRecorder:
             s = self.optimizer.state.get(p, {})
             if "exp_avg" not in s or "exp_avg_sq" not in s:
                 return None
-            out.append((s["exp_avg"].float(), s["exp_avg_sq"].float(), float(s["step"]), groups[id(p)]))
+            out.append((s["exp_avg"], s["exp_avg_sq"], float(s["step"]), groups[id(p)]))
         return out
 
     def adam_ratio(self, adam):
-        ratios = []
+        """Quantiles of |m_hat| / (sqrt(v_hat) + eps) over every parameter, written into one host
+        buffer (FP32, computed where the state lives) and selected, not sorted."""
+        if getattr(self, "_ratios", None) is None:
+            self._ratios = torch.empty(self.numel, dtype=torch.float32)
+        offset = 0
         for m, v, t, g in adam:
             b1, b2 = g["betas"]
-            m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
-            ratios.append((m_hat.abs() / (v_hat.sqrt() + g["eps"])).flatten())
-        return quantiles(torch.cat(ratios), ADAM_QUANTILES)
+            r = self._ratios[offset:offset + m.numel()]
+            if m.dtype == torch.float32 and m.device.type == "cpu":  # straight into the host buffer
+                torch.div(m.reshape(-1), 1 - b1 ** t, out=r)
+                r.abs_().div_((v.reshape(-1).float() / (1 - b2 ** t)).sqrt_().add_(g["eps"]))
+            else:
+                r.copy_((m.float() / (1 - b1 ** t)).abs_().div_((v.float() / (1 - b2 ** t)).sqrt_().add_(g["eps"])).reshape(-1))
+            offset += m.numel()
+        return quantiles(self._ratios, ADAM_QUANTILES)
 
     def _updates(self, adam):
         """(w, u) float32 of every parameter: the weights before the step and the step's update."""
@@ -201,48 +391,49 @@ class SparsityRecorder:
                 u = p.detach().float() - w
             else:  # pure BF16: AdamW's update in FP32 from the optimizer state, against bf16(w) before
                 m, v, t, g = adam[i]
+                m, v = m.float(), v.float()
                 b1, b2 = g["betas"]
-                w = self.history[-1][name].float()
+                w = self.compared[name].float()  # the version before this step: not yet committed
                 denom = v.sqrt() / (1 - b2 ** t) ** 0.5 + g["eps"]
                 u = -(g["lr"] / (1 - b1 ** t)) * m / denom - g["lr"] * g["weight_decay"] * w
             ws.append(w.flatten())
             us.append(u.flatten())
         return torch.cat(ws), torch.cat(us)
 
+    def history_bytes(self):
+        """Bytes of the recorded version, the staging copy and the change logs."""
+        return sum(v.bytes() for v in self.versions)
+
     def step(self, *, loss=None, reward=None, tokens=None, eval_pass1=None):
         """Records the step the optimizer just took."""
         t0 = time.perf_counter()
         self.t += 1
         row = _pulse.StatsRow()
-        changed = []
-        for name, p in self.params:
-            now = bf16_copy(p)
-            changed.append(int((bits(now) != bits(self.bf16[name])).sum()))
-            self.bf16[name] = now
+        adam = self._adam()
+        for v in self.versions:
+            v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
+        if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
+            self._write_absorption(*absorption(*self._updates(adam)))
+        changed = [0] * len(self.params)
+        differ = collections.Counter()
+        for v in self.versions:
+            for (i, _, _, _, _), c in zip(v.params, v.commit()):
+                changed[i] = c
+            differ.update(v.differing(set(self.k_values)))
         total = sum(changed)
         e0 = time.perf_counter()
         patch = self.sender.patch()
         encode_s = time.perf_counter() - e0
         streams = inspect(patch)["streams"]
-        kstep = []
-        for k in self.k_values:
-            if k > len(self.history):
-                kstep.append(float("nan"))
-                continue
-            back = self.history[-k]
-            same = sum(int((bits(self.bf16[n]) == bits(back[n])).sum()) for n, _ in self.params)
-            kstep.append(same / self.numel)
-        adam = self._adam()
+        reach = len(self.versions[0].logs)
+        kstep = [1.0 - differ[k] / self.numel if k <= reach else float("nan") for k in self.k_values]
         if adam is not None:
             row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
-        if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
-            self._write_absorption(*absorption(*self._updates(adam)))
-        grads = [p.grad.detach().float().flatten() for _, p in self.params if p.grad is not None]
-        if grads:
-            g = torch.cat(grads).abs()
-            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g.double())))
-            row.set_values("/steps/grad_sparsity", [float((g <= th).double().mean()) for th in GRAD_THRESHOLDS])
-        self.history.append(dict(self.bf16))
+        grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
+        if grads:  # one FP32 copy, then a pass per figure (no FP64 copies)
+            g = torch.cat(grads).float().abs_()
+            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
+            row.set_values("/steps/grad_sparsity", [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS)])
         self.master = self._master_copy()
         row.set_int("/steps/step", self.t)
         row.set_int("/steps/policy_version", self.t)
@@ -252,7 +443,7 @@ class SparsityRecorder:
         row.set_values("/kstep/sparsity", kstep)
         row.set_int("/steps/patch_bytes", len(patch))
         row.set_int("/steps/patch_raw_bytes", streams["index"]["raw"] + streams["value"]["raw"])
-        row.set_int("/steps/dense_bytes", 2 * self.numel)
+        row.set_int("/steps/dense_bytes", self.dense_bytes)
         row.set("/steps/encode_s", encode_s)
         row.set("/steps/sync_s", encode_s)
         if self.optimizer is not None:

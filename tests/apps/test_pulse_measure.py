@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import h5py
 import numpy as np
@@ -133,16 +134,17 @@ def bits(a):
     return a.view(np.uint32) if a.dtype.itemsize == 4 else a.view(np.uint16)
 
 
-def expected_rows(paths, steps):
-    """The datasets pulse-measure must write, recomputed with numpy."""
-    states = [read_state(p) for p in paths]
+def expected_rows(paths, steps, view=lambda dtype, a: bits(a)):
+    """The datasets pulse-measure must write, recomputed with numpy; view(dtype, array): the bits
+    compared."""
+    states = [{n: (d, view(d, a)) for n, (d, a) in read_state(p).items() if d != "I64"} for p in paths]
     names = sorted(n for n in MODEL if MODEL[n][0] != "I64")
     numel = {n: int(np.prod(MODEL[n][1])) for n in names}
     total = sum(numel.values())
     rows = {"step": [], "changed": [], "sparsity": [], "tensor_changed": [], "kstep": [], "kinds_changed": [],
             "dense_bytes": []}
     for t in range(1, len(states)):
-        per = [int(np.count_nonzero(bits(states[t][n][1]) != bits(states[t - 1][n][1]))) for n in names]
+        per = [int(np.count_nonzero(states[t][n][1] != states[t - 1][n][1])) for n in names]
         rows["step"].append(steps[t])
         rows["tensor_changed"].append(per)
         rows["changed"].append(sum(per))
@@ -152,11 +154,11 @@ def expected_rows(paths, steps):
         for k in KSTEP:
             if steps[t] - k in steps[:t]:
                 j = steps.index(steps[t] - k)
-                ks.append(sum(int(np.count_nonzero(bits(states[t][n][1]) == bits(states[j][n][1]))) for n in names) / total)
+                ks.append(sum(int(np.count_nonzero(states[t][n][1] == states[j][n][1])) for n in names) / total)
             else:
                 ks.append(math.nan)
         rows["kstep"].append(ks)
-        rows["dense_bytes"].append(sum(numel[n] * (4 if MODEL[n][0] == "F32" else 2) for n in names))
+        rows["dense_bytes"].append(sum(numel[n] * states[t][n][1].itemsize for n in names))
     return names, rows
 
 
@@ -174,9 +176,9 @@ def same_nan(a, b, atol=0.0):
     return a.shape == b.shape and bool(np.all((np.abs(a - b) <= atol) | (np.isnan(a) & np.isnan(b))))
 
 
-def check_against_numpy(label, out, paths, steps):
+def check_against_numpy(label, out, paths, steps, view=lambda dtype, a: bits(a)):
     data, attrs, names = read_h5(out)
-    exp_names, rows = expected_rows(paths, steps)
+    exp_names, rows = expected_rows(paths, steps, view)
     expect(sorted(names) == exp_names, f"{label}: tensor_names {names}")
     if sorted(names) != exp_names:
         return data
@@ -242,6 +244,19 @@ def check_series(args, mpi, tmp):
         expect(outs[np_]["ranks/read_bytes"].shape[1] == np_, f"np {np_}: ranks/read_bytes columns")
         expect(np.all(outs[np_]["ranks/read_bytes"].sum(axis=1) == outs[np_]["steps/dense_bytes"]),
                f"np {np_}: the ranks' shares do not add up to the model")
+
+    # --as bf16 on the mixed-dtype series: its F32 norms compared as their BF16 cast, the BF16 and
+    # F16 tensors as stored (the default there is raw: FP32 tensors beside 16-bit ones).
+    out = os.path.join(tmp, "mixed-as-bf16.h5")
+    code, o, e = run(mpi + ["-n", "2", args.app, "--quiet", "--out", out, "--unit-mb", "0.004", "--as", "bf16"] + paths)
+    expect(code == 0, f"mixed dtypes --as bf16: exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        check_against_numpy("mixed dtypes --as bf16", out, paths, list(range(35)), cast_bits(torch.bfloat16))
+        _, attrs, _ = read_h5(out)
+        expect(attrs["compared_as"] == "bf16" and attrs["precision"] == "checkpoint",
+               f"mixed dtypes --as bf16: {attrs['compared_as']}, {attrs['precision']}")
+    _, attrs, _ = read_h5(os.path.join(tmp, "np1.h5"))
+    expect(attrs["compared_as"] == "raw", f"mixed dtypes default: compared_as {attrs['compared_as']}")
 
     # A shorter history (--max-k 5: k = 1, 2, 4), every other checkpoint from the 5th on (gaps in
     # the history it reverts through): the same rows as the numpy recomputation, and the same
@@ -324,6 +339,200 @@ def check_patch_bytes(args, tmp):
         if code == 0:
             expect(int(data["steps/patch_bytes"][t - 1]) == os.path.getsize(patch),
                    f"patch_bytes {int(data['steps/patch_bytes'][t - 1])} vs pulse-sync {os.path.getsize(patch)}")
+
+
+def cast_bits(to):
+    """view for expected_rows: FP32 arrays as the bits of torch's cast to `to` (round to nearest even),
+    16-bit ones as stored."""
+    def view(dtype, a):
+        if dtype != "F32":
+            return bits(a)
+        return torch.from_numpy(np.array(a)).to(to).view(torch.int16).numpy().view(np.uint16)
+    return view
+
+
+def fp32_state(gen):
+    """An FP32 master (every float tensor of MODEL in F32); model.extra_scale holds the edge cases:
+    a BF16 and an F16 rounding tie, an F16 subnormal, a value beyond F16's range, an FP32
+    subnormal, a NaN (its payload changes every step) and a large negative value."""
+    state = {n: torch.randn(shape, generator=gen) * 0.05 for n, (dtype, shape, _) in MODEL.items() if dtype != "I64"}
+    state["model.extra_scale"] = torch.tensor([1 + 2 ** -8, 1 + 2 ** -11, 2.0 ** -20, 7e4, 1e-40, math.nan, -3e5])
+    return state
+
+
+def next_fp32_state(state, gen, t):
+    """Small FP32 updates to every element (AdamW-sized at lr ~1e-5): most BF16 casts stay put."""
+    out = {n: a + torch.randn(a.shape, generator=gen) * 1e-5 for n, a in state.items()}
+    nan = out["model.extra_scale"].view(torch.int32)
+    nan[5] = 0x7FC00000 | (t + 1)
+    return out
+
+
+def check_compare_as(args, mpi, tmp):
+    """--as on an FP32 series: the default (every tensor FP32) compares the BF16 cast; bf16, f16 and
+    raw each equal numpy on torch's casts; bf16 equals --as raw on the BF16 checkpoints torch casts
+    (patch bytes included, equal to pulse-sync's patch between them); the choice is in the file."""
+    gen = torch.Generator().manual_seed(13)
+    state = fp32_state(gen)
+    d = os.path.join(tmp, "fp32")
+    os.makedirs(d)
+    paths, cast_paths = [], []
+    for t in range(10):
+        paths.append(os.path.join(d, f"master-{t}.safetensors"))
+        safetensors_ref.write(paths[-1], [(n, "F32", a.numpy()) for n, a in state.items()])
+        cast_paths.append(os.path.join(d, f"bf16-{t}.safetensors"))
+        safetensors_ref.write(cast_paths[-1], [(n, "BF16", to_numpy(a.to(torch.bfloat16), "BF16"))
+                                               for n, a in state.items()])
+        state = next_fp32_state(state, gen, t)
+    outs = {}
+    for as_, view in (("", cast_bits(torch.bfloat16)), ("bf16", cast_bits(torch.bfloat16)),
+                      ("f16", cast_bits(torch.float16)), ("raw", lambda dtype, a: bits(a))):
+        out = os.path.join(tmp, f"fp32-{as_ or 'default'}.h5")
+        code, o, e = run(mpi + ["-n", "2", args.app, "--out", out, "--unit-mb", "0.004", "--max-k", "4"]
+                         + (["--as", as_] if as_ else []) + paths)
+        expect(code == 0, f"--as {as_}: exit {code}: {e.strip()[-800:]}")
+        if code != 0:
+            continue
+        expect(("comparing their BF16 cast" in e) == (as_ == ""), f"--as {as_!r}: stderr {e!r}")
+        data, attrs, _ = read_h5(out)
+        _, rows = expected_rows(paths, list(range(10)), view)
+        label = f"--as {as_ or '(default)'}"
+        expect(list(data["steps/changed"]) == rows["changed"], f"{label}: changed {list(data['steps/changed'])} vs "
+                                                               f"{rows['changed']}")
+        expect(same_nan(data["kstep/sparsity"], np.array(rows["kstep"])[:, :3], 1e-12), f"{label}: kstep")
+        expect(list(data["steps/dense_bytes"]) == rows["dense_bytes"], f"{label}: dense_bytes")
+        expect(attrs["compared_as"] == (as_ or "bf16"), f"{label}: compared_as {attrs['compared_as']}")
+        # the BF16 view of an FP32 master is the mixed-precision regime; anything else is not said
+        expect(attrs["precision"] == ("mixed" if as_ in ("", "bf16") else "checkpoint"),
+               f"{label}: precision {attrs['precision']}")
+        outs[as_ or "default"] = data
+    if "bf16" in outs and "raw" in outs:
+        expect(float(np.mean(outs["raw"]["steps/sparsity"])) < 1e-3 < float(np.mean(outs["bf16"]["steps/sparsity"])),
+               "FP32 master: raw should be ~0% sparse and its BF16 view sparse")
+    out = os.path.join(tmp, "cast-raw.h5")
+    code, o, e = run(mpi + ["-n", "2", args.app, "--quiet", "--out", out, "--unit-mb", "0.004", "--max-k", "4",
+                            "--as", "raw"] + cast_paths)
+    expect(code == 0, f"torch-cast BF16 series: exit {code}: {e.strip()[-800:]}")
+    if code == 0 and "bf16" in outs:
+        cast, _, _ = read_h5(out)
+        for key, value in outs["bf16"].items():
+            if key not in TIMING and not key.startswith("ranks/"):
+                expect(same_nan(cast[key], value), f"--as bf16 on FP32 vs raw on torch's BF16 cast: {key} differs")
+    out = os.path.join(tmp, "fp32-one-unit.h5")
+    code, o, e = run([args.app, "--quiet", "--out", out, "--unit-mb", "1024"] + paths[:2])
+    expect(code == 0, f"one unit: exit {code}: {e.strip()}")
+    patch = os.path.join(tmp, "fp32-cast.pulse")
+    p = subprocess.run([args.sync_app, "encode", "--base", cast_paths[0], "--target", cast_paths[1], "-o", patch],
+                       capture_output=True, text=True)
+    expect(p.returncode == 0, f"pulse-sync encode: {p.stderr.strip()}")
+    if code == 0 and p.returncode == 0:
+        data, _, _ = read_h5(out)
+        expect(int(data["steps/patch_bytes"][0]) == os.path.getsize(patch),
+               f"--as bf16 patch_bytes {int(data['steps/patch_bytes'][0])} vs pulse-sync {os.path.getsize(patch)}")
+    code, o, e = run([args.app, "--quiet", "--out", out, "--overwrite", "--as", "fp8"] + paths[:2])
+    expect(code != 0 and len(e.strip().splitlines()) == 1 and "--as" in e, f"--as fp8: exit {code}, {e!r}")
+
+
+def check_description_and_json(args, tmp):
+    """--set and --label into the config attribute (read back with tomllib), precision and model
+    from them; --json's figures equal those recomputed from the file's datasets; a bad --set exits
+    with one line and writes nothing."""
+    gen = torch.Generator().manual_seed(17)
+    state = {n: t for n, t in initial_state(gen).items() if MODEL[n][0] != "I64"}
+    files = []
+    for t in range(6):
+        files.append(os.path.join(tmp, f"described-{t}.safetensors"))
+        write_file(files[-1], state)
+        state = next_state(state, gen)
+    out = os.path.join(tmp, "described.h5")
+    code, o, e = run([args.app, "--out", out, "--json", "--max-k", "4", "--set", "lr=3e-6", "--set", "seed=2",
+                      "--set", "precision=bf16", "--set", "model=Qwen2.5-0.5B", "--set", "note=a \"quoted\" word",
+                      "--label", "bf16, lr 3e-6"] + files)
+    expect(code == 0, f"--set: exit {code}: {e.strip()[-800:]}")
+    if code != 0:
+        return
+    data, attrs, _ = read_h5(out)
+    config = tomllib.loads(attrs["config"])
+    expect(config == {"lr": 3e-6, "seed": 2, "precision": "bf16", "model": "Qwen2.5-0.5B", "note": 'a "quoted" word',
+                      "label": "bf16, lr 3e-6"}, f"--set: config {config}")
+    expect(attrs["precision"] == "bf16" and attrs["model"] == "Qwen2.5-0.5B" and attrs["label"] == "bf16, lr 3e-6",
+           f"--set: attributes {attrs['precision']}, {attrs.get('model')}, {attrs.get('label')}")
+    fig = json.loads(o.strip().splitlines()[-1])["figures"]
+    changed, patch, dense = data["steps/changed"], data["steps/patch_bytes"], data["steps/dense_bytes"]
+    want = {"rows": len(changed), "num_parameters": int(attrs["num_parameters"]),
+            "mean_sparsity": float(np.mean(data["steps/sparsity"])), "min_sparsity": float(np.min(data["steps/sparsity"])),
+            "changed": int(changed.sum()), "patch_bytes": int(patch.sum()), "dense_bytes": int(dense.sum()),
+            "dense_over_patch": float(dense.sum() / patch.sum()), "bits_per_changed": float(8 * patch.sum() / changed.sum())}
+    for key, value in want.items():
+        expect(math.isclose(fig[key], value, rel_tol=1e-12), f"--json {key}: {fig[key]} vs {value}")
+    k = data["kstep/sparsity"]
+    want_k = {"1": float(np.mean(k[:, 0])), "2": float(np.mean(k[1:, 1])), "4": float(np.mean(k[3:, 2]))}
+    expect(sorted(fig["kstep_mean_sparsity"]) == sorted(want_k) and
+           all(math.isclose(fig["kstep_mean_sparsity"][j], v, rel_tol=1e-12) for j, v in want_k.items()),
+           f"--json kstep {fig['kstep_mean_sparsity']} vs {want_k}")
+    expect(f"mean sparsity {100 * want['mean_sparsity']:.3f}%" in e and f"{want['changed']} changed" in e,
+           f"closing line: {e.strip().splitlines()[-1]}")
+    for bad, words in ((["--set", "lr"], ["--set lr", "key=value"]), (["--set", "lr=1", "--set", "lr=2"], ["twice"]),
+                       (["--set", "label=x"], ["--label"])):
+        fresh = os.path.join(tmp, "described-bad.h5")
+        code, o, e = run([args.app, "--out", fresh] + bad + files[:2])
+        lines = [line for line in e.splitlines() if line.strip()]
+        expect(code != 0 and len(lines) == 1 and all(w in lines[0] for w in words), f"{bad}: exit {code}, {e!r}")
+        expect(not os.path.exists(fresh), f"{bad}: wrote the output")
+
+
+TRAINER_FILES = ["optimizer.pt", "rng_state_0.pth", "scheduler.pt", "trainer_state.json", "training_args.bin"]
+
+
+def check_folder_filters(args, tmp):
+    """Hugging Face Trainer folders: the Trainer's files are left out by default, named in one
+    line and in checkpoint_left_out_files, the rows those of the folders without them; --include
+    '*' keeps them; --exclude of a shard measures the other shard's tensors alone (numpy)."""
+    gen = torch.Generator().manual_seed(19)
+    state = initial_state(gen)
+    paths = []
+    for t in range(4):
+        path = os.path.join(tmp, "trainer", f"checkpoint-{t}")
+        write_folder(path, state)
+        torch.save({"state": {0: {"exp_avg": torch.randn(1000, generator=gen)}}}, os.path.join(path, "optimizer.pt"))
+        torch.save({"last_epoch": t}, os.path.join(path, "scheduler.pt"))
+        torch.save({"python": t}, os.path.join(path, "rng_state_0.pth"))
+        torch.save({"lr": 1e-5}, os.path.join(path, "training_args.bin"))
+        with open(os.path.join(path, "trainer_state.json"), "w") as f:
+            json.dump({"global_step": t}, f)
+        paths.append(path)
+        state = next_state(state, gen)
+    out = os.path.join(tmp, "trainer.h5")
+    code, o, e = run([args.app, "--out", out, "--unit-mb", "0.004"] + paths)
+    expect(code == 0, f"Trainer folders: exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        lines = [line for line in e.splitlines() if "left out" in line]
+        expect(len(lines) == 1 and all(n in lines[0] for n in TRAINER_FILES) and "Hugging Face Trainer" in lines[0],
+               f"Trainer folders: left-out line {lines}")
+        check_against_numpy("Trainer folders", out, paths, list(range(4)))  # other files: config, index, tokenizer
+        _, attrs, _ = read_h5(out)
+        left = [f.decode() if isinstance(f, bytes) else f for f in attrs["checkpoint_left_out_files"]]
+        expect([f.split(" (")[0] for f in left] == TRAINER_FILES, f"checkpoint_left_out_files {left}")
+    code, o, e = run([args.app, "--quiet", "--out", out, "--overwrite", "--include", "*"] + paths)
+    expect(code == 0, f"--include '*': exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        _, attrs, _ = read_h5(out)
+        files = [(f.decode() if isinstance(f, bytes) else f).split(" (")[0] for f in attrs["checkpoint_other_files"]]
+        expect(all(n in files for n in TRAINER_FILES), f"--include '*': other files {files}")
+    code, o, e = run([args.app, "--out", out, "--overwrite", "--exclude", "model-00002-of-00002.safetensors"] + paths)
+    expect(code == 0, f"--exclude shard: exit {code}: {e.strip()[-800:]}")
+    if code == 0:
+        data, _, names = read_h5(out)
+        first = sorted(n for n in list(MODEL)[0::2] if MODEL[n][0] != "I64")  # write_folder's shard 1
+        expect(sorted(names) == first, f"--exclude shard: tensors {names}")
+        states = [read_state(p) for p in paths]
+        want = [sum(int(np.count_nonzero(bits(states[t][n][1]) != bits(states[t - 1][n][1]))) for n in first)
+                for t in range(1, 4)]
+        expect(list(data["steps/changed"]) == want, f"--exclude shard: changed {list(data['steps/changed'])} vs {want}")
+        expect("model-00002-of-00002.safetensors (by --include/--exclude)" in e, f"--exclude shard: stderr {e!r}")
+    code, o, e = run([args.app, "--out", os.path.join(tmp, "none.h5"), "--exclude", "*.safetensors"] + paths)
+    expect(code != 0 and len(e.strip().splitlines()) == 1 and "--include/--exclude keep" in e,
+           f"--exclude everything: exit {code}, {e!r}")
 
 
 def check_bad_input(args, tmp):
@@ -454,6 +663,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         check_bad_input(args, tmp)
         check_patch_bytes(args, tmp)
+        check_compare_as(args, mpi, tmp)
+        check_description_and_json(args, tmp)
+        check_folder_filters(args, tmp)
         check_series(args, mpi, tmp)
         if args.train_app:
             check_pulse_train(args, mpi, tmp)

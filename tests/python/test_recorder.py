@@ -112,6 +112,126 @@ def test_recorder_matches_direct_recomputation(tmp_path, precision):
     assert os.path.exists(tmp_path / "rep" / "summary.md")
 
 
+@pytest.mark.parametrize("compare_as", ["bf16", "f16", "raw"])
+def test_fp32_parameters_compared_as_chosen(tmp_path, compare_as):
+    """compare_as for FP32 parameters (a BF16 buffer-free model with one BF16 parameter beside them):
+    changed, per tensor and k-step counts and patch bytes equal torch's casts recomputed here;
+    weights set by hand so some return to an earlier value (k-step counts equality, not recency)."""
+    torch.manual_seed(4)
+    model = torch.nn.Linear(16, 8)
+    model.extra = torch.nn.Parameter(torch.randn(5).to(torch.bfloat16))
+    out = tmp_path / "run.h5"
+    rec = pulse.torch.SparsityRecorder(model, out=out, k_values=(1, 2, 4, 8), compare_as=compare_as)
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "raw": torch.float32}[compare_as]
+    width = {"bf16": torch.int16, "f16": torch.int16, "raw": torch.int32}[compare_as]
+    names = [n for n, _ in model.named_parameters()]
+    view = lambda: {n: (p.detach().to(dtype, copy=True) if p.dtype == torch.float32 else p.detach().clone())
+                    for n, p in model.named_parameters()}
+    as_bits = lambda t: t.view(width if t.dtype != torch.bfloat16 else torch.int16)
+    history = [view()]
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    expected = {"changed": [], "tensor_changed": [], "kstep": [], "patch": []}
+    for t in range(1, 13):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if t % 3 == 0:
+                    p.copy_(start[n])  # back to the first version: k = 3, 6, ... back are equal
+                else:
+                    p.add_(torch.randn(p.shape).to(p.dtype) * 1e-3)
+        rec.step()
+        now = view()
+        per = [int((as_bits(now[n]) != as_bits(history[-1][n])).sum()) for n in names]
+        expected["changed"].append(per)
+        expected["kstep"].append([np.nan if k > len(history) else
+                                  sum(int((as_bits(now[n]) == as_bits(history[-k][n])).sum()) for n in names) /
+                                  sum(v.numel() for v in now.values()) for k in (1, 2, 4, 8)])
+        expected["patch"].append(len(pulse.encode(history[-1], now, base_version=t - 1, target_version=t)))
+        history.append(now)
+    rec.close()
+    with h5py.File(out, "r") as f:
+        assert f["steps/tensor_changed"][()].tolist() == expected["changed"]
+        assert list(f["steps/changed"][()]) == [sum(c) for c in expected["changed"]]
+        np.testing.assert_allclose(f["kstep/sparsity"][()], np.array(expected["kstep"]), rtol=0, atol=1e-12)
+        assert list(f["steps/patch_bytes"][()]) == expected["patch"]
+        element = {"bf16": 2, "f16": 2, "raw": 4}[compare_as]
+        assert int(f["steps/dense_bytes"][0]) == element * (16 * 8 + 8) + 2 * 5
+        assert f.attrs["compared_as"] == compare_as
+        assert f.attrs["precision"] == {"bf16": "mixed", "f16": "mixed-f16", "raw": "fp32"}[compare_as]
+        if compare_as == "raw":  # an FP32 master changes at every step nearly everywhere
+            assert f["steps/sparsity"][0] < 0.2
+
+
+def test_run_is_described(tmp_path):
+    """The optimizer's lr, betas, eps and weight decay (a list where groups differ), the label and
+    the caller's settings are in the config (read back with tomllib); the caller's keys win."""
+    import tomllib
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    decay, no_decay = list(model[0].parameters()), list(model[1].parameters())
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=3e-6, betas=(0.9, 0.95), eps=1e-8)
+    out = tmp_path / "run.h5"
+    pulse.torch.SparsityRecorder(model, out=out, optimizer=opt, label="bf16, lr 3e-6",
+                                 config={"seed": 2, "task": 'gsm8k "main"', "eps": 1e-6}).close()
+    with h5py.File(out, "r") as f:
+        config = tomllib.loads(f.attrs["config"])
+        assert f.attrs["label"] == "bf16, lr 3e-6"
+        assert f.attrs["precision"] == "mixed"
+    assert config == {"model": "Sequential", "precision": "mixed", "compare-as": "bf16", "optimizer": "AdamW",
+                      "absorption-every": 0, "lr": 3e-6, "beta1": 0.9, "beta2": 0.95, "eps": 1e-6,
+                      "weight-decay": [0.1, 0.0], "seed": 2, "task": 'gsm8k "main"', "label": "bf16, lr 3e-6"}
+    with pytest.raises(pulse.Error, match="config key"):
+        pulse.torch.SparsityRecorder(model, out=tmp_path / "bad.h5", config={"a b": 1})
+    assert not os.path.exists(tmp_path / "bad.h5")
+    with pytest.raises(pulse.Error, match="compare_as"):
+        pulse.torch.SparsityRecorder(model, out=tmp_path / "bad.h5", compare_as="fp8")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 1000, 200001])
+def test_quantiles_select_as_numpy_sorts(n):
+    """The radix select against np.quantile (linear interpolation): ties, zeros, one bin holding
+    everything, spread over many binades."""
+    rng = np.random.default_rng(n)
+    cases = [np.abs(rng.standard_normal(n)) * np.exp(rng.standard_normal(n) * 5),
+             rng.integers(0, 3, n).astype(np.float64), np.full(n, 0.25), np.zeros(n)]
+    for x in cases:
+        x = x.astype(np.float32)
+        assert pulse.torch.quantiles(torch.from_numpy(x), QS) == pytest.approx(np.quantile(x.astype(np.float64), QS), rel=1e-15, abs=0)
+
+
+def test_history_is_the_changes(tmp_path):
+    """The k-step history holds the recorded version, one staging copy and the change logs of the
+    last max(k) steps (32-bit positions and old bits, or the old version where that is smaller),
+    not max(k) copies of the model."""
+    torch.manual_seed(2)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    rec = pulse.torch.SparsityRecorder(model, out=tmp_path / "run.h5", optimizer=opt, k_values=(1, 2, 4, 8))
+    x = torch.randn(32, 64)
+    for _ in range(12):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        rec.step()
+    rec.close()
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        changed = f["steps/changed"][()]
+    dense = 2 * sum(p.numel() for p in model.parameters())
+    assert rec.history_bytes() == 2 * dense + sum(6 * int(c) if 6 * int(c) < dense else dense for c in changed[-8:])
+    assert all(0 < 6 * c < dense for c in changed)  # sparse logs (below: whole ones)
+    lr_high = torch.optim.AdamW(model.parameters(), lr=1e-1)
+    rec = pulse.torch.SparsityRecorder(model, out=tmp_path / "dense.h5", optimizer=lr_high, k_values=(1, 2))
+    for _ in range(3):
+        model(x).square().mean().backward()
+        lr_high.step()
+        lr_high.zero_grad()
+        rec.step()
+    rec.close()
+    with h5py.File(tmp_path / "dense.h5", "r") as f:
+        assert (f["steps/changed"][()] * 6 >= dense).all()
+    assert rec.history_bytes() == 4 * dense
+
+
 def test_recorder_declares_pulse_train_schema(tmp_path):
     """The recorder's file holds every per-step dataset of pulse-train's schema, of the same type and
     units, and nothing else (besides absorption arrays, which it writes when due)."""

@@ -1,0 +1,191 @@
+"""pulse.torch.SparsityRecorder's time per step against the training step it records, on a
+3.4M-parameter Llama-like model (RMSNorm, RoPE, SwiGLU MLP, untied head; d 256, 3 layers, FFN 688,
+vocabulary 2048, batch 8 x 128 tokens) trained with torch.optim.AdamW, at the recorder's default
+settings (k up to 32, Adam-ratio quantiles every step), in FP32 (mixed: the BF16 view of the FP32
+weights) and in pure BF16. Per step: the training step (forward, backward, optimizer) and
+recorder.step(), medians over the steps after --warmup; the recorder's k-step history in bytes
+(history_bytes(), where the recorder has it) and the process's peak RSS growth over the run.
+--recorder FILE loads another version of pulse/torch.py (e.g. `git show REV:python/pulse/torch.py`)
+in place of the built one, for a before/after comparison in one environment. --checkpoints DIR
+also saves the weights after each step as DIR/PRECISION/step-N.safetensors (as stored: FP32 for
+mixed), the series pulse-measure reads.
+    PYTHONPATH=build/python python3 apps/bench/bench_recorder.py [--steps 40] [--lr 1e-4]
+        [--recorder OLD_torch.py] [--checkpoints DIR] [--json runs/bench/recorder.json]
+"""
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import pulse
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype) * self.weight
+
+
+def rope(x, base=10000.0):
+    """Rotary position embedding over the last dimension (pairs of halves), x: (batch, heads, seq, dim)."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    angle = torch.arange(seq, dtype=torch.float32)[:, None] * freq[None, :]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    a, b = x[..., : dim // 2], x[..., dim // 2:]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads, ff):
+        super().__init__()
+        self.heads = heads
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(d), RMSNorm(d)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (torch.nn.Linear(d, d, bias=False) for _ in range(4))
+        self.gate_proj, self.up_proj = torch.nn.Linear(d, ff, bias=False), torch.nn.Linear(d, ff, bias=False)
+        self.down_proj = torch.nn.Linear(ff, d, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h = self.input_layernorm(x)
+        q, k, v = (proj(h).view(b, s, self.heads, d // self.heads).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        a = torch.nn.functional.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True) \
+            if hasattr(torch.nn.functional, "scaled_dot_product_attention") else _attention(rope(q), rope(k), v)
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, s, d))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+def _attention(q, k, v):
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool), 1), float("-inf"))
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+
+class Llama(torch.nn.Module):
+    def __init__(self, vocab=2048, d=256, layers=3, heads=4, ff=688):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(vocab, d)
+        self.layers = torch.nn.ModuleList(Block(d, heads, ff) for _ in range(layers))
+        self.norm = RMSNorm(d)
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def load_recorder(path):
+    """pulse.torch, or the module at path loaded as a submodule of the built pulse package."""
+    if path is None:
+        import pulse.torch
+
+        return pulse.torch
+    spec = importlib.util.spec_from_file_location("pulse._bench_recorder", path)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "pulse"
+    spec.loader.exec_module(module)
+    return module
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def save_weights(model, folder, step):
+    os.makedirs(folder, exist_ok=True)
+    pulse.save({n: p.detach().clone() for n, p in model.named_parameters()}, os.path.join(folder, f"step-{step}.safetensors"))
+
+
+def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
+    torch.manual_seed(0)
+    model = Llama()
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+    data = torch.randint(0, 2048, (steps, 8, 129), generator=torch.Generator().manual_seed(1))
+    rss0 = peak_rss_bytes()
+    rec = recorder_module.SparsityRecorder(model, out=out, optimizer=opt, overwrite=True)
+    train_s, record_s, sparsity = [], [], []
+    if checkpoints:
+        save_weights(model, os.path.join(checkpoints, precision), 0)
+    for t in range(steps):
+        t0 = time.perf_counter()
+        logits = model(data[t, :, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[t, :, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        t1 = time.perf_counter()
+        row = rec.step(loss=loss.item())
+        t2 = time.perf_counter()
+        train_s.append(t1 - t0)
+        record_s.append(t2 - t1)
+        if checkpoints:
+            save_weights(model, os.path.join(checkpoints, precision), t + 1)
+    history = rec.history_bytes() if hasattr(rec, "history_bytes") else None
+    rec.close()
+    import h5py
+
+    with h5py.File(out, "r") as f:
+        sparsity = float(np.mean(f["steps/sparsity"][()]))
+        k32 = f["kstep/sparsity"][()][:, -1]
+    train, record = float(np.median(train_s[warmup:])), float(np.median(record_s[warmup:]))
+    return {"precision": precision, "parameters": params, "steps": steps, "warmup": warmup, "lr": lr,
+            "train_step_s": train, "record_step_s": record, "record_over_train": record / train,
+            "history_bytes": history, "peak_rss_growth_bytes": peak_rss_bytes() - rss0,
+            "mean_sparsity": sparsity, "k32_sparsity_last": float(k32[-1])}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--precision", default="mixed,bf16")
+    parser.add_argument("--recorder", help="another pulse/torch.py to load in place of the built one")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--checkpoints", help="save the weights after each step into this folder")
+    parser.add_argument("--json", default=os.path.join("runs", "bench", "recorder.json"))
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    module = load_recorder(args.recorder)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for precision in args.precision.split(","):
+            r = bench(module, precision, args.steps, args.warmup, args.lr, os.path.join(tmp, f"{precision}.h5"),
+                      args.checkpoints)
+            results.append(r)
+            history = "-" if r["history_bytes"] is None else f"{r['history_bytes'] / 2**20:.1f} MiB"
+            print(f"{precision:5s} {r['parameters'] / 1e6:.2f}M params: train step {1e3 * r['train_step_s']:.0f} ms, "
+                  f"recorder {1e3 * r['record_step_s']:.1f} ms ({100 * r['record_over_train']:.1f}% of the step), "
+                  f"history {history}, peak RSS +{r['peak_rss_growth_bytes'] / 2**20:.0f} MiB, "
+                  f"mean sparsity {100 * r['mean_sparsity']:.2f}%")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"recorder": args.recorder or "pulse.torch (built)", "torch": torch.__version__,
+                   "threads": torch.get_num_threads(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                   "load": os.getloadavg(), "results": results}, f, indent=2)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
