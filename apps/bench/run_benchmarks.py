@@ -58,6 +58,9 @@ def main():
         subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "python_sync_bench.py"),
                         "--app", os.path.join(args.build, "apps", "pulse-sync"),
                         "--out", os.path.join(args.out, "python_sync.json")], check=True, env=env)
+        # the PyTorch recorder's time per step against the step it records
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_recorder.py"),
+                        "--json", os.path.join(args.out, "recorder.json")], check=True, env=env)
 
 
 def print_sync(ours, theirs):
