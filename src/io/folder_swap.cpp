@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 
 namespace pulse::io {
 namespace fs = std::filesystem;
@@ -64,6 +64,8 @@ bool locked_by_a_live_writer(const fs::path& folder) {
   return locked;
 }
 
+constexpr std::uint64_t kMaxMarkerBytes = 4096;  // two names and a title
+
 std::string read_marker_field(const std::string& text, const std::string& key) {
   std::istringstream lines(text);
   std::string line;
@@ -78,10 +80,8 @@ bool plain_name(const std::string& s) { return !s.empty() && s != "." && s != ".
 void recover(const Names& n, bool remove_leftovers) {
   std::error_code ec;
   if (exists_no_follow(n.marker())) {
-    std::ifstream in(n.marker());
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string fresh = read_marker_field(text.str(), "new");
+    const auto marker = read_regular_file(n.marker().string(), kMaxMarkerBytes, "folder swap marker");
+    const std::string fresh = read_marker_field(std::string(marker.begin(), marker.end()), "new");
     if (!exists_no_follow(n.destination) && exists_no_follow(n.parked_old())) {
       // Died between the two renames: the old folder goes back.
       if (::rename(n.parked_old().c_str(), n.destination.c_str()) != 0)

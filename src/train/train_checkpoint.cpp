@@ -1,12 +1,13 @@
 #include "train/train_checkpoint.hpp"
 
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <regex>
 
 #include "comm/collectives.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 
 namespace pulse {
 
@@ -59,11 +60,14 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
 }
 
 std::optional<std::int64_t> latest_checkpoint_step(const std::string& dir) {
-  std::ifstream in(dir + "/LATEST");
-  if (!in) return std::nullopt;
+  const std::string path = dir + "/LATEST";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  const auto bytes = read_regular_file(path, 64, "checkpoint record");
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
   long long step = -1, ranks = 0;
   in >> step >> ranks;
-  PULSE_CHECK(in && step >= 0, "checkpoint record '" + dir + "/LATEST' is unreadable");
+  PULSE_CHECK(in && step >= 0, "checkpoint record '" + path + "' is unreadable");
   return step;
 }
 
