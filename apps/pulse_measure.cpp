@@ -36,6 +36,7 @@
 
 #include "cli/conventions.hpp"
 #include "cli/json_summary.hpp"
+#include "cli/output_path.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
 #include "io/model_state.hpp"
@@ -552,6 +553,9 @@ int main(int argc, char** argv) {
         const std::vector<MeasuredTensor> tensors = measured_tensors(io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only));
         if (tensors.empty()) throw Error(series[0].second + ": holds no BF16, F16 or F32 tensor to measure");
         check_series(series, tensors);
+        std::vector<std::string> inputs;
+        for (const auto& s : series) inputs.push_back(s.second);
+        cli::refuse_output_over_inputs(o.out, "--out", inputs);  // even with --overwrite
         if (!o.overwrite && std::filesystem::exists(o.out))
           throw Error(o.out + ": exists (give --overwrite to replace it)");
         const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();

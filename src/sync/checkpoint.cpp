@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
@@ -116,20 +118,34 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// An existing folder is replaced only when it is empty or opens as a model state.
-void check_replaceable(const std::string& path) {
+// An existing folder is replaced only when it is empty or opens as a model state, and (unless
+// it is the state's own base, or the user said so) when every file in it is one `plan` writes.
+void check_replaceable(const std::string& path, const FolderPlan& plan, ReplaceFolder replace) {
   std::error_code ec;
   if (fs::is_empty(path, ec) && !ec) return;
+  std::optional<io::ModelState> old;
   try {
-    io::ModelState::open(path, {}, io::ShardBytes::header_only);
+    old.emplace(io::ModelState::open(path, {}, io::ShardBytes::header_only));
   } catch (const Error& e) {
     throw Error(path + ": refusing to replace a folder that does not hold a model (" + e.what() + ")");
   }
+  if (replace != ReplaceFolder::if_nothing_lost) return;
+  std::set<std::string> written;
+  for (const auto& s : plan.shards) written.insert(s.file);
+  for (const auto& f : plan.files) written.insert(f.first);
+  std::vector<std::string> old_files;
+  for (const auto& s : old->shards()) old_files.push_back(fs::path(s.path()).filename().string());
+  for (const auto& f : old->other_files()) old_files.push_back(f.name);
+  std::string lost;
+  for (const std::string& file : old_files)
+    if (!written.count(file)) lost += (lost.empty() ? "" : ", ") + file;
+  PULSE_CHECK(lost.empty(), path + ": refusing to replace this folder: " + lost +
+                                " would be deleted, not being part of the new state (write elsewhere, or pass --replace)");
 }
 
 }  // namespace
 
-bool save_state(const std::string& path, const Checkpoint& checkpoint) {
+bool save_state(const std::string& path, const Checkpoint& checkpoint, ReplaceFolder replace) {
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
   const bool named_as_file = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
@@ -144,7 +160,7 @@ bool save_state(const std::string& path, const Checkpoint& checkpoint) {
     return false;
   }
   const FolderPlan plan = plan_folder(checkpoint.layout, checkpoint.metadata, path);
-  if (exists) check_replaceable(path);
+  if (exists) check_replaceable(path, plan, replace);
   const Digest expected = state_digest(checkpoint.layout, checkpoint.metadata);
   io::replace_folder(path, [&](const std::string& folder_path) {
     write_planned_folder(folder_path, plan, checkpoint.layout);

@@ -51,7 +51,16 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
 // carrying files is refused there). A folder is written whole next to the old
 // one, read back and checked against the state's digest, then swapped into place
 // (io/folder_swap.hpp): on any failure the old folder stays exactly as it was. An existing
-// folder is replaced only when it is empty or holds a model. Returns true for a folder.
-bool save_state(const std::string& path, const Checkpoint& checkpoint);
+// folder is replaced only when it is empty or holds a model, and (unless `replace` says
+// otherwise) only when replacing it deletes no file the new state does not write again: a
+// folder holding other files (a relay, a config the state lacks, someone's home) is refused.
+// Returns true for a folder.
+enum class ReplaceFolder {
+  if_nothing_lost,  // the default
+  own_base,         // path is the state's own base (apply --in-place, pull --have DIR -o DIR)
+  any_model,        // the user said so (--replace)
+};
+bool save_state(const std::string& path, const Checkpoint& checkpoint,
+                ReplaceFolder replace = ReplaceFolder::if_nothing_lost);
 
 }  // namespace pulse::sync
