@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "core/file_read.hpp"
 #include "io/folder_swap.hpp"
 #include "sync/compress.hpp"
+#include "sync/compressed_checkpoint.hpp"
 
 namespace pulse::sync {
 
@@ -55,22 +57,11 @@ namespace {
 bool is_zstd_path(const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0; }
 
 // A zstd-compressed safetensors file, decompressed and validated in memory; neither the file
-// nor what it declares may exceed the machine's memory.
-Checkpoint load_compressed(const std::string& path) {
-  const std::uint64_t limit = physical_memory_bytes();
+// nor what it declares may exceed max_state_bytes (when given) or the machine's memory.
+Checkpoint load_compressed(const std::string& path, std::uint64_t max_state_bytes) {
+  const std::uint64_t limit = max_state_bytes ? std::min(max_state_bytes, physical_memory_bytes()) : physical_memory_bytes();
   const auto coded = read_regular_file(path, limit, "compressed checkpoint");
-  const auto raw = decompress_zstd_frame(coded.data(), coded.size(), limit, path);
-  const auto* bytes = reinterpret_cast<const std::byte*>(raw.data());
-  const io::ParsedHeader header = io::parse_header(bytes, raw.size(), {}, path);
-  Checkpoint c;
-  c.metadata = header.metadata;
-  for (const auto& t : header.tensors) {
-    const std::byte* data = bytes + header.data_offset + t.begin;
-    c.data.emplace_back(data, data + (t.end - t.begin));
-    c.layout.push_back({t.name, io::dtype_name(t.dtype), t.shape, nullptr, t.end - t.begin});
-  }
-  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();
-  return c;
+  return decode_compressed_checkpoint(coded.data(), coded.size(), limit, path);
 }
 
 }  // namespace
@@ -83,8 +74,8 @@ OpenState open_state(const std::string& path) {
   return {std::move(model), std::move(flat)};
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
-  if (is_zstd_path(path)) return load_compressed(path);
+Checkpoint load_checkpoint(const std::string& path, std::uint64_t max_state_bytes) {
+  if (is_zstd_path(path)) return load_compressed(path, max_state_bytes);
   const OpenState state = open_state(path);
   Checkpoint c;
   c.metadata = state.flat.metadata;
@@ -95,7 +86,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   return c;
 }
 
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level) {
+std::uint64_t save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level) {
   std::vector<io::TensorToWrite> tensors;
   for (std::size_t i = 0; i < checkpoint.layout.size(); ++i) {
     const TensorRef& t = checkpoint.layout[i];
@@ -103,7 +94,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
   }
   if (!is_zstd_path(path)) {
     io::write_safetensors(path, tensors, checkpoint.metadata);
-    return;
+    return std::filesystem::file_size(path);
   }
   // Through a plain file next to it: the safetensors writer is the one place that lays out files.
   const std::string plain = path.substr(0, path.size() - 4) + ".uncompressed";
@@ -112,6 +103,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
   std::remove(plain.c_str());
   const auto coded = compress(Compressor::zstd, zstd_level, raw);
   write_file_atomically(path, coded.data(), coded.size());
+  return raw.size();
 }
 
 namespace {
@@ -119,7 +111,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // An existing folder is replaced only when it is empty or opens as a model state, and (unless
-// it is the state's own base, or the user said so) when every file in it is one `plan` writes.
+// it is the state's own base, or the user said so) when every file in it but its shards and
+// index (the layout, which a re-sharded state replaces) is one `plan` writes.
 void check_replaceable(const std::string& path, const FolderPlan& plan, ReplaceFolder replace) {
   std::error_code ec;
   if (fs::is_empty(path, ec) && !ec) return;
@@ -133,12 +126,12 @@ void check_replaceable(const std::string& path, const FolderPlan& plan, ReplaceF
   std::set<std::string> written;
   for (const auto& s : plan.shards) written.insert(s.file);
   for (const auto& f : plan.files) written.insert(f.first);
-  std::vector<std::string> old_files;
-  for (const auto& s : old->shards()) old_files.push_back(fs::path(s.path()).filename().string());
-  for (const auto& f : old->other_files()) old_files.push_back(f.name);
   std::string lost;
-  for (const std::string& file : old_files)
-    if (!written.count(file)) lost += (lost.empty() ? "" : ", ") + file;
+  for (const auto& f : old->other_files()) {
+    const bool index = f.name.find('/') == std::string::npos && f.name.size() > 23 &&
+                       f.name.compare(f.name.size() - 23, 23, ".safetensors.index.json") == 0;
+    if (!index && !written.count(f.name)) lost += (lost.empty() ? "" : ", ") + f.name;
+  }
   PULSE_CHECK(lost.empty(), path + ": refusing to replace this folder: " + lost +
                                 " would be deleted, not being part of the new state (write elsewhere, or pass --replace)");
 }

@@ -40,10 +40,13 @@ std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoi
 
 // A .safetensors file or a model folder; a path ending in ".zst" holds a zstd-compressed
 // safetensors file (relay anchors may be).
-Checkpoint load_checkpoint(const std::string& path);
+// max_state_bytes bounds what a compressed file may decode to, checked against its declared size
+// before anything is allocated (a relay anchor's signed record names it); 0: physical memory.
+Checkpoint load_checkpoint(const std::string& path, std::uint64_t max_state_bytes = 0);
 // Atomic: the file at path holds either its old content or all of the new one; a path ending
 // in ".zst" is written zstd-compressed at zstd_level.
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
+// Returns the bytes of the safetensors form (before compression).
+std::uint64_t save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
 
 // Writes a state where pulse-sync's users name it: a model folder when path is an existing
 // folder, or does not exist, does not end in ".safetensors" and the state is a folder (read

@@ -64,6 +64,13 @@ KeyPair generate_keypair() {
   return k;
 }
 
+PublicKey public_key_of(const SecretKey& key) {
+  init_sodium();
+  PublicKey out;
+  crypto_sign_ed25519_sk_to_pk(out.data(), key.data());
+  return out;
+}
+
 Signature sign(const SecretKey& key, const std::uint8_t* message, std::size_t size) {
   init_sodium();
   Signature sig;

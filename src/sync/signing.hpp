@@ -16,6 +16,7 @@ struct KeyPair {
 };
 
 KeyPair generate_keypair();
+PublicKey public_key_of(const SecretKey& key);  // the public half a secret key holds
 Signature sign(const SecretKey& key, const std::uint8_t* message, std::size_t size);
 bool verify_signature(const PublicKey& key, const Signature& sig, const std::uint8_t* message, std::size_t size);
 
