@@ -166,7 +166,7 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
 int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
   const nlohmann::json d = diff_checkpoints(a_path, b_path);
   if (json) {
-    std::printf("%s\n", d.dump().c_str());
+    std::printf("%s\n", cli::json_text(d).c_str());
     return 0;
   }
   std::printf("%-48s %8s %12s %12s %10s\n", "tensor", "dtype", "elements", "changed", "sparsity");
@@ -313,7 +313,7 @@ int cmd_verify(const std::string& path, const std::string& expected, bool json) 
   if (json) {
     nlohmann::json out = {{"file", path}, {"state_digest", to_hex(d)}};
     if (!expected.empty()) out["expected"] = expected, out["verified"] = verified;
-    std::printf("%s\n", out.dump().c_str());
+    std::printf("%s\n", cli::json_text(out).c_str());
   }
   if (expected.empty()) {
     if (!json) std::printf("%s  %s\n", to_hex(d).c_str(), path.c_str());
@@ -369,7 +369,7 @@ int cmd_inspect(const std::string& path, bool json) {
   const auto bytes = read_regular_file(path, physical_memory_bytes(), "patch");
   const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
   if (json) {
-    std::printf("%s\n", patch_json(p, bytes.size()).dump().c_str());
+    std::printf("%s\n", cli::json_text(patch_json(p, bytes.size())).c_str());
     return 0;
   }
   const PatchHeader& h = p.header;

@@ -305,6 +305,79 @@ def check_killed_writers(sync, d):
     expect(not left_after, f"the next apply removes every killed writer's temporary file: {left_after}")
 
 
+# ---- class 1: signed records bind the relay and the model ----
+
+def check_signed_relays(sync, d):
+    p = lambda *n: os.path.join(d, *n)  # noqa: E731
+    r = run(sync, "keygen", "--public", p("k.pub"), "--secret", p("k.sec"))
+    r2 = run(sync, "keygen", "--public", p("o.pub"), "--secret", p("o.sec"))
+    expect(r.returncode == 0 and r2.returncode == 0, f"keygen: {show(r)}")
+    # Relay A: model a (tensors a, b) versions 0..4; relay B: model c (tensors c, d) 0..6; one key.
+    for relay, names, last in (("A", ("a", "b"), 4), ("B", ("c", "d"), 6)):
+        checkpoint(p(f"{relay}0.safetensors"), 20, names)
+        for v in range(last + 1):
+            if v:
+                changed(p(f"{relay}{v - 1}.safetensors"), p(f"{relay}{v}.safetensors"), 20 + v)
+            prev = ["--previous", p(f"{relay}{v - 1}.safetensors")] if v else []
+            r = run(sync, "publish", "--relay", p(relay), "--version", v, p(f"{relay}{v}.safetensors"),
+                    "--sign", p("k.sec"), "--anchor-every", "3", *prev)
+            expect(r.returncode == 0, f"publish {relay} {v}: {show(r)}")
+    keyed = ("--public-key", p("k.pub"))
+    have = ("--have", p("A4.safetensors"), "--have-version", "4")
+    # Publishing unsigned, or with another key, into the signed relay: refused, HEAD stays.
+    head = open(p("A", "HEAD"), "rb").read()
+    r = run(sync, "publish", "--relay", p("A"), "--version", "5", p("A4.safetensors"))
+    expect(one_line_error(r, "is signed"), f"publish unsigned into a signed relay: {show(r)}")
+    r = run(sync, "publish", "--relay", p("A"), "--version", "5", p("A4.safetensors"), "--sign", p("o.sec"))
+    expect(one_line_error(r, "another key"), f"publish with another key: {show(r)}")
+    expect(open(p("A", "HEAD"), "rb").read() == head, "refused publishes leave HEAD")
+    # B's files copied over A's: the records left of A name another relay.
+    shutil.copytree(p("A"), p("A+B"))
+    for name in os.listdir(p("B")):
+        shutil.copy(p("B", name), p("A+B", name))
+    r = run(sync, "pull", "--relay", p("A+B"), *have, *keyed, "-o", p("out.safetensors"))
+    expect(one_line_error(r, "not all its own"), f"pull from A with B's files copied in: {show(r)}")
+    # A replaced by B whole: the receiver's model has no patch chain to B's.
+    r = run(sync, "pull", "--relay", p("B"), *have, *keyed, "-o", p("out.safetensors"))
+    expect(one_line_error(r, "another tensor layout"), f"pull another model with --have: {show(r)}")
+    expect(not os.path.exists(p("out.safetensors")), "refused pulls write nothing")
+    # A rollback (an old signed HEAD put back) is refused by the version the receiver holds.
+    shutil.copytree(p("A"), p("A-old"))
+    r = run(sync, "pull", "--relay", p("A"), *keyed, "-o", p("A-now.safetensors"))
+    expect(r.returncode == 0, f"pull A: {show(r)}")
+    r = run(sync, "pull", "--relay", p("A"), "--have", p("A-now.safetensors"), "--have-version", "5", *keyed,
+            "-o", p("out.safetensors"))
+    expect(one_line_error(r, "refusing to move back"), f"pull an older HEAD: {show(r)}")
+    # An unsigned anchor record in a signed relay: the relay is refused, not partly trusted.
+    record = [n for n in os.listdir(p("A")) if n.endswith(".record")][0]
+    text = open(p("A", record)).read()
+    with open(p("A", record), "w") as f:
+        f.write(text[:text.index("signature ")])
+    r = run(sync, "pull", "--relay", p("A"), *have, *keyed, "-o", p("out.safetensors"))
+    expect(one_line_error(r, "not all its own", "not signed"), f"pull a relay with an unsigned record: {show(r)}")
+
+
+# ---- class 7: clear errors ----
+
+def check_json_non_utf8_paths(sync, d):
+    """A path that is not UTF-8 (Linux allows any bytes) in --json output: replaced, not an abort."""
+    p = lambda *n: os.path.join(d, *n)  # noqa: E731
+    checkpoint(p("a.safetensors"), 30)
+    changed(p("a.safetensors"), p("b.safetensors"), 31)
+    odd = os.fsencode(d) + b"/caf\xe9.pulse"
+    for args in [(sync, "encode", "--base", p("a.safetensors"), "--target", p("b.safetensors"), "-o", odd, "--json"),
+                 (sync, "inspect", odd, "--json"),
+                 (sync, "apply", "--base", p("a.safetensors"), "--patch", odd, "-o", os.fsencode(d) + b"/\xff.st",
+                  "--json")]:
+        r = run(*args)
+        ok = r is not None and r.returncode == 0
+        if ok:
+            line = json.loads(text(r.stdout).strip().splitlines()[-1])
+            ok = isinstance(line, dict)
+        expect(ok, f"{text(args[1].encode() if isinstance(args[1], str) else args[1])} --json with a non-UTF-8 path: "
+                   f"{show(r)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sync", required=True)
@@ -315,7 +388,9 @@ def main():
               ("Hugging Face cache layout", lambda d: check_hf_cache(a.sync, d)),
               ("outputs over inputs", lambda d: check_outputs_over_inputs(a.sync, a.measure, d)),
               ("keygen keeps keys", lambda d: check_keygen_keeps_keys(a.sync, d)),
-              ("killed writers", lambda d: check_killed_writers(a.sync, d))]
+              ("killed writers", lambda d: check_killed_writers(a.sync, d)),
+              ("signed relays", lambda d: check_signed_relays(a.sync, d)),
+              ("--json with non-UTF-8 paths", lambda d: check_json_non_utf8_paths(a.sync, d))]
     for name, check in checks:
         with tempfile.TemporaryDirectory() as d:
             before = len(failures)
