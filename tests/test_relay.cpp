@@ -342,4 +342,30 @@ TEST_F(TempDir, AHostileCompressedAnchorIsRefusedByItsRecordAndTheNextOneServes)
   EXPECT_EQ(r.state.data, last.data);
 }
 
+// Issue 27, class 6: folders (and links) with relay file names are not the relay's: a publish
+// neither trips over them (a folder named like a temporary file, or like an anchor retention
+// would delete after HEAD moved) nor deletes them.
+TEST_F(TempDir, FoldersWithRelayNamesAreNeitherUsedNorDeleted) {
+  Model m({"w"}, 0x3F80);
+  for (const char* name : {"HEAD.tmp.abc123", "anchor-0.safetensors.zst"}) {
+    fs::create_directories(dir_ / name);
+    write(std::string(name) + "/inside", "kept");
+  }
+  Relay relay(dir_.string());
+  PublishOptions o;
+  o.anchor_every = 1;
+  o.keep_anchors = 1;
+  Checkpoint previous;
+  for (std::uint64_t v = 0; v <= 3; ++v) {
+    Checkpoint now = copy_of(m.at(v));
+    EXPECT_NO_THROW(relay.publish(v, now.layout, v ? &previous.layout : nullptr, o)) << v;
+    previous = std::move(now);
+  }
+  EXPECT_EQ(relay.head()->version, 3u);
+  EXPECT_TRUE(fs::exists(dir_ / "HEAD.tmp.abc123" / "inside"));
+  EXPECT_TRUE(fs::exists(dir_ / "anchor-0.safetensors.zst" / "inside"));
+  EXPECT_FALSE(fs::exists(dir_ / "anchor-2.safetensors"));  // retention went on around them
+  EXPECT_EQ(relay.pull(nullptr, 0).state.data, previous.data);
+}
+
 }  // namespace

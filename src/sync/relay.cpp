@@ -167,14 +167,31 @@ Relay::Relay(std::string dir) : dir_(std::move(dir)) {
 
 std::string Relay::anchor_path(std::uint64_t v) const {
   const std::string compressed = path(anchor_file_name(v, true));
-  return fs::exists(compressed) ? compressed : path(anchor_file_name(v, false));
+  std::error_code ec;
+  return fs::is_regular_file(compressed, ec) ? compressed : path(anchor_file_name(v, false));
 }
 std::string Relay::patch_path(std::uint64_t from, std::uint64_t to) const { return path(patch_file_name(from, to)); }
 
+namespace {
+
+// The relay's own files: names of its grammar that are regular files (not links, folders or
+// FIFOs, which a relay never writes; they are ignored and never deleted).
+std::vector<std::pair<fs::path, RelayName>> relay_files(const std::string& dir) {
+  std::vector<std::pair<fs::path, RelayName>> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::error_code ec;
+    if (!entry.is_regular_file(ec) || entry.is_symlink(ec)) continue;
+    if (const auto name = parse_relay_name(entry.path().filename().string())) out.emplace_back(entry.path(), *name);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::uint64_t> Relay::anchor_versions() const {
   std::vector<std::uint64_t> out;
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = parse_relay_name(entry.path().filename().string());
+  for (const auto& [file, parsed] : relay_files(dir_)) {
+    const auto* name = &parsed;
     if (name && (name->kind == RelayFile::anchor || name->kind == RelayFile::anchor_zst)) out.push_back(name->version);
   }
   std::sort(out.begin(), out.end());
@@ -265,10 +282,9 @@ void Relay::check_same_signer(const RelayHead& current, const SecretKey* key) co
 void Relay::check_records(const RelayHead& head, const PublicKey& key) const {
   PULSE_CHECK(head.format >= 2, "relay: " + path(kRelayHeadName) + " is of format 1, which names no relay or model; "
                                 "a reader with a key needs the relay published once more by this pulse version");
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = parse_relay_name(entry.path().filename().string());
-    if (!name || name->kind != RelayFile::anchor_record) continue;
-    const std::string record_path = entry.path().string();
+  for (const auto& [file, name] : relay_files(dir_)) {
+    if (name.kind != RelayFile::anchor_record) continue;
+    const std::string record_path = file.string();
     try {
       const auto bytes = read_regular_file(record_path, kMaxRelayRecordBytes, "anchor record");
       const AnchorRecord record = parse_anchor_record(bytes.data(), bytes.size(), &key, record_path);
@@ -282,9 +298,9 @@ void Relay::check_records(const RelayHead& head, const PublicKey& key) const {
 }
 
 void Relay::remove_temporary_files() const {
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = parse_relay_name(entry.path().filename().string());
-    if (name && name->kind == RelayFile::temporary) fs::remove(entry.path());
+  for (const auto& [file, name] : relay_files(dir_)) {
+    std::error_code ec;
+    if (name.kind == RelayFile::temporary) fs::remove(file, ec);  // best effort: never blocks a publish
   }
 }
 
@@ -292,14 +308,15 @@ void Relay::retain(std::uint64_t keep_anchors) const {
   const auto anchors = anchor_versions();
   if (anchors.size() <= keep_anchors) return;
   const std::uint64_t oldest_kept = anchors[anchors.size() - keep_anchors];
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = parse_relay_name(entry.path().filename().string());
-    if (!name) continue;
+  // After HEAD has moved: a file that cannot go now goes at a later publish, never an error.
+  for (const auto& [file, parsed] : relay_files(dir_)) {
+    const auto* name = &parsed;
     const bool old_anchor = (name->kind == RelayFile::anchor || name->kind == RelayFile::anchor_zst ||
                              name->kind == RelayFile::anchor_record) &&
                             name->version < oldest_kept;
     const bool old_patch = name->kind == RelayFile::patch && name->to <= oldest_kept;
-    if (old_anchor || old_patch) fs::remove(entry.path());
+    std::error_code ec;
+    if (old_anchor || old_patch) fs::remove(file, ec);
   }
 }
 
