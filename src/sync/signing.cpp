@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -129,6 +130,13 @@ void write_key_pair(const std::string& public_path, const std::string& secret_pa
 }
 
 PublicKey read_public_key(const std::string& path) { return read_key<32>(path); }
-SecretKey read_secret_key(const std::string& path) { return read_key<64>(path); }
+SecretKey read_secret_key(const std::string& path) {
+  const SecretKey key = read_key<64>(path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)  // as ssh warns of a readable private key
+    std::fprintf(stderr, "pulse: warning: secret key %s is readable by other users (mode %04o); chmod 600 it\n",
+                 path.c_str(), static_cast<unsigned>(st.st_mode & 07777));
+  return key;
+}
 
 }  // namespace pulse::sync

@@ -29,6 +29,7 @@ bool verify_signature(const PublicKey& key, const Signature& sig, const std::uin
 void check_key_file_writable(const std::string& path, bool replace);
 void write_key_pair(const std::string& public_path, const std::string& secret_path, const KeyPair& keys, bool replace);
 PublicKey read_public_key(const std::string& path);
+// Warns on stderr (one line) when others may read the secret key file.
 SecretKey read_secret_key(const std::string& path);
 
 }  // namespace pulse::sync

@@ -259,6 +259,11 @@ def check_keygen_keeps_keys(sync, d):
     expect(r.returncode == 0 and after["k.sec"] != before["k.sec"] and sorted(after) == sorted(before),
            f"keygen --force replaces both: {show(r)}")
     expect(stat.S_IMODE(os.stat(p("k.sec")).st_mode) == 0o600, "the secret key is mode 0600")
+    # A secret key others can read is used, with a warning.
+    checkpoint(p("a.safetensors"), 14)
+    os.chmod(p("k.sec"), 0o644)
+    r = run(sync, "publish", "--relay", p("relay"), "--version", "0", p("a.safetensors"), "--sign", p("k.sec"))
+    expect(r.returncode == 0 and "readable by other users" in text(r.stderr), f"a world-readable secret key: {show(r)}")
 
 
 def check_killed_writers(sync, d):
