@@ -19,6 +19,7 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
+#include "sync/relay_lock_record.hpp"
 #include "sync/relay_names.hpp"
 
 namespace fs = std::filesystem;
@@ -63,7 +64,7 @@ std::string host_name() {
 class PublishLock {
  public:
   explicit PublishLock(std::string path) : path_(std::move(path)) {
-    content_ = "host " + host_name() + "\npid " + std::to_string(::getpid()) + "\ntoken " + random_letters(16) + "\n";
+    content_ = format_lock({host_name(), std::uint64_t(::getpid()), random_letters(16)});
     for (int attempt = 0; attempt < 3; ++attempt) {
       if (try_create()) return;
       const std::string holder = read_holder();
@@ -129,19 +130,15 @@ class PublishLock {
     }
   }
   std::string read_holder() const { return read_text(path_); }
-  static std::string field(const std::string& text, const std::string& key) {
-    const std::size_t at = text.find(key + " ");
-    if (at == std::string::npos || (at > 0 && text[at - 1] != '\n')) return "";
-    const std::size_t end = text.find('\n', at);
-    return text.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
+  static std::string describe(const std::string& text) {
+    const LockHolder holder = parse_lock(text);
+    return holder.host.empty() || !holder.pid ? "holder unknown"
+                                              : "pid " + std::to_string(*holder.pid) + " on " + holder.host;
   }
-  static std::string describe(const std::string& holder) {
-    const std::string host = field(holder, "host"), pid = field(holder, "pid");
-    return host.empty() || pid.empty() ? "holder unknown" : "pid " + pid + " on " + host;
-  }
-  bool is_stale(const std::string& holder) const {
-    const auto pid = parse_canonical_version(field(holder, "pid"));
-    if (field(holder, "host") == host_name() && pid && *pid > 0 && *pid <= std::uint64_t(INT32_MAX))
+  bool is_stale(const std::string& text) const {
+    const LockHolder holder = parse_lock(text);
+    const auto pid = holder.pid;
+    if (holder.host == host_name() && pid && *pid > 0 && *pid <= std::uint64_t(INT32_MAX))
       return process_gone(static_cast<pid_t>(*pid));
     struct stat st {};
     if (::stat(path_.c_str(), &st) != 0) return false;  // gone: the next attempt creates it

@@ -1,12 +1,13 @@
 // Writes seed inputs for the relay fuzz targets into the folder given as argument: HEADs and
-// anchor records, unsigned and signed with relay_fuzz_key.hpp's key, and relay file names
-// (valid ones and the stray names that once broke retention).
+// anchor records, unsigned and signed with relay_fuzz_key.hpp's key, relay file names (valid
+// ones and the stray names that once broke retention) and publish.lock texts.
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "relay_fuzz_key.hpp"
+#include "sync/relay_lock_record.hpp"
 #include "sync/relay_record.hpp"
 
 int main(int argc, char** argv) {
@@ -43,6 +44,8 @@ int main(int argc, char** argv) {
                          "anchor-18446744073709551615.safetensors"};
   int i = 0;
   for (const char* n : names) seeds.push_back({"name-" + std::to_string(i++), n});
+  seeds.push_back({"lock", format_lock({"node-17.cluster", 4242, "a1B2c3d4e5F6g7H8"})});
+  seeds.push_back({"lock-foreign", "host other\npid 01\nowner me\n"});
   for (const auto& [file, text] : seeds) {
     std::ofstream out(dir + "/" + file, std::ios::binary);
     out << text;
