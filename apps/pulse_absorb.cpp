@@ -135,7 +135,7 @@ int run(const Options& opt) {
                         {"grad_taus", grad_taus}, {"steps", steps}};
   {
     std::ofstream out(tmp);
-    out << doc.dump(1) << "\n";
+    out << cli::json_text(doc, 1) << "\n";
     PULSE_CHECK(out.good(), "cannot write " + tmp);
   }
   std::filesystem::rename(tmp, path);  // readers never see a partial file

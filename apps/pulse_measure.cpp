@@ -39,6 +39,7 @@
 #include "cli/conventions.hpp"
 #include "cli/folder_filter.hpp"
 #include "cli/json_summary.hpp"
+#include "cli/output_path.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
 #include "io/model_state.hpp"
@@ -708,6 +709,9 @@ int main(int argc, char** argv) {
         const std::string left_out = o.filter().left_out_line(names);
         const measure::CompareAs as = compare_as(o.as, tensors);
         summary.set("compared_as", measure::compare_as_name(as));
+        std::vector<std::string> inputs;
+        for (const auto& s : series) inputs.push_back(s.second);
+        cli::refuse_output_over_inputs(o.out, "--out", inputs);  // even with --overwrite
         if (!o.overwrite && std::filesystem::exists(o.out))
           throw Error(o.out + ": exists (give --overwrite to replace it)");
         const std::filesystem::path out_dir = std::filesystem::absolute(o.out).parent_path();

@@ -162,7 +162,7 @@ int run(Options opt, cli::JsonSummary& summary) {
       {"loss", answer_only ? "mean cross entropy over the answer tokens and their eos"
                            : "mean cross entropy over all positions"},
       {"curve", curve}};
-  const std::string text = log.dump(1) + "\n";
+  const std::string text = cli::json_text(log, 1) + "\n";
   write_file_atomically(opt.out + "/sft_log.json", text.data(), text.size());
   std::printf("wrote %s/model.safetensors and %s/sft_log.json\n", opt.out.c_str(), opt.out.c_str());
   summary.set("steps", step);

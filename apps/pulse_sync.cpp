@@ -23,6 +23,7 @@
 
 #include "cli/conventions.hpp"
 #include "cli/json_summary.hpp"
+#include "cli/output_path.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
@@ -65,10 +66,13 @@ const CLI::Validator kExistingState(
     },
     "PATH");
 
-// True when a and b name the same file (st_dev and st_ino), e.g. through a link or another path.
-bool same_file(const std::string& a, const std::string& b) {
-  struct stat sa {}, sb {};
-  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+using cli::same_file;
+
+// How an existing folder at `out` may be replaced: it is the base being updated, the user said
+// --replace, or only when nothing in it is lost (sync/checkpoint.hpp).
+ReplaceFolder replace_mode(const std::string& out, const std::string& base, bool replace) {
+  if (replace) return ReplaceFolder::any_model;
+  return !base.empty() && same_file(out, base) ? ReplaceFolder::own_base : ReplaceFolder::if_nothing_lost;
 }
 
 // The secret key from path into storage, or nullptr (no signing) when path is empty.
@@ -162,7 +166,7 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
 int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
   const nlohmann::json d = diff_checkpoints(a_path, b_path);
   if (json) {
-    std::printf("%s\n", d.dump().c_str());
+    std::printf("%s\n", cli::json_text(d).c_str());
     return 0;
   }
   std::printf("%-48s %8s %12s %12s %10s\n", "tensor", "dtype", "elements", "changed", "sparsity");
@@ -197,8 +201,7 @@ struct EncodeArgs {
 };
 
 int cmd_encode(const EncodeArgs& args) {
-  PULSE_CHECK(!same_file(args.out, args.base) && !same_file(args.out, args.target),
-              "encode: the output " + args.out + " is the base or target checkpoint; write the patch elsewhere");
+  cli::refuse_output_over_inputs(args.out, "encode: -o", {args.base, args.target, args.sign});
   EncodeOptions opt;
   opt.values = parse_value_coding(args.values);
   // expclass codes indices and values together: naming it for the values is enough.
@@ -262,7 +265,8 @@ int cmd_encode(const EncodeArgs& args) {
 // into the output and patched there, never loaded. Folders, compressed files and patches that
 // change the layout or metadata load the base whole; so does everything with stream false.
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
-              const std::string& public_key_path, bool stream, unsigned threads) {
+              const std::string& public_key_path, bool stream, unsigned threads, bool replace) {
+  cli::refuse_output_over_inputs(out, "apply: the output", {patch_path, public_key_path});
   PublicKey key;
   if (!public_key_path.empty()) key = read_public_key(public_key_path);
   struct stat st {};
@@ -288,7 +292,7 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
     const auto t0 = std::chrono::steady_clock::now();
     apply_to_checkpoint(patch, *state);
     seconds = seconds_since(t0);
-    folder = save_state(out, *state);
+    folder = save_state(out, *state, replace_mode(out, base, replace));
   }
   std::printf("applied %s (version %llu -> %llu) in %.3f s, target state digest %s verified (tensors and metadata); "
               "wrote %s%s\n",
@@ -309,7 +313,7 @@ int cmd_verify(const std::string& path, const std::string& expected, bool json) 
   if (json) {
     nlohmann::json out = {{"file", path}, {"state_digest", to_hex(d)}};
     if (!expected.empty()) out["expected"] = expected, out["verified"] = verified;
-    std::printf("%s\n", out.dump().c_str());
+    std::printf("%s\n", cli::json_text(out).c_str());
   }
   if (expected.empty()) {
     if (!json) std::printf("%s  %s\n", to_hex(d).c_str(), path.c_str());
@@ -365,7 +369,7 @@ int cmd_inspect(const std::string& path, bool json) {
   const auto bytes = read_regular_file(path, physical_memory_bytes(), "patch");
   const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
   if (json) {
-    std::printf("%s\n", patch_json(p, bytes.size()).dump().c_str());
+    std::printf("%s\n", cli::json_text(patch_json(p, bytes.size())).c_str());
     return 0;
   }
   const PatchHeader& h = p.header;
@@ -397,16 +401,7 @@ int cmd_inspect(const std::string& path, bool json) {
 
 int cmd_keygen(const std::string& public_path, const std::string& secret_path, bool force) {
   PULSE_CHECK(!same_file(public_path, secret_path) && public_path != secret_path, "keygen: --public and --secret are one file");
-  check_key_file_writable(secret_path, force);  // both checked before either is written
-  check_key_file_writable(public_path, force);
-  const KeyPair k = generate_keypair();
-  write_key_file(secret_path, k.secret_key.data(), k.secret_key.size(), true, force);
-  try {
-    write_key_file(public_path, k.public_key.data(), k.public_key.size(), false, force);
-  } catch (const Error&) {
-    std::remove(secret_path.c_str());  // a secret key without its public key is of no use
-    throw;
-  }
+  write_key_pair(public_path, secret_path, generate_keypair(), force);
   std::printf("wrote %s and %s\n", public_path.c_str(), secret_path.c_str());
   return 0;
 }
@@ -414,7 +409,7 @@ int cmd_keygen(const std::string& public_path, const std::string& secret_path, b
 struct RelayArgs {
   std::string relay, file, previous, out, have, sign, public_key;
   std::uint64_t version = 0, have_version = 0, min_version = 0, anchor_every = 10, keep_anchors = 2;
-  bool compress_anchors = false;
+  bool compress_anchors = false, replace = false;
 };
 
 int cmd_publish(const RelayArgs& args) {
@@ -435,6 +430,7 @@ int cmd_publish(const RelayArgs& args) {
 }
 
 int cmd_pull(const RelayArgs& args) {
+  cli::refuse_output_over_inputs(args.out, "pull: -o", {args.relay, args.public_key});
   const Relay relay(args.relay);
   PublicKey key;
   if (!args.public_key.empty()) key = read_public_key(args.public_key);
@@ -445,7 +441,7 @@ int cmd_pull(const RelayArgs& args) {
   options.min_version = args.min_version;
   const PullResult r = relay.pull(have ? &*have : nullptr, args.have_version, options);
   if (!r.fallback.empty()) std::fprintf(stderr, "pulse-sync: note: fell back (%s)\n", r.fallback.c_str());
-  const bool folder = save_state(args.out, r.state);
+  const bool folder = save_state(args.out, r.state, replace_mode(args.out, args.have, args.replace));
   std::printf("pulled version %llu (%s path, %llu patches), digest verified; wrote %s%s\n",
               static_cast<unsigned long long>(r.version), r.fast_path ? "fast" : "slow",
               static_cast<unsigned long long>(r.patches_applied), folder ? "the folder " : "", args.out.c_str());
@@ -501,6 +497,8 @@ int main(int argc, char** argv) {
   out_opt->excludes(in_place_opt);
   apply->add_option("--public-key", public_key, "require a valid signature by this Ed25519 public key")
       ->check(CLI::ExistingFile);
+  bool replace = false;
+  apply->add_flag("--replace", replace, "replace an existing model folder at -o even if files in it would be deleted");
   unsigned apply_threads = default_apply_threads();
   apply->add_option("--threads", apply_threads, "threads of a file-to-file apply (copy and hash ahead, decode, write behind)")
       ->check(CLI::Range(1u, 256u))
@@ -547,9 +545,11 @@ int main(int argc, char** argv) {
   pull->add_option("--relay", rel.relay, "relay folder")->required()->check(CLI::ExistingDirectory);
   pull->add_option("-o,--out", rel.out, "checkpoint to write (a folder for a folder state)")->required();
   auto* have_opt = pull->add_option("--have", rel.have, "checkpoint (file or folder) the receiver holds")->check(kExistingState);
-  pull->add_option("--have-version", rel.have_version, "its version (pull never moves below it)")
-      ->needs(have_opt)
-      ->check(kVersionNumber);
+  auto* have_version_opt = pull->add_option("--have-version", rel.have_version, "its version (pull never moves below it)")
+                               ->needs(have_opt)
+                               ->check(kVersionNumber);
+  have_opt->needs(have_version_opt);  // an unknown version would count as 0 and accept any older HEAD
+  pull->add_flag("--replace", rel.replace, "replace an existing model folder at -o even if files in it would be deleted");
   pull->add_option("--min-version", rel.min_version, "refuse a relay whose HEAD is older than this version")
       ->check(kVersionNumber);
   pull->add_option("--public-key", rel.public_key, "accept only HEAD, anchors and patches signed by this key")
@@ -569,10 +569,10 @@ int main(int argc, char** argv) {
     if (*apply) {
       if (in_place.empty()) {
         PULSE_CHECK(!base.empty() && !out.empty(), "apply needs --base A -o OUT, or --in-place FILE");
-        return summary.print(cmd_apply(base, patch, out, public_key, !no_stream, apply_threads));
+        return summary.print(cmd_apply(base, patch, out, public_key, !no_stream, apply_threads, replace));
       }
       PULSE_CHECK(base.empty(), "--in-place takes its base from FILE; drop --base");
-      return summary.print(cmd_apply(in_place, patch, in_place, public_key, !no_stream, apply_threads));
+      return summary.print(cmd_apply(in_place, patch, in_place, public_key, !no_stream, apply_threads, replace));
     }
     if (*verify) return cmd_verify(verify_path, digest, json);
     if (*inspect) return cmd_inspect(inspect_path, json);

@@ -20,6 +20,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <sstream>
 
 #include "cli/conventions.hpp"
@@ -94,6 +95,14 @@ std::string human_bytes(double b) {
   char s[32];
   std::snprintf(s, sizeof(s), u ? "%.1f %s" : "%.0f %s", b, units[u]);
   return s;
+}
+
+// 128 random bits in hex: a run's identity (see Run::run_id_).
+std::string new_run_id() {
+  std::random_device random;
+  char text[33];
+  std::snprintf(text, sizeof text, "%08x%08x%08x%08x", random(), random(), random(), random());
+  return text;
 }
 
 std::string utc_now() {
@@ -248,6 +257,9 @@ class Run {
   std::int64_t first_step_ = 1, resume_step_ = 0;
   std::optional<RankCheckpoint> resumed_;  // this rank's checkpoint, read and checked by open()
   std::vector<std::string> resumes_;       // one line per resume of the run (HDF5 "resumes")
+  // Names the run in its statistics file and rank 0's checkpoints, so --resume refuses another
+  // run's statistics file (whose rows it would continue).
+  std::string run_id_ = new_run_id();
   std::vector<float> initial_;  // starting FP32 weights, until the trainers take them
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };
@@ -287,6 +299,7 @@ void Run::write_root_attributes() {
   s.set_attribute("format_version", std::int64_t(1));
   s.set_attribute("program_version", version_string());
   s.set_attribute("start_utc", utc_now());
+  s.set_attribute("run_id", run_id_);
   s.set_attribute("config", to_toml(c_));
   s.set_attribute("command_line", command_line_);
   s.set_attribute("num_ranks", std::int64_t(world_.size()));
@@ -344,6 +357,7 @@ void Run::save_checkpoint(std::int64_t t) {
   RankCheckpoint state;
   state.metadata = {{"program", "pulse-train"}, {"ranks", std::to_string(world_.size())}, {"config", to_toml(c_)}};
   for (const std::string& line : resumes_) state.metadata["resumes"] += line + "\n";
+  if (rank_ == 0) state.metadata["run_id"] = run_id_;  // rank 0 writes the statistics file
   if (trainer_) trainer_->save(state);
   publisher_->save(state);
   if (meter_) {
@@ -365,6 +379,17 @@ void Run::check_resumable() {
   PULSE_CHECK(state.meta("ranks") == std::to_string(world_.size()),
               "--resume: the checkpoint was written by " + state.meta("ranks") + " ranks, this run has " +
                   std::to_string(world_.size()));
+  if (rank_ == 0) {
+    // A run from before run ids has none in either file.
+    const auto in_stats = io::read_root_string_attribute(c_.out, "run_id");
+    const auto in_checkpoint = state.metadata.find("run_id");
+    const std::string checkpoint_id = in_checkpoint == state.metadata.end() ? "" : in_checkpoint->second;
+    PULSE_CHECK(in_stats.value_or("") == checkpoint_id,
+                "--resume: '" + c_.out + "' is the statistics file of another run (run id " +
+                    (in_stats ? *in_stats : "none") + "), not of the checkpoint's run (" +
+                    (checkpoint_id.empty() ? "none" : checkpoint_id) + ")");
+    run_id_ = checkpoint_id;
+  }
   const std::string changes = resume_changes(state.meta("config"), c_);
   std::istringstream lines(state.metadata.count("resumes") ? state.meta("resumes") : "");
   resumes_.clear();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,14 +75,22 @@ TEST(RelayNames, ExactGrammar) {
 
 TEST(RelayRecords, RoundTripSignedAndUnsigned) {
   const KeyPair k = generate_keypair(), other = generate_keypair();
-  RelayHead h{12, {}, 11, false};
+  RelayHead h;
+  h.relay = new_relay_id();
+  h.version = 12;
+  h.follows = 11;
   h.state[0] = 0xAB;
+  h.layout[15] = 0xCD;
   const std::string unsigned_text = format_head(h, nullptr), signed_text = format_head(h, &k.secret_key);
   const auto back = parse_head(reinterpret_cast<const std::uint8_t*>(signed_text.data()), signed_text.size(),
                                &k.public_key, "HEAD");
   EXPECT_EQ(back.version, 12u);
   EXPECT_EQ(back.follows, 11u);
   EXPECT_EQ(back.state, h.state);
+  EXPECT_EQ(back.layout, h.layout);
+  EXPECT_EQ(back.relay, h.relay);
+  EXPECT_EQ(back.relay.size(), 32u);
+  EXPECT_EQ(back.format, 2);
   EXPECT_TRUE(back.is_signed);
   auto parse = [](const std::string& text, const PublicKey* key) {
     return parse_head(reinterpret_cast<const std::uint8_t*>(text.data()), text.size(), key, "HEAD");
@@ -96,8 +105,18 @@ TEST(RelayRecords, RoundTripSignedAndUnsigned) {
     bad[i] = bad[i] == '1' ? '2' : '1';
     EXPECT_THROW(parse(bad, &k.public_key), pulse::Error) << i;
   }
-  const RelayHead first{1, {}, std::nullopt, false};
+  RelayHead first = h;
+  first.version = 1;
+  first.follows.reset();
   EXPECT_FALSE(parse(format_head(first, nullptr), nullptr).follows.has_value());
+  EXPECT_NE(new_relay_id(), h.relay);
+  // Format 1 (before relay ids) still parses, as format 1 with no relay or layout.
+  const auto old = parse(std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, '0') +
+                             "\nfollows none\n",
+                         nullptr);
+  EXPECT_EQ(old.format, 1);
+  EXPECT_EQ(old.version, 3u);
+  EXPECT_EQ(old.relay, "");
   for (const std::string& bad :
        {std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, '0') + "\nfollows 3\n",
         std::string("PULSESync relay HEAD 1\nversion 03\nstate ") + std::string(32, '0') + "\nfollows none\n",
@@ -107,12 +126,16 @@ TEST(RelayRecords, RoundTripSignedAndUnsigned) {
         std::string("version 3 ") + std::string(32, '0') + "\n", std::string()})
     EXPECT_THROW(parse(bad, nullptr), pulse::Error) << bad;
   // A signed anchor record is not a HEAD, even with a valid signature.
-  const std::string record = format_anchor_record({12, h.state, true}, &k.secret_key);
+  AnchorRecord anchor{h.relay, 12, h.state, 1234, 5678};
+  const std::string record = format_anchor_record(anchor, &k.secret_key);
   EXPECT_THROW(parse(record, &k.public_key), pulse::Error);
   const auto a = parse_anchor_record(reinterpret_cast<const std::uint8_t*>(record.data()), record.size(), &k.public_key,
                                      "anchor-12.record");
   EXPECT_EQ(a.version, 12u);
   EXPECT_EQ(a.state, h.state);
+  EXPECT_EQ(a.relay, h.relay);
+  EXPECT_EQ(a.file_bytes, 1234u);
+  EXPECT_EQ(a.state_bytes, 5678u);
 }
 
 TEST_F(TempDir, BoundedReadsRefuseWhatIsNotARegularFile) {
@@ -201,6 +224,148 @@ TEST_F(TempDir, MetadataTravelsThroughTheRelay) {
   EXPECT_EQ(load_checkpoint(relay.anchor_path(1)).metadata, m1);
   // Previous weights with other metadata are not the head version.
   EXPECT_THROW(relay.publish(3, v2, m2, &v2, &m1, options), pulse::Error);
+}
+
+// A model of two BF16 tensors with the given names; version v changes element v of each.
+struct Model {
+  std::vector<std::string> names;
+  std::vector<std::vector<std::uint16_t>> data;
+  Model(std::vector<std::string> n, std::uint16_t fill) : names(std::move(n)), data(names.size(), std::vector<std::uint16_t>(64, fill)) {}
+  std::vector<TensorRef> at(std::uint64_t v) {
+    for (auto& d : data) d[v % d.size()] ^= 1;
+    std::vector<TensorRef> out;
+    for (std::size_t i = 0; i < names.size(); ++i)
+      out.push_back({names[i], "BF16", {64}, reinterpret_cast<const std::byte*>(data[i].data()), 128});
+    return out;
+  }
+};
+
+Checkpoint copy_of(const std::vector<TensorRef>& state) {
+  Checkpoint c;
+  c.layout = state;
+  for (const auto& t : state) c.data.emplace_back(t.data, t.data + t.bytes);
+  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();
+  return c;
+}
+
+// Publishes versions 0..last of `model` to dir (signed with key when given); returns version last.
+Checkpoint publish_series(const std::string& dir, Model& model, std::uint64_t last, const SecretKey* key,
+                          bool compress = false) {
+  Relay relay(dir);
+  PublishOptions o;
+  o.anchor_every = 2;
+  o.keep_anchors = 3;
+  o.compress_anchors = compress;
+  o.encode.signing_key = key;
+  Checkpoint previous;
+  for (std::uint64_t v = 0; v <= last; ++v) {
+    Checkpoint now = copy_of(model.at(v));
+    relay.publish(v, now.layout, v ? &previous.layout : nullptr, o);
+    previous = std::move(now);
+  }
+  return previous;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const pulse::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Issue 27, class 1: another relay's files, signed with the same key, copied into a relay.
+TEST_F(TempDir, SignedRecordsBindTheRelayAndTheModel) {
+  const KeyPair k = generate_keypair();
+  Model a({"a.0", "a.1"}, 0x3F80), b({"b.0", "b.1"}, 0x4000);
+  const std::string relay_a = path("a"), relay_b = path("b");
+  const Checkpoint a4 = publish_series(relay_a, a, 4, &k.secret_key);
+  publish_series(relay_b, b, 6, &k.secret_key);
+  PullOptions keyed;
+  keyed.public_key = &k.public_key;
+  // B's HEAD, anchors and patches over A's: A's remaining records name another relay.
+  for (const auto& e : fs::directory_iterator(relay_b)) fs::copy_file(e.path(), fs::path(relay_a) / e.path().filename(), fs::copy_options::overwrite_existing);
+  EXPECT_NE(error_of([&] { Relay(relay_a).pull(&a4, 4, keyed); }).find("records are not all its own"), std::string::npos);
+  // A replaced by B whole: consistent, but the receiver's model (a.*) has no patch chain to it.
+  fs::remove_all(relay_a);
+  fs::copy(relay_b, relay_a);
+  const std::string moved = error_of([&] { Relay(relay_a).pull(&a4, 4, keyed); });
+  EXPECT_NE(moved.find("another tensor layout"), std::string::npos) << moved;
+  // Without --have the relay's model is what the reader asked for.
+  EXPECT_EQ(Relay(relay_a).pull(nullptr, 0, keyed).version, 6u);
+}
+
+TEST_F(TempDir, PublishingKeepsTheRelaysSigner) {
+  const KeyPair k = generate_keypair(), other = generate_keypair();
+  Model m({"w"}, 0x3F80);
+  Checkpoint last = publish_series(path("signed"), m, 1, &k.secret_key);
+  Relay signed_relay(path("signed"));
+  PublishOptions o;
+  const auto v2 = m.at(2);
+  EXPECT_NE(error_of([&] { signed_relay.publish(2, v2, &last.layout, o); }).find("is signed; publishing unsigned"),
+            std::string::npos);
+  o.encode.signing_key = &other.secret_key;
+  EXPECT_NE(error_of([&] { signed_relay.publish(2, v2, &last.layout, o); }).find("another key"), std::string::npos);
+  EXPECT_EQ(signed_relay.head()->version, 1u);
+  o.encode.signing_key = &k.secret_key;
+  signed_relay.publish(2, v2, &last.layout, o);
+  EXPECT_EQ(signed_relay.head(&k.public_key)->version, 2u);
+  publish_series(path("unsigned"), m, 0, nullptr);
+  EXPECT_NE(error_of([&] { Relay(path("unsigned")).publish(5, v2, nullptr, o); }).find("is not signed"), std::string::npos);
+}
+
+// Issue 27, class 2: a small .zst anchor that decodes to far more than its record names.
+TEST_F(TempDir, AHostileCompressedAnchorIsRefusedByItsRecordAndTheNextOneServes) {
+  const KeyPair k = generate_keypair();
+  Model m({"w.0", "w.1"}, 0x3F80);
+  const Checkpoint last = publish_series(dir_.string(), m, 5, &k.secret_key, true);  // anchors 0, 2, 4
+  Relay relay(dir_.string());
+  const std::vector<std::uint8_t> zeros(64 << 20);  // 64 MiB of zeros: a few KB as zstd
+  const auto bomb = compress(Compressor::zstd, 19, zeros);
+  ASSERT_LT(bomb.size(), 1u << 16);
+  const std::string newest = relay.anchor_path(4);
+  ASSERT_EQ(newest.substr(newest.size() - 4), ".zst");
+  std::ofstream(newest, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bomb.data()), std::streamsize(bomb.size()));
+  PullOptions keyed;
+  keyed.public_key = &k.public_key;
+  const PullResult r = relay.pull(nullptr, 0, keyed);
+  EXPECT_EQ(r.version, 5u);
+  EXPECT_EQ(r.anchor, 2u);  // fell back to the older anchor
+  EXPECT_NE(r.fallback.find("its record names"), std::string::npos) << r.fallback;
+  // The record bounds decoding too: a frame of the recorded size that declares more is refused
+  // before it is decoded.
+  const auto record_bytes = pulse::read_regular_file(path("anchor-2.record"), 4096, "record");
+  const AnchorRecord record = parse_anchor_record(record_bytes.data(), record_bytes.size(), &k.public_key, "record");
+  EXPECT_THROW(load_checkpoint(relay.anchor_path(2), record.state_bytes - 1), pulse::Error);
+  EXPECT_EQ(load_checkpoint(relay.anchor_path(2), record.state_bytes).layout.size(), 2u);
+  EXPECT_EQ(r.state.data, last.data);
+}
+
+// Issue 27, class 6: folders (and links) with relay file names are not the relay's: a publish
+// neither trips over them (a folder named like a temporary file, or like an anchor retention
+// would delete after HEAD moved) nor deletes them.
+TEST_F(TempDir, FoldersWithRelayNamesAreNeitherUsedNorDeleted) {
+  Model m({"w"}, 0x3F80);
+  for (const char* name : {"HEAD.tmp.abc123", "anchor-0.safetensors.zst"}) {
+    fs::create_directories(dir_ / name);
+    write(std::string(name) + "/inside", "kept");
+  }
+  Relay relay(dir_.string());
+  PublishOptions o;
+  o.anchor_every = 1;
+  o.keep_anchors = 1;
+  Checkpoint previous;
+  for (std::uint64_t v = 0; v <= 3; ++v) {
+    Checkpoint now = copy_of(m.at(v));
+    EXPECT_NO_THROW(relay.publish(v, now.layout, v ? &previous.layout : nullptr, o)) << v;
+    previous = std::move(now);
+  }
+  EXPECT_EQ(relay.head()->version, 3u);
+  EXPECT_TRUE(fs::exists(dir_ / "HEAD.tmp.abc123" / "inside"));
+  EXPECT_TRUE(fs::exists(dir_ / "anchor-0.safetensors.zst" / "inside"));
+  EXPECT_FALSE(fs::exists(dir_ / "anchor-2.safetensors"));  // retention went on around them
+  EXPECT_EQ(relay.pull(nullptr, 0).state.data, previous.data);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // that belongs to another step, or is cut short, is refused with a one-line error.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -165,6 +166,17 @@ TEST(TrainCheckpoint, UnreadableLatestIsAnError) {
   }
   std::ofstream(dir.path + "/LATEST") << "12 4\n";
   EXPECT_EQ(latest_checkpoint_step(dir.path), std::optional<std::int64_t>(12));
+}
+
+// A FIFO (or any special file) where LATEST or a rank's file should be is refused at once: an
+// open that waited for a writer would hang the resume.
+TEST(TrainCheckpoint, SpecialFilesAreRefusedWithoutBlocking) {
+  const Communicator self(MPI_COMM_SELF);
+  SharedTempDir dir(self);
+  ASSERT_EQ(::mkfifo((dir.path + "/LATEST").c_str(), 0644), 0);
+  EXPECT_NE(error_of([&] { latest_checkpoint_step(dir.path); }).find("not a regular file (a FIFO)"), std::string::npos);
+  ASSERT_EQ(::mkfifo((dir.path + "/rank-0-step-3.safetensors").c_str(), 0644), 0);
+  EXPECT_NE(error_of([&] { load_rank_checkpoint(dir.path, 0, 3); }).find("not a regular file (a FIFO)"), std::string::npos);
 }
 
 TEST(TrainCheckpoint, AccessorsRefuseMissingOrMisSizedBuffers) {

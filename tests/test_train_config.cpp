@@ -64,8 +64,17 @@ TEST(TrainConfigParse, TomlSetsEveryKindOfValue) {
 TEST(TrainConfigParse, RefusesValuesOfTheWrongTypeOrOutsideTheChoices) {
   for (const char* bad : {"steps = \"ten\"\n", "steps = 1.5\n", "lr = \"fast\"\n", "precision = \"fp8\"\n",
                           "trainer-sync = \"allreduce\"\n", "sparse-exchange = \"dense\"\n", "digits = 99999999999\n",
-                          "checkpoint-every = -1\n", "model = \"huge\"\n", "steps\n"})
+                          "checkpoint-every = -1\n", "model = \"huge\"\n", "steps\n",
+                          // issue 27: a seed that would wrap to 2^64-1 or overflow; a key given twice
+                          "seed = -1\n", "seed = 18446744073709551616\n", "seed = +3\n", "steps = 7\nsteps = 8\n",
+                          "lr = 1e-3\nseed = 2\nlr = 2e-3\n"})
     EXPECT_THROW(parse_toml(bad), CLI::Error) << bad;
+  try {  // apart, CLI11 would let the first win
+    parse_toml("lr = 1e-3\nseed = 2\nlr = 2e-3\n");
+    ADD_FAILURE() << "a key given twice was accepted";
+  } catch (const CLI::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'lr' is given twice"), std::string::npos) << e.what();
+  }
 }
 
 // Each case: a change to a valid config, the words its error must contain, and the edge value

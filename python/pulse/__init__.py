@@ -279,9 +279,14 @@ class Relay:
                             keep_anchors, compress_anchors, _coding(values, indices, compressor, level),
                             _key(signing_key, 64, "signing_key"))
 
-    def pull(self, state=None, version=0, *, public_key=None, min_version=0, framework=None):
+    def pull(self, state=None, version=None, *, public_key=None, min_version=0, framework=None):
         """Brings `state` (at `version`) to HEAD: patches from it (fast path) or the newest anchor
-        (slow path); the result is a new state, its digest checked against HEAD."""
+        (slow path); the result is a new state, its digest checked against HEAD. A state needs its
+        version: taken as 0, any older HEAD (a rollback) would be accepted."""
+        if state is not None and version is None:
+            raise ValueError("Relay.pull: give the version of `state` (pull(state, version)); without it an older "
+                             "HEAD could not be refused")
+        version = 0 if version is None else version
         items, info = self._relay.pull(None if state is None else entries(state), version,
                                        _key(public_key, 32, "public_key"), min_version)
         framework = framework or (framework_of(state) if state else ("torch" if _state_torch() else "numpy"))

@@ -365,7 +365,7 @@ void bind_sync(py::module_& m) {
              const auto h = r.head(key ? &*key : nullptr);
              if (!h) return py::none();
              return py::dict(py::arg("version") = h->version, py::arg("state") = to_hex(h->state),
-                             py::arg("signed") = h->is_signed);
+                             py::arg("signed") = h->is_signed, py::arg("relay") = h->relay);
            })
       .def("publish",
            [](Relay& r, std::uint64_t version, const py::list& state, const std::optional<py::list>& previous,

@@ -58,7 +58,11 @@ std::string JsonSummary::line(int exit_code) const {
     if (bytes >= 0) out[key_of(name) + "_bytes"] = bytes;
   }
   out.update(results_);
-  return out.dump();
+  return json_text(out);
+}
+
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 int JsonSummary::print(int exit_code, bool print) {

@@ -8,6 +8,10 @@
 
 namespace pulse::cli {
 
+// JSON text for the apps' output: bytes that are not UTF-8 (a path's, a tensor name's) become
+// U+FFFD instead of throwing, so --json never ends a run that has done its work.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
 // --json: an app's key results as one JSON object on the last line of stdout, for the scripts
 // that run it: {"program", "pulse_version", "command" (the subcommand, if any), "exit_code",
 // "elapsed_s", each output the run wrote with its size ("out": path, "out_bytes": n), and what

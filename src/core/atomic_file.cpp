@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <regex>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -28,9 +29,20 @@ bool still_named(int fd, const std::string& name) {
   return ::fstat(fd, &open_file) == 0 && ::lstat(name.c_str(), &named) == 0 && same_file(open_file, named);
 }
 
+// The folder of path ("." for a bare name) and its last component.
+std::pair<std::string, std::string> split_path(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return {".", path};
+  return {slash == 0 ? "/" : path.substr(0, slash), path.substr(slash + 1)};
+}
+
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  // A writer of this path killed before its commit left a temporary file (as large as the file):
+  // the next writer removes it.
+  const auto [dir, name] = split_path(path_);
+  remove_abandoned_temp_files(dir, [&name = name](const std::string& base) { return base == name; });
   for (;;) {
     temp_path_ = path_ + ".tmp.XXXXXX";
     fd_ = ::mkstemp(temp_path_.data());
@@ -69,8 +81,7 @@ void AtomicFile::commit() {
   const int rc = ::close(fd_);
   fd_ = -1;
   PULSE_CHECK(rc == 0, reason(path_, "close failed"));
-  const auto slash = path_.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+  const std::string dir = split_path(path_).first;
   const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   PULSE_CHECK(dir_fd >= 0, reason(path_, "cannot open its folder to fsync"));
   const int sync_rc = ::fsync(dir_fd);

@@ -4,7 +4,8 @@
 // survives a crash. Destroyed without commit(), the temporary file is removed and the path keeps
 // its old content. Readers therefore never see a partial file. The writer holds an flock on its
 // temporary file while it lives, so remove_abandoned_temp_files can tell a killed writer's
-// leftover from a live writer's file.
+// leftover from a live writer's file; each AtomicFile removes those of its own path first, so a
+// killed writer's temporary file lasts only until the path is next written.
 #include <cstddef>
 #include <functional>
 #include <string>

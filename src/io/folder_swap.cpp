@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
+#include "io/swap_marker.hpp"
 
 namespace pulse::io {
 namespace fs = std::filesystem;
@@ -64,24 +64,15 @@ bool locked_by_a_live_writer(const fs::path& folder) {
   return locked;
 }
 
-std::string read_marker_field(const std::string& text, const std::string& key) {
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line))
-    if (line.rfind(key + " ", 0) == 0) return line.substr(key.size() + 1);
-  return "";
-}
-
-// A plain name in the parent (the marker is ours, but checked before it steers a removal).
-bool plain_name(const std::string& s) { return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos; }
+constexpr std::uint64_t kMaxMarkerBytes = 4096;  // two names and a title
 
 void recover(const Names& n, bool remove_leftovers) {
   std::error_code ec;
   if (exists_no_follow(n.marker())) {
-    std::ifstream in(n.marker());
-    std::stringstream text;
-    text << in.rdbuf();
-    const std::string fresh = read_marker_field(text.str(), "new");
+    const auto marker = read_regular_file(n.marker().string(), kMaxMarkerBytes, "folder swap marker");
+    // The marker is ours, but checked (plain names, exact spelling) before it steers a removal.
+    const auto parsed = parse_swap_marker(std::string(marker.begin(), marker.end()));
+    const std::string fresh = parsed ? parsed->fresh : "";
     if (!exists_no_follow(n.destination) && exists_no_follow(n.parked_old())) {
       // Died between the two renames: the old folder goes back.
       if (::rename(n.parked_old().c_str(), n.destination.c_str()) != 0)
@@ -89,7 +80,7 @@ void recover(const Names& n, bool remove_leftovers) {
       fsync_path(n.parent, true);
     }
     if (exists_no_follow(n.destination)) {
-      if (plain_name(fresh) && fresh.rfind(n.new_prefix(), 0) == 0) fs::remove_all(n.parent / fresh, ec);
+      if (!fresh.empty() && fresh.rfind(n.new_prefix(), 0) == 0) fs::remove_all(n.parent / fresh, ec);
       fs::remove_all(n.parked_old(), ec);
       fs::remove(n.marker(), ec);
       fsync_path(n.parent, true);
@@ -109,8 +100,7 @@ void recover(const Names& n, bool remove_leftovers) {
 
 // Old -> parked, new -> destination, with the marker first (see the header).
 void swap_by_two_renames(const Names& n, const fs::path& fresh) {
-  const std::string marker = "PULSESync folder swap 1\nnew " + fresh.filename().string() + "\nold " +
-                             n.parked_old().filename().string() + "\n";
+  const std::string marker = format_swap_marker({fresh.filename().string(), n.parked_old().filename().string()});
   write_file_atomically(n.marker().string(), marker.data(), marker.size());
   std::error_code ec;
   if (::renameat(AT_FDCWD, n.destination.c_str(), AT_FDCWD, n.parked_old().c_str()) != 0) {

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 
 namespace pulse::io {
 namespace fs = std::filesystem;
@@ -31,7 +31,11 @@ std::string lower(std::string s) {
 }
 
 // Folder entries: the .safetensors files and the index candidates at the top level, and every
-// other regular file (recursively, symlinks followed as the Hugging Face cache uses them).
+// other file (recursively). A file may be a symbolic link (the Hugging Face cache links each one
+// into ../blobs): it is read through and named by the link. A link to a folder is refused, not
+// followed, so the walk never leaves the folder or loops; so is anything but a file or a folder
+// (a FIFO would block its reader). A folder without a .safetensors file at its top level is not
+// walked further (`--init /tmp` fails at once): only its top-level files are listed, for messages.
 struct FolderListing {
   std::vector<std::string> safetensors;  // file names
   std::vector<std::string> indexes;      // file names
@@ -41,10 +45,30 @@ struct FolderListing {
 FolderListing list_folder(const fs::path& folder) {
   FolderListing out;
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::follow_directory_symlink, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file()) continue;
-    const std::string rel = fs::relative(it->path(), folder).generic_string();
+  bool is_model = false;
+  for (auto it = fs::directory_iterator(folder, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code kind;
+    is_model = is_model || (ends_with(it->path().filename().string(), ".safetensors") && it->is_regular_file(kind));
+  }
+  if (ec) fail(folder.string(), "cannot list the folder: " + ec.message());
+  for (auto it = fs::recursive_directory_iterator(folder, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    // The name in the folder, by the path walked (fs::relative would resolve the links).
+    const std::string rel = it->path().lexically_relative(folder).generic_string();
+    std::error_code kind;
+    const bool link = it->is_symlink(kind), directory = it->is_directory(kind), regular = it->is_regular_file(kind);
+    if (!is_model) {
+      it.disable_recursion_pending();
+      if (!regular) continue;
+    } else if (link && directory) {
+      fail(it->path().string(), "is a symbolic link to a folder; pulse does not follow those out of the model folder "
+                                "(copy the folder in)");
+    } else if (directory) {
+      continue;
+    } else if (!regular) {
+      read_regular_file_prefix(it->path().string(), 0, "model folder file");  // throws: names what it is
+      fail(it->path().string(), "is not a regular file");
+    }
     const bool top = it.depth() == 0;
     if (top && ends_with(rel, ".safetensors")) {
       out.safetensors.push_back(rel);
@@ -63,14 +87,8 @@ FolderListing list_folder(const fs::path& folder) {
 constexpr std::uintmax_t kMaxIndexBytes = 100 << 20;  // as SafetensorsLimits' header limit
 
 SafetensorsIndex read_index(const fs::path& path) {
-  std::error_code ec;
-  const std::uintmax_t size = fs::file_size(path, ec);
-  if (ec) fail(path.string(), "cannot read the index: " + ec.message());
-  if (size > kMaxIndexBytes) fail(path.string(), "index is " + std::to_string(size) + " bytes, over the limit of 100 MiB");
-  std::ifstream in(path, std::ios::binary);
-  std::string text(std::size_t(size), '\0');
-  if (!in.read(text.data(), std::streamsize(size))) fail(path.string(), "cannot read the index");
-  return parse_safetensors_index(text, path.string());
+  const auto bytes = read_regular_file(path.string(), kMaxIndexBytes, "safetensors index");
+  return parse_safetensors_index(std::string(bytes.begin(), bytes.end()), path.string());
 }
 
 }  // namespace
@@ -110,16 +128,15 @@ std::string choose_index(const std::vector<std::string>& top_level_names, const 
 std::string describe_non_safetensors(const std::string& path) {
   const std::string name = lower(fs::path(path).filename().string());
   if (ends_with(name, ".index.json")) return "a safetensors index, not a checkpoint (pass the folder that holds it)";
+  const FilePrefix prefix = read_regular_file_prefix(path, 9, "checkpoint");  // never blocks: a FIFO is refused
   unsigned char head[9] = {};
-  std::ifstream in(path, std::ios::binary);
-  in.read(reinterpret_cast<char*>(head), sizeof head);
-  const auto got = std::size_t(in.gcount());
-  std::error_code ec;
-  const std::uint64_t size = fs::file_size(path, ec);
+  std::copy(prefix.bytes.begin(), prefix.bytes.end(), head);
+  const std::size_t got = prefix.bytes.size();
+  const std::uint64_t size = prefix.file_size;
   // A safetensors file: 8-byte little-endian header length that fits, then the JSON's '{'.
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= std::uint64_t(head[i]) << (8 * i);
-  if (got == 9 && !ec && n <= size - 8 && head[8] == '{') return "";
+  if (got == 9 && n <= size - 8 && head[8] == '{') return "";
   if (got >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0)
     return "a zip archive (torch.save's format: a PyTorch .bin/.pt checkpoint), not safetensors";
   if (got >= 2 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5)

@@ -103,6 +103,7 @@ std::string precheck(const std::string& path, StatsOpen mode) {
   if (mode == StatsOpen::create && exists) return "already exists (choose overwrite or resume)";
   if (mode == StatsOpen::resume) {
     if (!exists) return "does not exist, nothing to resume";
+    if (!S_ISREG(info.st_mode)) return "is not a regular file";  // opening a FIFO would block
     if (H5Fis_hdf5(path.c_str()) <= 0) {
       H5Eclear2(H5E_DEFAULT);
       return "is not an HDF5 file";
@@ -700,6 +701,34 @@ void StatsFile::write_array(const std::string& path, const std::vector<std::int6
                             const std::vector<std::int64_t>& dims, const std::string& units,
                             const std::string& description) {
   impl_->write_array(path, H5T_NATIVE_INT64, H5T_STD_I64LE, data.data(), data.size(), dims, units, description);
+}
+
+std::optional<std::string> read_root_string_attribute(const std::string& path, const std::string& name) {
+  struct stat info {};
+  PULSE_CHECK(::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode),
+              "statistics file '" + path + "' is missing or not a regular file");
+  QuietHdf5 quiet;
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  PULSE_CHECK(file >= 0, "statistics file '" + path + "' cannot be opened as HDF5");
+  std::optional<std::string> value;
+  std::string problem;
+  if (H5Aexists(file, name.c_str()) > 0) {
+    const hid_t attribute = H5Aopen(file, name.c_str(), H5P_DEFAULT);
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5T_CSET_UTF8);
+    char* text = nullptr;
+    if (attribute >= 0 && H5Aread(attribute, type, &text) >= 0 && text)
+      value = text;
+    else
+      problem = "its attribute '" + name + "' is not a string";
+    if (text) H5free_memory(text);
+    H5Tclose(type);
+    if (attribute >= 0) H5Aclose(attribute);
+  }
+  H5Fclose(file);
+  PULSE_CHECK(problem.empty(), "statistics file '" + path + "': " + problem);
+  return value;
 }
 
 }  // namespace pulse::io

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,11 @@ class StatsRow {
  private:
   std::map<std::string, Value> values_;
 };
+
+// A root string attribute of the stats file at path, read only (the file is not changed), or
+// nullopt when it has none: for checks before a resume. Not collective. Throws pulse::Error
+// naming the path when it is not a readable HDF5 file or the attribute is not a string.
+std::optional<std::string> read_root_string_attribute(const std::string& path, const std::string& name);
 
 class StatsFile {
  public:

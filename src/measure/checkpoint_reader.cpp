@@ -27,13 +27,13 @@ CheckpointReader::File& CheckpointReader::file_of(std::size_t shard) {
   if (it != files_.end()) return it->second;
   const std::string& name = state_.shards()[shard].path();
   File f;
-  f.fd = ::open(name.c_str(), O_RDONLY | O_CLOEXEC);
+  f.fd = ::open(name.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO put in its place never blocks
   if (f.fd < 0) throw Error(name + ": cannot open: " + std::strerror(errno));
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) {
+  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     ::close(f.fd);
-    throw Error(name + ": cannot stat: " + std::strerror(e));
+    throw Error(name + (e ? ": cannot stat: " + std::string(std::strerror(e)) : ": not a regular file"));
   }
   f.bytes = std::uint64_t(st.st_size);
   return files_.emplace(shard, f).first->second;

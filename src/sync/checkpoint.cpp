@@ -2,15 +2,19 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
 #include "io/folder_swap.hpp"
 #include "sync/compress.hpp"
+#include "sync/compressed_checkpoint.hpp"
 
 namespace pulse::sync {
 
@@ -53,22 +57,11 @@ namespace {
 bool is_zstd_path(const std::string& path) { return path.size() > 4 && path.compare(path.size() - 4, 4, ".zst") == 0; }
 
 // A zstd-compressed safetensors file, decompressed and validated in memory; neither the file
-// nor what it declares may exceed the machine's memory.
-Checkpoint load_compressed(const std::string& path) {
-  const std::uint64_t limit = physical_memory_bytes();
+// nor what it declares may exceed max_state_bytes (when given) or the machine's memory.
+Checkpoint load_compressed(const std::string& path, std::uint64_t max_state_bytes) {
+  const std::uint64_t limit = max_state_bytes ? std::min(max_state_bytes, physical_memory_bytes()) : physical_memory_bytes();
   const auto coded = read_regular_file(path, limit, "compressed checkpoint");
-  const auto raw = decompress_zstd_frame(coded.data(), coded.size(), limit, path);
-  const auto* bytes = reinterpret_cast<const std::byte*>(raw.data());
-  const io::ParsedHeader header = io::parse_header(bytes, raw.size(), {}, path);
-  Checkpoint c;
-  c.metadata = header.metadata;
-  for (const auto& t : header.tensors) {
-    const std::byte* data = bytes + header.data_offset + t.begin;
-    c.data.emplace_back(data, data + (t.end - t.begin));
-    c.layout.push_back({t.name, io::dtype_name(t.dtype), t.shape, nullptr, t.end - t.begin});
-  }
-  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();
-  return c;
+  return decode_compressed_checkpoint(coded.data(), coded.size(), limit, path);
 }
 
 }  // namespace
@@ -81,8 +74,8 @@ OpenState open_state(const std::string& path) {
   return {std::move(model), std::move(flat)};
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
-  if (is_zstd_path(path)) return load_compressed(path);
+Checkpoint load_checkpoint(const std::string& path, std::uint64_t max_state_bytes) {
+  if (is_zstd_path(path)) return load_compressed(path, max_state_bytes);
   const OpenState state = open_state(path);
   Checkpoint c;
   c.metadata = state.flat.metadata;
@@ -93,7 +86,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   return c;
 }
 
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level) {
+std::uint64_t save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level) {
   std::vector<io::TensorToWrite> tensors;
   for (std::size_t i = 0; i < checkpoint.layout.size(); ++i) {
     const TensorRef& t = checkpoint.layout[i];
@@ -101,7 +94,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
   }
   if (!is_zstd_path(path)) {
     io::write_safetensors(path, tensors, checkpoint.metadata);
-    return;
+    return std::filesystem::file_size(path);
   }
   // Through a plain file next to it: the safetensors writer is the one place that lays out files.
   const std::string plain = path.substr(0, path.size() - 4) + ".uncompressed";
@@ -110,26 +103,42 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
   std::remove(plain.c_str());
   const auto coded = compress(Compressor::zstd, zstd_level, raw);
   write_file_atomically(path, coded.data(), coded.size());
+  return raw.size();
 }
 
 namespace {
 
 namespace fs = std::filesystem;
 
-// An existing folder is replaced only when it is empty or opens as a model state.
-void check_replaceable(const std::string& path) {
+// An existing folder is replaced only when it is empty or opens as a model state, and (unless
+// it is the state's own base, or the user said so) when every file in it but its shards and
+// index (the layout, which a re-sharded state replaces) is one `plan` writes.
+void check_replaceable(const std::string& path, const FolderPlan& plan, ReplaceFolder replace) {
   std::error_code ec;
   if (fs::is_empty(path, ec) && !ec) return;
+  std::optional<io::ModelState> old;
   try {
-    io::ModelState::open(path, {}, io::ShardBytes::header_only);
+    old.emplace(io::ModelState::open(path, {}, io::ShardBytes::header_only));
   } catch (const Error& e) {
     throw Error(path + ": refusing to replace a folder that does not hold a model (" + e.what() + ")");
   }
+  if (replace != ReplaceFolder::if_nothing_lost) return;
+  std::set<std::string> written;
+  for (const auto& s : plan.shards) written.insert(s.file);
+  for (const auto& f : plan.files) written.insert(f.first);
+  std::string lost;
+  for (const auto& f : old->other_files()) {
+    const bool index = f.name.find('/') == std::string::npos && f.name.size() > 23 &&
+                       f.name.compare(f.name.size() - 23, 23, ".safetensors.index.json") == 0;
+    if (!index && !written.count(f.name)) lost += (lost.empty() ? "" : ", ") + f.name;
+  }
+  PULSE_CHECK(lost.empty(), path + ": refusing to replace this folder: " + lost +
+                                " would be deleted, not being part of the new state (write elsewhere, or pass --replace)");
 }
 
 }  // namespace
 
-bool save_state(const std::string& path, const Checkpoint& checkpoint) {
+bool save_state(const std::string& path, const Checkpoint& checkpoint, ReplaceFolder replace) {
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
   const bool named_as_file = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
@@ -144,7 +153,7 @@ bool save_state(const std::string& path, const Checkpoint& checkpoint) {
     return false;
   }
   const FolderPlan plan = plan_folder(checkpoint.layout, checkpoint.metadata, path);
-  if (exists) check_replaceable(path);
+  if (exists) check_replaceable(path, plan, replace);
   const Digest expected = state_digest(checkpoint.layout, checkpoint.metadata);
   io::replace_folder(path, [&](const std::string& folder_path) {
     write_planned_folder(folder_path, plan, checkpoint.layout);

@@ -40,10 +40,13 @@ std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoi
 
 // A .safetensors file or a model folder; a path ending in ".zst" holds a zstd-compressed
 // safetensors file (relay anchors may be).
-Checkpoint load_checkpoint(const std::string& path);
+// max_state_bytes bounds what a compressed file may decode to, checked against its declared size
+// before anything is allocated (a relay anchor's signed record names it); 0: physical memory.
+Checkpoint load_checkpoint(const std::string& path, std::uint64_t max_state_bytes = 0);
 // Atomic: the file at path holds either its old content or all of the new one; a path ending
 // in ".zst" is written zstd-compressed at zstd_level.
-void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
+// Returns the bytes of the safetensors form (before compression).
+std::uint64_t save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
 
 // Writes a state where pulse-sync's users name it: a model folder when path is an existing
 // folder, or does not exist, does not end in ".safetensors" and the state is a folder (read
@@ -51,7 +54,16 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
 // carrying files is refused there). A folder is written whole next to the old
 // one, read back and checked against the state's digest, then swapped into place
 // (io/folder_swap.hpp): on any failure the old folder stays exactly as it was. An existing
-// folder is replaced only when it is empty or holds a model. Returns true for a folder.
-bool save_state(const std::string& path, const Checkpoint& checkpoint);
+// folder is replaced only when it is empty or holds a model, and (unless `replace` says
+// otherwise) only when replacing it deletes no file the new state does not write again: a
+// folder holding other files (a relay, a config the state lacks, someone's home) is refused.
+// Returns true for a folder.
+enum class ReplaceFolder {
+  if_nothing_lost,  // the default
+  own_base,         // path is the state's own base (apply --in-place, pull --have DIR -o DIR)
+  any_model,        // the user said so (--replace)
+};
+bool save_state(const std::string& path, const Checkpoint& checkpoint,
+                ReplaceFolder replace = ReplaceFolder::if_nothing_lost);
 
 }  // namespace pulse::sync

@@ -19,6 +19,7 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
+#include "sync/relay_lock_record.hpp"
 #include "sync/relay_names.hpp"
 
 namespace fs = std::filesystem;
@@ -63,7 +64,7 @@ std::string host_name() {
 class PublishLock {
  public:
   explicit PublishLock(std::string path) : path_(std::move(path)) {
-    content_ = "host " + host_name() + "\npid " + std::to_string(::getpid()) + "\ntoken " + random_letters(16) + "\n";
+    content_ = format_lock({host_name(), std::uint64_t(::getpid()), random_letters(16)});
     for (int attempt = 0; attempt < 3; ++attempt) {
       if (try_create()) return;
       const std::string holder = read_holder();
@@ -129,19 +130,15 @@ class PublishLock {
     }
   }
   std::string read_holder() const { return read_text(path_); }
-  static std::string field(const std::string& text, const std::string& key) {
-    const std::size_t at = text.find(key + " ");
-    if (at == std::string::npos || (at > 0 && text[at - 1] != '\n')) return "";
-    const std::size_t end = text.find('\n', at);
-    return text.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
+  static std::string describe(const std::string& text) {
+    const LockHolder holder = parse_lock(text);
+    return holder.host.empty() || !holder.pid ? "holder unknown"
+                                              : "pid " + std::to_string(*holder.pid) + " on " + holder.host;
   }
-  static std::string describe(const std::string& holder) {
-    const std::string host = field(holder, "host"), pid = field(holder, "pid");
-    return host.empty() || pid.empty() ? "holder unknown" : "pid " + pid + " on " + host;
-  }
-  bool is_stale(const std::string& holder) const {
-    const auto pid = parse_canonical_version(field(holder, "pid"));
-    if (field(holder, "host") == host_name() && pid && *pid > 0 && *pid <= std::uint64_t(INT32_MAX))
+  bool is_stale(const std::string& text) const {
+    const LockHolder holder = parse_lock(text);
+    const auto pid = holder.pid;
+    if (holder.host == host_name() && pid && *pid > 0 && *pid <= std::uint64_t(INT32_MAX))
       return process_gone(static_cast<pid_t>(*pid));
     struct stat st {};
     if (::stat(path_.c_str(), &st) != 0) return false;  // gone: the next attempt creates it
@@ -167,14 +164,31 @@ Relay::Relay(std::string dir) : dir_(std::move(dir)) {
 
 std::string Relay::anchor_path(std::uint64_t v) const {
   const std::string compressed = path(anchor_file_name(v, true));
-  return fs::exists(compressed) ? compressed : path(anchor_file_name(v, false));
+  std::error_code ec;
+  return fs::is_regular_file(compressed, ec) ? compressed : path(anchor_file_name(v, false));
 }
 std::string Relay::patch_path(std::uint64_t from, std::uint64_t to) const { return path(patch_file_name(from, to)); }
 
+namespace {
+
+// The relay's own files: names of its grammar that are regular files (not links, folders or
+// FIFOs, which a relay never writes; they are ignored and never deleted).
+std::vector<std::pair<fs::path, RelayName>> relay_files(const std::string& dir) {
+  std::vector<std::pair<fs::path, RelayName>> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::error_code ec;
+    if (!entry.is_regular_file(ec) || entry.is_symlink(ec)) continue;
+    if (const auto name = parse_relay_name(entry.path().filename().string())) out.emplace_back(entry.path(), *name);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::uint64_t> Relay::anchor_versions() const {
   std::vector<std::uint64_t> out;
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = parse_relay_name(entry.path().filename().string());
+  for (const auto& [file, parsed] : relay_files(dir_)) {
+    const auto* name = &parsed;
     if (name && (name->kind == RelayFile::anchor || name->kind == RelayFile::anchor_zst)) out.push_back(name->version);
   }
   std::sort(out.begin(), out.end());
@@ -208,6 +222,9 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
   PULSE_CHECK(!current || version > current->version,
               "relay: version " + std::to_string(version) + " is not newer than the head " + std::to_string(current->version));
   const SecretKey* key = options.encode.signing_key;
+  if (current) check_same_signer(*current, key);
+  // The relay's id is drawn at its first publish (or the first since format 1) and kept.
+  const RelayId relay_id = current && current->format >= 2 ? current->relay : new_relay_id();
   bool wrote_patch = false;
   if (current && previous && current->version + 1 == version) {
     PULSE_CHECK(state_digest(*previous, *previous_metadata) == current->state,
@@ -227,11 +244,14 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
     anchor.metadata = metadata;
     for (const auto& t : state) anchor.data.emplace_back(t.data, t.data + t.bytes);
     lock.confirm();
-    save_checkpoint(path(anchor_file_name(version, options.compress_anchors)), anchor, options.anchor_level);
-    const std::string record = format_anchor_record({version, digest, key != nullptr}, key);
+    const std::string anchor_file = path(anchor_file_name(version, options.compress_anchors));
+    AnchorRecord record_of{relay_id, version, digest};
+    record_of.state_bytes = save_checkpoint(anchor_file, anchor, options.anchor_level);
+    record_of.file_bytes = fs::file_size(anchor_file);
+    const std::string record = format_anchor_record(record_of, key);
     write_file_atomically(path(anchor_record_name(version)), record.data(), record.size());
   }
-  RelayHead next{version, digest, std::nullopt, key != nullptr};
+  RelayHead next{relay_id, version, digest, layout_digest(state)};
   if (current) next.follows = current->version;
   const std::string text = format_head(next, key);
   lock.confirm();
@@ -239,10 +259,45 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
   retain(options.keep_anchors);
 }
 
+void Relay::check_same_signer(const RelayHead& current, const SecretKey* key) const {
+  if (!current.is_signed) {
+    PULSE_CHECK(!key, "relay: " + dir_ + " is not signed, and a relay's readers hold its key from the first version "
+                      "on; publish signed versions to a new relay folder");
+    return;
+  }
+  PULSE_CHECK(key, "relay: " + dir_ + " is signed; publishing unsigned would break every reader that holds its key "
+                   "(give --sign with its secret key)");
+  const PublicKey public_key = public_key_of(*key);
+  try {
+    head(&public_key);
+  } catch (const Error&) {
+    throw_error(__FILE__, __LINE__, "relay: " + dir_ + "'s HEAD is signed by another key than the one given; "
+                                    "publishing would break every reader that holds the relay's key");
+  }
+}
+
+void Relay::check_records(const RelayHead& head, const PublicKey& key) const {
+  PULSE_CHECK(head.format >= 2, "relay: " + path(kRelayHeadName) + " is of format 1, which names no relay or model; "
+                                "a reader with a key needs the relay published once more by this pulse version");
+  for (const auto& [file, name] : relay_files(dir_)) {
+    if (name.kind != RelayFile::anchor_record) continue;
+    const std::string record_path = file.string();
+    try {
+      const auto bytes = read_regular_file(record_path, kMaxRelayRecordBytes, "anchor record");
+      const AnchorRecord record = parse_anchor_record(bytes.data(), bytes.size(), &key, record_path);
+      PULSE_CHECK(record.format < 2 || record.relay == head.relay,
+                  "relay record " + record_path + " names relay " + record.relay + ", HEAD names " + head.relay);
+    } catch (const Error& e) {
+      throw_error(__FILE__, __LINE__, std::string("relay: refusing a relay whose records are not all its own: ") +
+                                          e.what());
+    }
+  }
+}
+
 void Relay::remove_temporary_files() const {
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = parse_relay_name(entry.path().filename().string());
-    if (name && name->kind == RelayFile::temporary) fs::remove(entry.path());
+  for (const auto& [file, name] : relay_files(dir_)) {
+    std::error_code ec;
+    if (name.kind == RelayFile::temporary) fs::remove(file, ec);  // best effort: never blocks a publish
   }
 }
 
@@ -250,14 +305,15 @@ void Relay::retain(std::uint64_t keep_anchors) const {
   const auto anchors = anchor_versions();
   if (anchors.size() <= keep_anchors) return;
   const std::uint64_t oldest_kept = anchors[anchors.size() - keep_anchors];
-  for (const auto& entry : fs::directory_iterator(dir_)) {
-    const auto name = parse_relay_name(entry.path().filename().string());
-    if (!name) continue;
+  // After HEAD has moved: a file that cannot go now goes at a later publish, never an error.
+  for (const auto& [file, parsed] : relay_files(dir_)) {
+    const auto* name = &parsed;
     const bool old_anchor = (name->kind == RelayFile::anchor || name->kind == RelayFile::anchor_zst ||
                              name->kind == RelayFile::anchor_record) &&
                             name->version < oldest_kept;
     const bool old_patch = name->kind == RelayFile::patch && name->to <= oldest_kept;
-    if (old_anchor || old_patch) fs::remove(entry.path());
+    std::error_code ec;
+    if (old_anchor || old_patch) fs::remove(file, ec);
   }
 }
 
@@ -291,6 +347,7 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
   PULSE_CHECK(h->version >= floor, "relay: HEAD names version " + std::to_string(h->version) +
                                        ", older than version " + std::to_string(floor) +
                                        " the reader holds or requires; refusing to move back");
+  if (options.public_key) check_records(*h, *options.public_key);
   PullResult result;
   result.version = h->version;
   if (have) {
@@ -303,6 +360,11 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
     } catch (const Error& e) {
       result.fallback = std::string("fast path: ") + e.what();
     }
+    // Without a patch chain from the receiver's state, an anchor of another model (another
+    // relay's files copied in, signed with the same key) would replace it: refused.
+    PULSE_CHECK(h->format < 2 || layout_digest(have->layout) == h->layout,
+                "relay: HEAD's model has another tensor layout than the state you have, and no patch chain leads "
+                "from yours (" + result.fallback + "); pull without --have to take the relay's model");
   }
   auto anchors = anchor_versions();
   anchors.erase(std::upper_bound(anchors.begin(), anchors.end(), h->version), anchors.end());
@@ -317,8 +379,22 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
         const auto bytes = read_regular_file(record_path, kMaxRelayRecordBytes, "anchor record");
         record = parse_anchor_record(bytes.data(), bytes.size(), options.public_key, record_path);
         PULSE_CHECK(record->version == *it, "relay: " + record_path + " names version " + std::to_string(record->version));
+        PULSE_CHECK(!options.public_key || record->format >= 2,
+                    "relay: " + record_path + " is of format 1 (no relay id or sizes), not used with a key");
       }
-      result.state = load_checkpoint(anchor_path(*it));
+      // A format-2 record bounds the anchor before a byte of it is read or decoded: a small
+      // hostile .zst that declares gigabytes is refused by its size, not by its digest.
+      const std::string anchor_file = anchor_path(*it);
+      std::uint64_t max_state_bytes = 0;
+      if (record && record->format >= 2) {
+        PULSE_CHECK(h->format < 2 || record->relay == h->relay,
+                    "relay: " + record_path + " names relay " + record->relay + ", HEAD names " + h->relay);
+        const std::uint64_t size = read_regular_file_prefix(anchor_file, 0, "anchor").file_size;
+        PULSE_CHECK(size == record->file_bytes, "relay: " + anchor_file + " is " + std::to_string(size) +
+                                                    " bytes, its record names " + std::to_string(record->file_bytes));
+        max_state_bytes = record->state_bytes;
+      }
+      result.state = load_checkpoint(anchor_file, max_state_bytes);
       PULSE_CHECK(!record || state_digest(result.state.layout, result.state.metadata) == record->state,
                   "relay: " + anchor_path(*it) + " does not match the digest its record names");
       follow_patches(*this, result.state, *it, *h, options, result);
@@ -327,6 +403,9 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
     } catch (const Error& e) {
       result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + std::to_string(*it) + ": " +
                          e.what();
+    } catch (const std::bad_alloc&) {  // an anchor too large for this machine: the next one may fit
+      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + std::to_string(*it) +
+                         ": out of memory while loading it";
     }
   }
   throw_error(__FILE__, __LINE__, "relay: cannot reach HEAD version " + std::to_string(h->version) + " (" +

@@ -74,6 +74,10 @@ class Relay {
 
  private:
   void retain(std::uint64_t keep_anchors) const;
+  // Publishing keeps the relay's signer: a signed relay only with its key, an unsigned one unsigned.
+  void check_same_signer(const RelayHead& current, const SecretKey* key) const;
+  // With a key: HEAD of format 2, and every anchor record signed by the key and naming HEAD's relay.
+  void check_records(const RelayHead& head, const PublicKey& key) const;
   void remove_temporary_files() const;
   std::vector<std::uint64_t> anchor_versions() const;
   std::string path(const std::string& name) const { return dir_ + "/" + name; }

@@ -1,5 +1,6 @@
 #include "sync/relay_record.hpp"
 
+#include <random>
 #include <string_view>
 #include <vector>
 
@@ -11,8 +12,10 @@ namespace pulse::sync {
 namespace {
 
 // The first line names the record type, so a signature over one type never validates another.
-constexpr std::string_view kHeadTitle = "PULSESync relay HEAD 1";
-constexpr std::string_view kAnchorTitle = "PULSESync relay anchor 1";
+constexpr std::string_view kHeadTitle = "PULSESync relay HEAD 2";
+constexpr std::string_view kAnchorTitle = "PULSESync relay anchor 2";
+constexpr std::string_view kHeadTitle1 = "PULSESync relay HEAD 1";
+constexpr std::string_view kAnchorTitle1 = "PULSESync relay anchor 1";
 constexpr std::string_view kSignatureKey = "signature ";
 
 std::string hex_bytes(const std::uint8_t* data, std::size_t size) {
@@ -46,8 +49,8 @@ std::string signed_text(const std::string& body, const SecretKey* key) {
 // optional signature line last (verified over every byte before it when a key is given).
 class RecordReader {
  public:
-  RecordReader(const std::uint8_t* data, std::size_t size, std::string_view title, const PublicKey* key,
-               const std::string& source)
+  RecordReader(const std::uint8_t* data, std::size_t size, std::string_view title, std::string_view title1,
+               const PublicKey* key, const std::string& source)
       : source_(source) {
     check(size <= kMaxRelayRecordBytes, "is larger than " + std::to_string(kMaxRelayRecordBytes) + " bytes");
     const std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -58,7 +61,9 @@ class RecordReader {
       lines_.push_back(text.substr(pos, end - pos));
       pos = end + 1;
     }
-    check(lines_[0] == title, "is not a " + std::string(title.substr(0, title.size() - 2)) + " record");
+    check(lines_[0] == title || lines_[0] == title1,
+          "is not a " + std::string(title.substr(0, title.size() - 2)) + " record");
+    format_ = lines_[0] == title ? kRelayRecordFormat : 1;
     std::size_t body_lines = lines_.size();
     const std::string_view last = lines_.back();
     if (last.substr(0, kSignatureKey.size()) == kSignatureKey) {
@@ -86,11 +91,18 @@ class RecordReader {
     check(v.has_value(), "has no canonical decimal " + std::string(key));
     return *v;
   }
-  Digest digest(std::size_t line) {
+  Digest digest(std::size_t line, std::string_view key = "state") {
     Digest d;
-    check(parse_hex(value(line, "state"), d.data(), d.size()), "has a malformed state digest");
+    check(parse_hex(value(line, key), d.data(), d.size()), "has a malformed " + std::string(key) + " digest");
     return d;
   }
+  RelayId relay(std::size_t line) {
+    const std::string_view id = value(line, "relay");
+    std::uint8_t bytes[16];
+    check(parse_hex(id, bytes, sizeof bytes), "has a malformed relay id");
+    return RelayId(id);
+  }
+  int format() const { return format_; }
   void end(std::size_t lines) { check(lines_.size() == lines, "has unexpected lines"); }
   bool is_signed() const { return is_signed_; }
   void check(bool ok, const std::string& problem) const { PULSE_CHECK(ok, "relay record " + source_ + " " + problem); }
@@ -99,44 +111,70 @@ class RecordReader {
   std::string source_;
   std::vector<std::string_view> lines_;
   bool is_signed_ = false;
+  int format_ = kRelayRecordFormat;
 };
 
 }  // namespace
 
+RelayId new_relay_id() {
+  std::random_device random;
+  std::uint8_t bytes[16];
+  for (auto& b : bytes) b = static_cast<std::uint8_t>(random());
+  return hex_bytes(bytes, sizeof bytes);
+}
+
 std::string format_head(const RelayHead& head, const SecretKey* key) {
-  const std::string body = std::string(kHeadTitle) + "\nversion " + std::to_string(head.version) + "\nstate " +
-                           to_hex(head.state) + "\nfollows " +
+  const bool v2 = head.format >= 2;
+  const std::string body = std::string(v2 ? kHeadTitle : kHeadTitle1) + (v2 ? "\nrelay " + head.relay : "") +
+                           "\nversion " + std::to_string(head.version) + "\nstate " + to_hex(head.state) +
+                           (v2 ? "\nlayout " + to_hex(head.layout) : "") + "\nfollows " +
                            (head.follows ? std::to_string(*head.follows) : std::string("none")) + "\n";
   return signed_text(body, key);
 }
 
 std::string format_anchor_record(const AnchorRecord& record, const SecretKey* key) {
-  const std::string body = std::string(kAnchorTitle) + "\nversion " + std::to_string(record.version) + "\nstate " +
-                           to_hex(record.state) + "\n";
+  const bool v2 = record.format >= 2;
+  const std::string body =
+      std::string(v2 ? kAnchorTitle : kAnchorTitle1) + (v2 ? "\nrelay " + record.relay : "") + "\nversion " +
+      std::to_string(record.version) + "\nstate " + to_hex(record.state) +
+      (v2 ? "\nfile_bytes " + std::to_string(record.file_bytes) + "\nstate_bytes " + std::to_string(record.state_bytes)
+          : "") +
+      "\n";
   return signed_text(body, key);
 }
 
 RelayHead parse_head(const std::uint8_t* data, std::size_t size, const PublicKey* key, const std::string& source) {
-  RecordReader r(data, size, kHeadTitle, key, source);
+  RecordReader r(data, size, kHeadTitle, kHeadTitle1, key, source);
   RelayHead h;
-  h.version = r.version(1, "version");
-  h.state = r.digest(2);
-  if (r.value(3, "follows") != "none") {
-    h.follows = r.version(3, "follows");
+  h.format = r.format();
+  std::size_t line = 1;
+  if (h.format >= 2) h.relay = r.relay(line++);
+  h.version = r.version(line++, "version");
+  h.state = r.digest(line++);
+  if (h.format >= 2) h.layout = r.digest(line++, "layout");
+  if (r.value(line, "follows") != "none") {
+    h.follows = r.version(line, "follows");
     r.check(*h.follows < h.version, "follows a version that is not older");
   }
-  r.end(4);
+  r.end(line + 1);
   h.is_signed = r.is_signed();
   return h;
 }
 
 AnchorRecord parse_anchor_record(const std::uint8_t* data, std::size_t size, const PublicKey* key,
                                  const std::string& source) {
-  RecordReader r(data, size, kAnchorTitle, key, source);
+  RecordReader r(data, size, kAnchorTitle, kAnchorTitle1, key, source);
   AnchorRecord a;
-  a.version = r.version(1, "version");
-  a.state = r.digest(2);
-  r.end(3);
+  a.format = r.format();
+  std::size_t line = 1;
+  if (a.format >= 2) a.relay = r.relay(line++);
+  a.version = r.version(line++, "version");
+  a.state = r.digest(line++);
+  if (a.format >= 2) {
+    a.file_bytes = r.version(line++, "file_bytes");
+    a.state_bytes = r.version(line++, "state_bytes");
+  }
+  r.end(line);
   a.is_signed = r.is_signed();
   return a;
 }

@@ -1,12 +1,14 @@
 #include "sync/signing.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2 (glibc >= 2.28)
 #include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -63,6 +65,13 @@ KeyPair generate_keypair() {
   return k;
 }
 
+PublicKey public_key_of(const SecretKey& key) {
+  init_sodium();
+  PublicKey out;
+  crypto_sign_ed25519_sk_to_pk(out.data(), key.data());
+  return out;
+}
+
 Signature sign(const SecretKey& key, const std::uint8_t* message, std::size_t size) {
   init_sodium();
   Signature sig;
@@ -83,21 +92,51 @@ void check_key_file_writable(const std::string& path, bool replace) {
   PULSE_CHECK(replace, "key file " + path + " exists; it is kept (--force replaces it)");
 }
 
-void write_key_file(const std::string& path, const std::uint8_t* key, std::size_t size, bool secret, bool replace) {
-  check_key_file_writable(path, replace);
-  const mode_t mode = secret ? 0600 : 0644;
-  if (!replace) return write_new_file(path, key, size, mode);
-  // Replacing: the new key appears whole or not at all (a new file, then a rename over path).
-  const std::string temp = path + ".tmp." + std::to_string(::getpid());
-  write_new_file(temp, key, size, mode);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string message = write_error(path, "rename failed");
-    ::unlink(temp.c_str());
+void write_key_pair(const std::string& public_path, const std::string& secret_path, const KeyPair& keys, bool replace) {
+  check_key_file_writable(secret_path, replace);
+  check_key_file_writable(public_path, replace);
+  // Both keys are written in full next to their paths before either takes its name, so a
+  // failure (an unwritable folder, a full disk) leaves the existing pair as it was.
+  const std::string suffix = ".tmp." + std::to_string(::getpid());
+  const std::string secret_temp = secret_path + suffix, public_temp = public_path + suffix;
+  write_new_file(secret_temp, keys.secret_key.data(), keys.secret_key.size(), 0600);
+  try {
+    write_new_file(public_temp, keys.public_key.data(), keys.public_key.size(), 0644);
+  } catch (const Error&) {
+    ::unlink(secret_temp.c_str());
+    throw;
+  }
+  // Without replace a key that appeared meanwhile is kept (RENAME_NOREPLACE).
+  auto install = [replace](const std::string& temp, const std::string& path) {
+    int rc = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), replace ? 0 : RENAME_NOREPLACE);
+    if (rc != 0 && errno == EINVAL && !replace) {  // a filesystem without RENAME_NOREPLACE
+      struct stat st {};
+      errno = EEXIST;
+      rc = ::lstat(path.c_str(), &st) == 0 ? -1 : ::rename(temp.c_str(), path.c_str());
+    }
+    return rc == 0;
+  };
+  if (!install(secret_temp, secret_path)) {
+    const std::string message = write_error(secret_path, "rename failed");
+    ::unlink(secret_temp.c_str());
+    ::unlink(public_temp.c_str());
+    throw_error(__FILE__, __LINE__, message);
+  }
+  if (!install(public_temp, public_path)) {
+    const std::string message = write_error(public_path, "rename failed; the secret key written is of no use");
+    ::unlink(public_temp.c_str());
     throw_error(__FILE__, __LINE__, message);
   }
 }
 
 PublicKey read_public_key(const std::string& path) { return read_key<32>(path); }
-SecretKey read_secret_key(const std::string& path) { return read_key<64>(path); }
+SecretKey read_secret_key(const std::string& path) {
+  const SecretKey key = read_key<64>(path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)  // as ssh warns of a readable private key
+    std::fprintf(stderr, "pulse: warning: secret key %s is readable by other users (mode %04o); chmod 600 it\n",
+                 path.c_str(), static_cast<unsigned>(st.st_mode & 07777));
+  return key;
+}
 
 }  // namespace pulse::sync

@@ -7,9 +7,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 
 namespace pulse {
 
@@ -94,13 +94,9 @@ void write_rank_checkpoint(const std::string& path, std::int64_t step, const Ran
 
 RankCheckpoint read_rank_checkpoint(const std::string& path, std::int64_t step) {
   std::error_code ec;
-  PULSE_CHECK(fs::is_regular_file(path, ec), "checkpoint '" + path + "' is missing or not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  std::vector<std::byte> bytes(fs::file_size(path, ec));
-  PULSE_CHECK(!ec && in.read(reinterpret_cast<char*>(bytes.data()), std::streamsize(bytes.size())) &&
-                  in.peek() == std::char_traits<char>::eof(),
-              "checkpoint '" + path + "' cannot be read whole");
-  return parse_rank_checkpoint(bytes.data(), bytes.size(), step, path);
+  PULSE_CHECK(fs::exists(fs::symlink_status(path, ec)), "checkpoint '" + path + "' is missing");
+  const auto bytes = read_regular_file(path, physical_memory_bytes(), "checkpoint");
+  return parse_rank_checkpoint(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), step, path);
 }
 
 RankCheckpoint parse_rank_checkpoint(const std::byte* file, std::size_t size, std::int64_t step,

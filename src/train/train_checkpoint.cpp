@@ -1,12 +1,13 @@
 #include "train/train_checkpoint.hpp"
 
 #include <filesystem>
-#include <fstream>
 #include <regex>
 
 #include "comm/collectives.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
+#include "train/latest_record.hpp"
 
 namespace pulse {
 
@@ -45,7 +46,7 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
   PULSE_CHECK(!failed, "checkpoint: " + error);
   PULSE_CHECK(any_failed == 0, "checkpoint: another rank failed to write its part in '" + dir + "'");
   if (world.rank() == 0) {
-    const std::string text = std::to_string(step) + " " + std::to_string(world.size()) + "\n";
+    const std::string text = format_latest({step, world.size()});
     write_file_atomically(dir + "/LATEST", text.data(), text.size());
   }
   world.barrier();
@@ -59,12 +60,11 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
 }
 
 std::optional<std::int64_t> latest_checkpoint_step(const std::string& dir) {
-  std::ifstream in(dir + "/LATEST");
-  if (!in) return std::nullopt;
-  long long step = -1, ranks = 0;
-  in >> step >> ranks;
-  PULSE_CHECK(in && step >= 0, "checkpoint record '" + dir + "/LATEST' is unreadable");
-  return step;
+  const std::string path = dir + "/LATEST";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  const auto bytes = read_regular_file(path, 64, "checkpoint record");
+  return parse_latest(std::string(bytes.begin(), bytes.end()), path).step;
 }
 
 RankCheckpoint load_rank_checkpoint(const std::string& dir, int rank, std::int64_t step) {

@@ -3,9 +3,11 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 #include "sync/digest.hpp"
 #include "train/changed_list.hpp"
 
@@ -151,14 +153,9 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
       relay.publish(version, target_refs, &base_refs, publish);
       target = sync::compute_digests(target_refs);
       const std::string path = relay.patch_path(version - 1, version);
-      std::FILE* f = std::fopen(path.c_str(), "rb");
-      if (f) {  // an anchor-only version has no patch file; report its size as 0
-        std::fseek(f, 0, SEEK_END);
-        patch.resize(std::ftell(f));
-        std::fseek(f, 0, SEEK_SET);
-        if (std::fread(patch.data(), 1, patch.size(), f) != patch.size()) patch.clear();
-        std::fclose(f);
-      }
+      std::error_code ec;
+      if (std::filesystem::exists(path, ec))  // an anchor-only version has no patch file; report its size as 0
+        patch = read_regular_file(path, sync::patch_bytes_limit(target_refs), "patch");
     }
     stats.encode_seconds = timer.seconds();
     if (!patch.empty()) {

@@ -17,6 +17,7 @@ import fcntl
 import os
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -216,6 +217,21 @@ def check_resume_settings(app, mpi, tmp):
     data[offset + 4 * (master.size // 2) + 1] ^= 0x10
     with open(path, "wb") as fh:
         fh.write(data)
+    # Another run's statistics file (same settings, so every row would merge in): refused by the
+    # run id both files hold (issue 27), files unchanged.
+    other = os.path.join(tmp, "other.h5")
+    code, _, e = run(override(args, ["--out", other]), 1, app, mpi)
+    expect(code == 0, f"second run: exit {code}: {e.strip()[-300:]}")
+    own = open(out, "rb").read()
+    shutil.copyfile(other, out)
+    before = snapshot(tmp)
+    code, _, e = run(override(args, ["--steps", "6", "--resume"]), 1, app, mpi)
+    lines = error_lines(e)
+    expect(code != 0 and len(lines) == 1 and "statistics file of another run" in lines[0],
+           f"--resume with another run's statistics file: exit {code}, {e.strip()[-300:]!r}")
+    expect(snapshot(tmp) == before, "--resume with another run's statistics file: files changed")
+    with open(out, "wb") as fh:
+        fh.write(own)
     # More steps: allowed, recorded; abandoned temporary files of checkpoint writers go, a live
     # (locked) one and a name outside the grammar stay.
     abandoned = [os.path.join(ckpt, n) for n in ("rank-0-step-6.safetensors.tmp.q1W2e3", "LATEST.tmp.Zz09aB")]

@@ -1,6 +1,7 @@
 // Writes a few small valid safetensors files into the folder given as argument: the seed
 // corpus of fuzz_safetensors_header and fuzz_model_folder (folder.safetensors: a model folder in
-// flat form), and a model.safetensors.index.json for fuzz_safetensors_index.
+// flat form), a model.safetensors.index.json for fuzz_safetensors_index, and a folder swap's
+// marker for fuzz_swap_marker.
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -9,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
+#include "io/swap_marker.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
     std::ofstream(dir + "/model.safetensors.index.json")
         << R"({"metadata": {"total_size": 24}, "weight_map": {"a": "model-00001-of-00002.safetensors", )"
         << R"("b": "model-00002-of-00002.safetensors"}})";
+    std::ofstream(dir + "/swap-marker") << pulse::io::format_swap_marker({".model.pulse-new.a1B2c3", ".model.pulse-old"});
   } catch (const pulse::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

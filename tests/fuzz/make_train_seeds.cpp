@@ -1,5 +1,6 @@
-// Writes the seed corpora of fuzz_train_config (TOML configs, FOLDER/config-*) and
-// fuzz_train_checkpoint (rank checkpoint files of step 3, FOLDER/checkpoint-*) into FOLDER.
+// Writes the seed corpora of fuzz_train_config (TOML configs, FOLDER/config-*),
+// fuzz_train_checkpoint (rank checkpoint files of step 3, FOLDER/checkpoint-*) and
+// fuzz_latest_record (LATEST records, FOLDER/latest-*) into FOLDER.
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "train/latest_record.hpp"
 #include "train/rank_checkpoint.hpp"
 #include "train/train_config.hpp"
 
@@ -23,6 +25,8 @@ int main(int argc, char** argv) {
     std::ofstream(dir + "/config-default.toml") << pulse::to_toml({});
     std::ofstream(dir + "/config-relay.toml") << pulse::to_toml(relay_run);
     std::ofstream(dir + "/config-short.toml") << "steps = 3\nmodel = \"small\"\n[section]\nquiet = true\n";
+    std::ofstream(dir + "/latest-first") << pulse::format_latest({0, 1});
+    std::ofstream(dir + "/latest-max") << pulse::format_latest({INT64_MAX, 4096});
 
     pulse::RankCheckpoint state;
     state.metadata = {{"program", "pulse-train"}, {"version", "3"}, {"ranks", "2"}, {"config", pulse::to_toml({})}};

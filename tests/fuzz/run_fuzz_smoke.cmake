@@ -3,13 +3,14 @@
 # configures and builds every fuzz target and seed writer once, in parallel (test_fuzz_build, the
 # fixture the others need);
 #   cmake -DFUZZ_SOURCE_DIR=... -DBUILD_DIR=... -DWORK_DIR=... [-DFUZZ_SECONDS=20]
-#         -DFUZZ_SET=safetensors|patch|relay|train -P run_fuzz_smoke.cmake
+#         -DFUZZ_SET=safetensors|patch|relay|anchor|train -P run_fuzz_smoke.cmake
 # writes seed files with that set's writer and fuzzes each of its targets for FUZZ_SECONDS.
 # FUZZ_SET safetensors: parse_header, parse_safetensors_index and plan_folder (a model
 # folder's flat form). patch: parse_patch +
 # apply_patch, as the checksummed input and with the checksum rewritten over each mutated input.
-# relay: HEAD and anchor records, and relay file names. train: pulse-train's config parser and its
-# rank checkpoint reader (also with the checksum rewritten).
+# relay: HEAD and anchor records, and relay file names. anchor: compressed relay anchors. train:
+# pulse-train's config parser, its rank checkpoint reader (also with the checksum rewritten) and
+# the LATEST record.
 function(require)
   foreach(var ${ARGN})
     if(NOT DEFINED ${var})
@@ -44,7 +45,7 @@ if(NOT FUZZ_SECONDS)
 endif()
 if(FUZZ_SET STREQUAL "safetensors")
   set(seeder fuzz_safetensors_seeds)
-  set(fuzzers fuzz_safetensors_header fuzz_safetensors_index fuzz_model_folder)
+  set(fuzzers fuzz_safetensors_header fuzz_safetensors_index fuzz_model_folder fuzz_swap_marker)
   set(dict safetensors.dict)
 elseif(FUZZ_SET STREQUAL "patch")
   set(seeder fuzz_patch_seeds)
@@ -52,14 +53,18 @@ elseif(FUZZ_SET STREQUAL "patch")
   set(dict patch.dict)
 elseif(FUZZ_SET STREQUAL "relay")
   set(seeder fuzz_relay_seeds)
-  set(fuzzers fuzz_relay_records fuzz_relay_names)
+  set(fuzzers fuzz_relay_records fuzz_relay_names fuzz_relay_lock)
   set(dict relay.dict)
+elseif(FUZZ_SET STREQUAL "anchor")
+  set(seeder fuzz_anchor_seeds)
+  set(fuzzers fuzz_compressed_anchor)
+  set(dict safetensors.dict)
 elseif(FUZZ_SET STREQUAL "train")
   set(seeder fuzz_train_seeds)
-  set(fuzzers fuzz_train_config fuzz_train_checkpoint fuzz_train_checkpoint_rechecksummed)
+  set(fuzzers fuzz_train_config fuzz_train_checkpoint fuzz_train_checkpoint_rechecksummed fuzz_latest_record)
   set(dict train.dict)
 else()
-  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is build, safetensors, patch, relay or train, not '${FUZZ_SET}'")
+  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is build, safetensors, patch, relay, anchor or train, not '${FUZZ_SET}'")
 endif()
 
 set(build "${BUILD_DIR}")

@@ -302,6 +302,9 @@ def test_relay_publish_pull(tmp_path):
     fast = relay.pull(slow.state, 5)
     assert fast.fast_path and fast.version == 6
     assert_same(fast.state, w)
+    # A state without its version would count as version 0 and accept any older HEAD.
+    with pytest.raises(ValueError, match="version of `state`"):
+        relay.pull(slow.state)
 
 
 def spinner_stamps_mid_call(call):
