@@ -35,6 +35,7 @@
 #include "sync/relay.hpp"
 #include "sync/relay_names.hpp"
 #include "sync/signing.hpp"
+#include "sync/streamed_state.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
@@ -108,9 +109,11 @@ void print_summary(const std::vector<DtypeSummary>& summary) {
 
 // The comparison of two checkpoints as one JSON object: the tensors in B's order (after those
 // removed), each with its counts or what happened to it, the totals per dtype, and the metadata.
+// Streamed: one tensor of each checkpoint in memory at a time.
 nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path) {
-  const OpenState a_state = open_state(a_path), b_state = open_state(b_path);
-  const auto &a = a_state.flat.tensors, &b = b_state.flat.tensors;
+  const StreamedState a_state = StreamedState::open(a_path), b_state = StreamedState::open(b_path);
+  const auto &a = a_state.tensors(), &b = b_state.tensors();
+  ByteBuffer a_buffer, b_buffer;
   std::map<std::string, const TensorRef*> a_by_name, b_by_name;
   for (const auto& t : a) a_by_name[t.name] = &t;
   for (const auto& t : b) b_by_name[t.name] = &t;
@@ -130,7 +133,9 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
     const TensorRef& t = *it->second;
     const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
     Totals& totals = by_dtype[t.dtype];
-    const bool differs = std::memcmp(t.data, u.data, t.bytes) != 0;
+    const std::byte* t_data = a_state.read(std::size_t(&t - a.data()), a_buffer);
+    const std::byte* u_data = b_state.read(std::size_t(&u - b.data()), b_buffer);
+    const bool differs = std::memcmp(t_data, u_data, t.bytes) != 0;
     totals.differing_tensors += differs;
     if (bits % 8 != 0) {  // packed below a byte: compared as bytes
       tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"differs", differs}});
@@ -139,7 +144,7 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
     const std::size_t width = bits / 8, n = t.bytes / width;
     std::uint64_t changed = 0;
     if (differs)
-      for (std::size_t i = 0; i < n; ++i) changed += std::memcmp(t.data + width * i, u.data + width * i, width) != 0;
+      for (std::size_t i = 0; i < n; ++i) changed += std::memcmp(t_data + width * i, u_data + width * i, width) != 0;
     totals.elements += n;
     totals.changed += changed;
     tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"elements", n}, {"changed", changed},
@@ -156,11 +161,25 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
           {"b", b_path},
           {"tensors", tensors},
           {"totals", totals},
-          {"metadata_changed", a_state.flat.metadata != b_state.flat.metadata}};
+          {"metadata_changed", a_state.metadata() != b_state.metadata()}};
+}
+
+// The largest tensor of two checkpoints, for the out-of-memory line (headers only).
+std::uint64_t largest_tensor_bytes(const std::string& a, const std::string& b) {
+  try {
+    return std::max(StreamedState::open(a).largest_tensor_bytes(), StreamedState::open(b).largest_tensor_bytes());
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
-  const nlohmann::json d = diff_checkpoints(a_path, b_path);
+  nlohmann::json d;
+  try {
+    d = diff_checkpoints(a_path, b_path);
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory("diff", largest_tensor_bytes(a_path, b_path), 2);
+  }
   if (json) {
     std::printf("%s\n", d.dump().c_str());
     return 0;
@@ -209,11 +228,14 @@ int cmd_encode(const EncodeArgs& args) {
   opt.target_version = args.target_version;
   SecretKey key;
   opt.signing_key = signing_key(args.sign, key);
-  const OpenState base_state = open_state(args.base), target_state = open_state(args.target);
-  const auto &base = base_state.flat.tensors, &target = target_state.flat.tensors;
+  // Streamed (a tensor of each in memory at a time), except where --codec auto measures every
+  // codec on the states in memory.
+  const StreamedState base_state = StreamedState::open(args.base), target_state = StreamedState::open(args.target);
+  const auto &base = base_state.tensors(), &target = target_state.tensors();
   if (args.codec == "auto") {
     const double bits_per_second = parse_bandwidth(args.bandwidth);
-    const auto measured = measure_codecs(base, target);
+    const OpenState base_whole = open_state(args.base), target_whole = open_state(args.target);
+    const auto measured = measure_codecs(base_whole.flat.tensors, target_whole.flat.tensors);
     const std::size_t best = best_codec(measured, bits_per_second);
     std::printf("codec choice at %s (%.3g bit/s): T = encode + 8 S / B + apply, measured here on this patch\n",
                 args.bandwidth.c_str(), bits_per_second);
@@ -239,8 +261,13 @@ int cmd_encode(const EncodeArgs& args) {
     opt.target_version = args.target_version;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto patch = encode_patch(base, target, opt, nullptr, nullptr, base_state.flat.metadata,
-                                  target_state.flat.metadata);
+  std::vector<std::uint8_t> patch;
+  try {
+    patch = encode_patch(base, target, opt, nullptr, nullptr, base_state.metadata(), target_state.metadata(),
+                         base_state.loader(), target_state.loader());
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory("encode", std::max(base_state.largest_tensor_bytes(), target_state.largest_tensor_bytes()), 2);
+  }
   const double seconds = seconds_since(t0);
   write_file_atomically(args.out, patch.data(), patch.size());
   const ParsedPatch p = parse_patch(patch.data(), patch.size());
@@ -303,8 +330,10 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
 }
 
 int cmd_verify(const std::string& path, const std::string& expected, bool json) {
-  const OpenState state = open_state(path);
-  const Digest d = state_digest(state.flat.tensors, state.flat.metadata);
+  const StreamedState state = StreamedState::open(path);  // hashed in pieces
+  std::vector<Digest> digests;
+  for (std::size_t i = 0; i < state.tensors().size(); ++i) digests.push_back(state.digest(i));
+  const Digest d = state_digest(state.tensors(), digests, state.metadata());
   const bool verified = expected.empty() || d == digest_from_hex(expected);
   if (json) {
     nlohmann::json out = {{"file", path}, {"state_digest", to_hex(d)}};

@@ -73,10 +73,10 @@ Checkpoint load_compressed(const std::string& path) {
 
 }  // namespace
 
-OpenState open_state(const std::string& path) {
+OpenState open_state(const std::string& path, io::ShardBytes bytes) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) io::recover_folder_swap(path);
-  io::ModelState model = io::ModelState::open(path);
+  io::ModelState model = io::ModelState::open(path, {}, bytes);
   FlatFolder flat = flatten(model);  // views stay valid when both move
   return {std::move(model), std::move(flat)};
 }

@@ -23,7 +23,8 @@ struct OpenState {
   bool folder() const { return model.is_folder(); }
 };
 // Puts back a folder left missing by an interrupted two-rename swap first (io/folder_swap.hpp).
-OpenState open_state(const std::string& path);
+// With header_only the shard tensors' data are null (sync/streamed_state.hpp reads them).
+OpenState open_state(const std::string& path, io::ShardBytes bytes = io::ShardBytes::whole);
 
 struct Checkpoint {
   std::vector<TensorRef> layout;  // names, dtypes, shapes; data points into `data`

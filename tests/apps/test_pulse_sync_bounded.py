@@ -1,0 +1,118 @@
+"""pulse-sync in bounded memory (issue 26): on a numpy-generated Llama-layout folder pair (3
+shards, 0.42 GB per version, the largest tensor 64 MiB; tests/apps/llama_folder.py), verify, diff
+and encode (keydiff and expclass) peak at a few times the largest tensor plus the patch, far
+below the model (the child's maximum resident set, from wait4), on folders and on single
+.safetensors files; their results are those of the checks here (the changed count the generator
+made, the target digest the applied patch reaches); encode runs under a `ulimit -v` of that
+bound, and under one too small for two copies of the largest tensor fails with one line that
+says how much it needs.
+    test_pulse_sync_bounded.py --app build/apps/pulse-sync
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_folder  # noqa: E402
+
+from expect import expect, failures  # noqa: E402
+
+MiB = 1 << 20
+
+
+def run(app, *args, address_space=None):
+    """(returncode, stdout, stderr, peak resident bytes) of one run of the app."""
+    def limits():
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([app, *map(str, args)], stdout=out, stderr=err, preexec_fn=limits)
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return p.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss * 1024
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--app", required=True)
+    app = ap.parse_args().app
+    with tempfile.TemporaryDirectory() as d:
+        def p(name):
+            return os.path.join(d, name)
+        model, changed, largest = llama_folder.write_pair(p("a"), p("b"), "small", fraction=0.01, seed=26)
+        print(f"folders of {model / MiB:.0f} MiB, largest tensor {largest / MiB:.0f} MiB, {changed} changes", flush=True)
+
+        def bound(patch_bytes=0):
+            # two tensors in flight and one more of slack, the patch a few times over (its streams,
+            # compressed copies, the file), and the process itself (Kokkos, libraries)
+            return 3 * largest + 4 * patch_bytes + 64 * MiB
+        expect(bound(8 * MiB) < model / 1.5, "the test's folders are not much larger than the bound")
+
+        def check_peak(what, rss, patch_bytes=0):
+            print(f"{what}: peak RSS {rss / MiB:.0f} MiB (bound {bound(patch_bytes) / MiB:.0f} MiB, "
+                  f"model {model / MiB:.0f} MiB)", flush=True)
+            expect(rss <= bound(patch_bytes), f"{what} peaked at {rss / MiB:.0f} MiB, over {bound(patch_bytes) / MiB:.0f} MiB")
+
+        rc, out, err, rss = run(app, "verify", p("b"), "--json")
+        expect(rc == 0, f"verify: {err}")
+        target_digest = json.loads(out)["state_digest"] if rc == 0 else None
+        check_peak("verify", rss)
+
+        rc, out, err, rss = run(app, "diff", p("a"), p("b"), "--json")
+        expect(rc == 0, f"diff: {err}")
+        if rc == 0:
+            total = json.loads(out)["totals"]["BF16"]["changed"]
+            expect(total == changed, f"diff counts {total} changes, the generator made {changed}")
+        check_peak("diff", rss)
+
+        for values in ("keydiff", "expclass"):
+            for kind, base, target in (("folder", p("a"), p("b")),
+                                       ("file", p("a/model-00001-of-00003.safetensors"),
+                                        p("b/model-00001-of-00003.safetensors"))):
+                patch = p(f"{values}-{kind}.pulse")
+                rc, out, err, rss = run(app, "encode", "--base", base, "--target", target, "-o", patch, "--values", values)
+                expect(rc == 0, f"encode {values} {kind}: {err}")
+                if rc != 0:
+                    continue
+                check_peak(f"encode {values} ({kind})", rss, os.path.getsize(patch))
+                if kind == "folder":
+                    # the patch is right: applied (by the load-whole path, unbounded) it reaches the target
+                    rc, out, err, _ = run(app, "apply", "--base", base, "--patch", patch, "-o", p(f"out-{values}"))
+                    expect(rc == 0, f"apply {values}: {err}")
+                    rc, out, err, _ = run(app, "verify", p(f"out-{values}"), "--digest", target_digest)
+                    expect(rc == 0, f"the {values} patch does not reach the target: {err}")
+
+        # Under `ulimit -v`: V, the least address space in which verify runs (the process and its
+        # libraries, found by bisection), and encode in V + 3 x the largest tensor + 4 x the patch
+        # works; in V + 1 x the largest it cannot hold two tensors and says so in one line.
+        low, high = 8 * MiB, 2048 * MiB
+        while high - low > 4 * MiB:
+            mid = (low + high) // 2
+            if run(app, "verify", p("a"), address_space=mid)[0] == 0:
+                high = mid
+            else:
+                low = mid
+        patch_bytes = os.path.getsize(p("keydiff-folder.pulse"))
+        print(f"verify runs in {high / MiB:.0f} MiB of address space", flush=True)
+        rc, out, err, _ = run(app, "encode", "--base", p("a"), "--target", p("b"), "-o", p("limited.pulse"),
+                              address_space=high + 3 * largest + 4 * patch_bytes)
+        expect(rc == 0, f"encode in {(high + 3 * largest + 4 * patch_bytes) / MiB:.0f} MiB of address space: {err}")
+        rc, out, err, _ = run(app, "encode", "--base", p("a"), "--target", p("b"), "-o", p("oom.pulse"),
+                              address_space=high + largest)
+        lines = err.strip().splitlines()
+        expect(rc != 0 and len(lines) == 1 and "out of memory" in err and "GiB" in err,
+               f"encode without the memory it needs: rc {rc}, stderr {err!r}")
+        expect(not os.path.exists(p("oom.pulse")), "a failed encode left its output")
+    if failures:
+        sys.exit(f"{len(failures)} failures")
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
