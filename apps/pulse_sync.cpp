@@ -3,7 +3,7 @@
 //   pulse-sync diff A B [--json]                changed counts and sparsity per tensor
 //   pulse-sync encode --base A --target B -o P  write the patch A -> B
 //   pulse-sync apply --base A --patch P -o OUT  (or --in-place FILE) apply it, transactionally
-//                                               (file to file: streamed, sync/file_apply.hpp)
+//                                               (file to file and folder to folder: streamed, sync/file_apply.hpp)
 //   pulse-sync verify FILE [--digest D] [--json] print or check the state digest
 //   pulse-sync inspect P [--json]               header and entries of a patch
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -285,9 +286,10 @@ int cmd_encode(const EncodeArgs& args) {
   return 0;
 }
 
-// A .safetensors file to a .safetensors file streams (sync/file_apply.hpp): the base is copied
-// into the output and patched there, never loaded. Folders, compressed files and patches that
-// change the layout or metadata load the base whole; so does everything with stream false.
+// A .safetensors file to a .safetensors file, and a folder to a folder, stream
+// (sync/file_apply.hpp): the base is copied into the output and patched there, never loaded.
+// Compressed files and patches that change the layout, the metadata or a folder's index load
+// the base whole; so does everything with stream false.
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
               const std::string& public_key_path, bool stream, unsigned threads) {
   PublicKey key;
@@ -296,12 +298,15 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   const bool plain_file = stream && ::stat(base.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
                           !(base.size() > 4 && base.compare(base.size() - 4, 4, ".zst") == 0);
   std::optional<io::SafetensorsFile> header;  // a plain file's header bounds the patch
+  std::optional<OpenState> folder_headers;     // a folder's: its headers and other files
   std::optional<Checkpoint> state;
   if (plain_file)
     header.emplace(io::SafetensorsFile::open_header(base));
+  else if (stream && std::filesystem::is_directory(base))
+    folder_headers.emplace(open_state(base, io::ShardBytes::header_only));
   else
     state.emplace(load_checkpoint(base));
-  const std::vector<TensorRef> layout = header ? tensor_refs(*header) : state->layout;
+  const std::vector<TensorRef> layout = header ? tensor_refs(*header) : folder_headers ? folder_headers->flat.tensors : state->layout;
   PatchLimits limits;
   limits.max_patch_bytes = patch_bytes_limit(layout);
   const auto bytes = read_regular_file(patch_path, limits.max_patch_bytes, "patch");
@@ -310,6 +315,9 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   bool folder = false;
   if (plain_file && file_apply_fits(base, out, layout, patch)) {
     apply_file(base, patch, out, threads, &seconds);
+  } else if (folder_headers && folder_apply_fits(*folder_headers, out, patch)) {
+    apply_folder(*folder_headers, patch, out, threads, &seconds);
+    folder = true;
   } else {
     if (!state) state.emplace(load_checkpoint(base));
     const auto t0 = std::chrono::steady_clock::now();
@@ -531,7 +539,7 @@ int main(int argc, char** argv) {
   apply->add_option("--public-key", public_key, "require a valid signature by this Ed25519 public key")
       ->check(CLI::ExistingFile);
   unsigned apply_threads = default_apply_threads();
-  apply->add_option("--threads", apply_threads, "threads of a file-to-file apply (copy and hash ahead, decode, write behind)")
+  apply->add_option("--threads", apply_threads, "threads of a streamed apply, file or folder (copy and hash ahead, decode, write behind)")
       ->check(CLI::Range(1u, 256u))
       ->capture_default_str();
   bool no_stream = false;  // hidden: the load-whole path, for apps/bench/stream_apply_bench.py

@@ -112,12 +112,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
   write_file_atomically(path, coded.data(), coded.size());
 }
 
-namespace {
-
 namespace fs = std::filesystem;
 
-// An existing folder is replaced only when it is empty or opens as a model state.
-void check_replaceable(const std::string& path) {
+void check_replaceable_folder(const std::string& path) {
   std::error_code ec;
   if (fs::is_empty(path, ec) && !ec) return;
   try {
@@ -126,8 +123,6 @@ void check_replaceable(const std::string& path) {
     throw Error(path + ": refusing to replace a folder that does not hold a model (" + e.what() + ")");
   }
 }
-
-}  // namespace
 
 bool save_state(const std::string& path, const Checkpoint& checkpoint) {
   std::error_code ec;
@@ -144,7 +139,7 @@ bool save_state(const std::string& path, const Checkpoint& checkpoint) {
     return false;
   }
   const FolderPlan plan = plan_folder(checkpoint.layout, checkpoint.metadata, path);
-  if (exists) check_replaceable(path);
+  if (exists) check_replaceable_folder(path);
   const Digest expected = state_digest(checkpoint.layout, checkpoint.metadata);
   io::replace_folder(path, [&](const std::string& folder_path) {
     write_planned_folder(folder_path, plan, checkpoint.layout);

@@ -55,4 +55,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
 // folder is replaced only when it is empty or holds a model. Returns true for a folder.
 bool save_state(const std::string& path, const Checkpoint& checkpoint);
 
+// Throws pulse::Error (one line) unless the existing folder at path is empty or holds a model:
+// the folders save_state and apply_folder may replace.
+void check_replaceable_folder(const std::string& path);
+
 }  // namespace pulse::sync

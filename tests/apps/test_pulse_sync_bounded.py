@@ -3,7 +3,7 @@ shards, 0.42 GB per version, the largest tensor 64 MiB; tests/apps/llama_folder.
 and encode (keydiff and expclass) peak at a few times the largest tensor plus the patch, far
 below the model (the child's maximum resident set, from wait4), on folders and on single
 .safetensors files; their results are those of the checks here (the changed count the generator
-made, the target digest the applied patch reaches); encode runs under a `ulimit -v` of that
+made; every apply writes the target byte for byte and reaches its digest); encode runs under a `ulimit -v` of that
 bound, and under one too small for two copies of the largest tensor fails with one line that
 says how much it needs.
     test_pulse_sync_bounded.py --app build/apps/pulse-sync
@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,17 @@ def run(app, *args, address_space=None):
         out.seek(0)
         err.seek(0)
         return p.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss * 1024
+
+
+def snapshot(path):
+    """Every file under path (or the file itself): names and bytes."""
+    if os.path.isfile(path):
+        return open(path, "rb").read()
+    out = {}
+    for root, _, names in os.walk(path):
+        for name in names:
+            out[os.path.relpath(os.path.join(root, name), path)] = open(os.path.join(root, name), "rb").read()
+    return out
 
 
 def main():
@@ -81,12 +93,20 @@ def main():
                 if rc != 0:
                     continue
                 check_peak(f"encode {values} ({kind})", rss, os.path.getsize(patch))
-                if kind == "folder":
-                    # the patch is right: applied (by the load-whole path, unbounded) it reaches the target
-                    rc, out, err, _ = run(app, "apply", "--base", base, "--patch", patch, "-o", p(f"out-{values}"))
-                    expect(rc == 0, f"apply {values}: {err}")
-                    rc, out, err, _ = run(app, "verify", p(f"out-{values}"), "--digest", target_digest)
-                    expect(rc == 0, f"the {values} patch does not reach the target: {err}")
+                # apply, streamed: -o a new folder or file, and --in-place onto a copy of the base
+                out_path = p(f"out-{values}-{kind}" + (".safetensors" if kind == "file" else ""))
+                work = p(f"work-{values}-{kind}" + (".safetensors" if kind == "file" else ""))
+                (shutil.copytree if kind == "folder" else shutil.copyfile)(base, work)
+                for how, args, result in (("-o", ["--base", base, "-o", out_path], out_path),
+                                          ("--in-place", ["--in-place", work], work)):
+                    rc, out, err, rss = run(app, "apply", *args, "--patch", patch)
+                    expect(rc == 0, f"apply {how} {values} {kind}: {err}")
+                    check_peak(f"apply {how} {values} ({kind})", rss, os.path.getsize(patch))
+                    expect(snapshot(result) == snapshot(target), f"apply {how} {values} {kind} is not the target byte for byte")
+                    if kind == "folder":
+                        rc, out, err, _ = run(app, "verify", result, "--digest", target_digest)
+                        expect(rc == 0, f"the {values} patch does not reach the target: {err}")
+                    (shutil.rmtree if kind == "folder" else os.remove)(result)
 
         # Under `ulimit -v`: V, the least address space in which verify runs (the process and its
         # libraries, found by bisection), and encode in V + 3 x the largest tensor + 4 x the patch
