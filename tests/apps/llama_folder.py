@@ -18,6 +18,8 @@ LAYOUTS = {
     "qwen2-1.5b": (1536, 28, 151936, 8960, 256, True, True, 2),
     # for the test: 0.54 GB per version, the largest tensor 32 MiB
     "small": (1024, 20, 16384, 2816, 1024, False, False, 3),
+    # for unit tests: 1.3 MB
+    "tiny": (64, 2, 4096, 160, 64, False, False, 2),
 }
 
 
@@ -54,12 +56,13 @@ def bf16_normal(rng, n):
 
 
 def header(tensors, metadata):
-    """A safetensors header (padded to 8 bytes) for [(name, shape)] in file order, all BF16."""
+    """A safetensors header (padded to 8 bytes) for [(name, shape)] in file order, all BF16, laid
+    out as Hugging Face's writer does (compact JSON, "__metadata__" first, spaces to pad)."""
     h, offset = {"__metadata__": metadata}, 0
     for name, shape in tensors:
         h[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes(shape)]}
         offset += nbytes(shape)
-    text = json.dumps(h).encode()
+    text = json.dumps(h, separators=(",", ":")).encode()  # compact, as Hugging Face's writer
     text += b" " * ((8 - len(text) % 8) % 8)
     return struct.pack("<Q", len(text)) + text
 

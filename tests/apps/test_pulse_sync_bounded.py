@@ -1,7 +1,7 @@
 """pulse-sync in bounded memory (issue 26): on a numpy-generated Llama-layout folder pair (3
 shards, 0.42 GB per version, the largest tensor 64 MiB; tests/apps/llama_folder.py), verify, diff
 and encode (keydiff and expclass) peak at a few times the largest tensor plus the patch, far
-below the model (the child's maximum resident set, from wait4), on folders and on single
+below the model (the command's maximum resident set: tests/apps/peak_rss.py), on folders and on single
 .safetensors files; their results are those of the checks here (the changed count the generator
 made; every apply writes the target byte for byte and reaches its digest); encode runs under a `ulimit -v` of that
 bound, and under one too small for two copies of the largest tensor fails with one line that
@@ -11,14 +11,13 @@ says how much it needs.
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_folder  # noqa: E402
+import peak_rss  # noqa: E402
 
 from expect import expect, failures  # noqa: E402
 
@@ -27,16 +26,7 @@ MiB = 1 << 20
 
 def run(app, *args, address_space=None):
     """(returncode, stdout, stderr, peak resident bytes) of one run of the app."""
-    def limits():
-        if address_space is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([app, *map(str, args)], stdout=out, stderr=err, preexec_fn=limits)
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return p.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss * 1024
+    return peak_rss.run([app, *args], address_space)[:4]
 
 
 def snapshot(path):
