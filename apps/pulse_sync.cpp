@@ -313,10 +313,20 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   const ParsedPatch patch = parse_patch(bytes.data(), bytes.size(), limits, public_key_path.empty() ? nullptr : &key);
   double seconds = 0;
   bool folder = false;
+  std::uint64_t largest = 0;
+  for (const auto& t : layout) largest = std::max<std::uint64_t>(largest, t.bytes);
   if (plain_file && file_apply_fits(base, out, layout, patch)) {
-    apply_file(base, patch, out, threads, &seconds);
+    try {
+      apply_file(base, patch, out, threads, &seconds);
+    } catch (const std::bad_alloc&) {
+      throw_out_of_memory("apply", largest, 1);
+    }
   } else if (folder_headers && folder_apply_fits(*folder_headers, out, patch)) {
-    apply_folder(*folder_headers, patch, out, threads, &seconds);
+    try {
+      apply_folder(*folder_headers, patch, out, threads, &seconds);
+    } catch (const std::bad_alloc&) {
+      throw_out_of_memory("apply", largest, 1);
+    }
     folder = true;
   } else {
     if (!state) state.emplace(load_checkpoint(base));

@@ -106,10 +106,10 @@ std::uint64_t StreamedState::largest_tensor_bytes() const {
 void throw_out_of_memory(const std::string& command, std::uint64_t largest_tensor_bytes, unsigned copies) {
   char text[512];
   std::snprintf(text, sizeof text,
-                "%s: out of memory: it holds %u copies of the largest tensor (%.2f GiB) and the patch at once, "
-                "about %.2f GiB plus the patch; free that much memory (or raise ulimit -v)",
-                command.c_str(), copies, double(largest_tensor_bytes) / double(1ull << 30),
-                double(copies) * double(largest_tensor_bytes) / double(1ull << 30));
+                "%s: out of memory: it needs about %.2f GiB at once (%u x the largest tensor, %.2f GiB) plus the "
+                "patch; free that much memory (or raise ulimit -v)",
+                command.c_str(), double(copies) * double(largest_tensor_bytes) / double(1ull << 30), copies,
+                double(largest_tensor_bytes) / double(1ull << 30));
   throw Error(text);
 }
 
