@@ -291,6 +291,14 @@ def streamed(app, p):
         expect(r.returncode == 0 and snapshot(folder) == snapshot(p("target_kept")) and "wrote the folder" in r.stdout,
                f"streamed folder apply {args[0]}: {r.stdout}{r.stderr}")
         expect(not leftovers(os.path.dirname(folder)), f"no leftovers: {leftovers(os.path.dirname(folder))}")
+    # As for the patch loaded whole: no folder without a model replaced, no other model patched.
+    r = run(app, "apply", "--base", p("base"), "--patch", p("kept.pulse"), "-o", p("home"))
+    expect(one_line_error(r) and "refusing" in r.stderr and snapshot(p("home")) == {"notes.txt": b"mine"},
+           f"a folder without a model is not replaced by a streamed apply: {r.stderr}")
+    before = snapshot(p("other"))
+    r = run(app, "apply", "--in-place", p("other"), "--patch", p("kept.pulse"))
+    expect(one_line_error(r) and "base" in r.stderr and snapshot(p("other")) == before and not leftovers(p("")),
+           f"a streamed patch of another model: {r.stderr}")
     return run(app, "verify", p("target_kept")).stdout.split()[0]
 
 
