@@ -110,7 +110,7 @@ void print_summary(const std::vector<DtypeSummary>& summary) {
 
 // The comparison of two checkpoints as one JSON object: the tensors in B's order (after those
 // removed), each with its counts or what happened to it, the totals per dtype, and the metadata.
-// Streamed: one tensor of each checkpoint in memory at a time.
+// Streamed: a piece of a tensor of each checkpoint in memory at a time.
 nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path) {
   const StreamedState a_state = StreamedState::open(a_path), b_state = StreamedState::open(b_path);
   const auto &a = a_state.tensors(), &b = b_state.tensors();
@@ -134,18 +134,25 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
     const TensorRef& t = *it->second;
     const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
     Totals& totals = by_dtype[t.dtype];
-    const std::byte* t_data = a_state.read(std::size_t(&t - a.data()), a_buffer);
-    const std::byte* u_data = b_state.read(std::size_t(&u - b.data()), b_buffer);
-    const bool differs = std::memcmp(t_data, u_data, t.bytes) != 0;
+    // In pieces (whole elements each): two of them in memory, whatever the tensor's size.
+    const std::size_t width = bits % 8 == 0 ? bits / 8 : 1;  // packed below a byte: compared as bytes
+    bool differs = false;
+    std::uint64_t changed = 0;
+    for (std::uint64_t offset = 0; offset < t.bytes; offset += StreamedState::kPieceBytes) {
+      const std::size_t length = std::size_t(std::min<std::uint64_t>(StreamedState::kPieceBytes, t.bytes - offset));
+      const std::byte* t_data = a_state.read_piece(std::size_t(&t - a.data()), offset, length, a_buffer);
+      const std::byte* u_data = b_state.read_piece(std::size_t(&u - b.data()), offset, length, b_buffer);
+      if (std::memcmp(t_data, u_data, length) == 0) continue;
+      differs = true;
+      for (std::size_t i = 0; i < length / width; ++i)
+        changed += std::memcmp(t_data + width * i, u_data + width * i, width) != 0;
+    }
     totals.differing_tensors += differs;
-    if (bits % 8 != 0) {  // packed below a byte: compared as bytes
+    if (bits % 8 != 0) {
       tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"differs", differs}});
       continue;
     }
-    const std::size_t width = bits / 8, n = t.bytes / width;
-    std::uint64_t changed = 0;
-    if (differs)
-      for (std::size_t i = 0; i < n; ++i) changed += std::memcmp(t_data + width * i, u_data + width * i, width) != 0;
+    const std::size_t n = t.bytes / width;
     totals.elements += n;
     totals.changed += changed;
     tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"elements", n}, {"changed", changed},
@@ -165,22 +172,8 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
           {"metadata_changed", a_state.metadata() != b_state.metadata()}};
 }
 
-// The largest tensor of two checkpoints, for the out-of-memory line (headers only).
-std::uint64_t largest_tensor_bytes(const std::string& a, const std::string& b) {
-  try {
-    return std::max(StreamedState::open(a).largest_tensor_bytes(), StreamedState::open(b).largest_tensor_bytes());
-  } catch (const std::exception&) {
-    return 0;
-  }
-}
-
 int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
-  nlohmann::json d;
-  try {
-    d = diff_checkpoints(a_path, b_path);
-  } catch (const std::bad_alloc&) {
-    throw_out_of_memory("diff", largest_tensor_bytes(a_path, b_path), 2);
-  }
+  const nlohmann::json d = diff_checkpoints(a_path, b_path);
   if (json) {
     std::printf("%s\n", d.dump().c_str());
     return 0;

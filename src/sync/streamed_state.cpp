@@ -77,17 +77,24 @@ const std::byte* StreamedState::read(std::size_t i, ByteBuffer& buffer) const {
   return out;
 }
 
+const std::byte* StreamedState::read_piece(std::size_t i, std::uint64_t offset, std::size_t bytes,
+                                          ByteBuffer& buffer) const {
+  const TensorRef& t = tensors()[i];
+  PULSE_CHECK(offset <= t.bytes && bytes <= t.bytes - offset, "internal: a piece beyond tensor '" + t.name + "'");
+  if (t.data || t.bytes == 0) return t.data + offset;
+  std::byte* out = buffer.reserve(bytes);
+  read_range(i, offset, bytes, out);
+  return out;
+}
+
 Digest StreamedState::digest(std::size_t i) const {
   const TensorRef& t = tensors()[i];
   if (t.data || t.bytes == 0) return tensor_digest(t);
-  constexpr std::size_t kPiece = std::size_t(8) << 20;
   thread_local ByteBuffer piece;
-  std::byte* p = piece.reserve(kPiece);
   DigestStream stream;
-  for (std::uint64_t done = 0; done < t.bytes; done += kPiece) {
-    const std::size_t n = std::size_t(std::min<std::uint64_t>(kPiece, t.bytes - done));
-    read_range(i, done, n, p);
-    stream.update(p, n);
+  for (std::uint64_t done = 0; done < t.bytes; done += kPieceBytes) {
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(kPieceBytes, t.bytes - done));
+    stream.update(read_piece(i, done, n, piece), n);
   }
   return stream.finish();
 }

@@ -1,7 +1,8 @@
 #pragma once
 // A model state (a .safetensors file or a model folder, in flat form: sync/model_folder.hpp)
 // whose shard tensors are read from their files one at a time, when asked, never all at once:
-// pulse-sync's diff, encode and verify hold a tensor or two and the patch, not the model. Only
+// pulse-sync's encode holds a tensor of each state and the patch, diff and verify 8 MiB pieces,
+// not the model. Only
 // the headers and the folder's other files (config, tokenizer, index) are read at open.
 #include <cstddef>
 #include <cstdint>
@@ -40,8 +41,12 @@ class StreamedState {
   // The bytes of tensors()[i]: where they lie in memory, or read from the file into buffer.
   // A file that comes up short (changed since it was opened) throws pulse::Error.
   const std::byte* read(std::size_t i, ByteBuffer& buffer) const;
+  // Bytes [offset, offset + bytes) of tensors()[i], the same way.
+  const std::byte* read_piece(std::size_t i, std::uint64_t offset, std::size_t bytes, ByteBuffer& buffer) const;
   // The digest of tensors()[i], read in pieces (a bounded buffer, whatever the tensor's size).
   Digest digest(std::size_t i) const;
+  // What read_piece's callers read at a time: 8 MiB, a multiple of every element width.
+  static constexpr std::size_t kPieceBytes = std::size_t(8) << 20;
   // A loader for encode_patch that reads into its own buffer.
   TensorLoader loader() const;
   // The largest tensor, in bytes (what a streamed command holds of a state at once).
