@@ -9,7 +9,9 @@
 // target digests verify. Copying ahead and hashing and writing behind run on worker threads;
 // decoding runs in order on the calling thread (the patch's streams are sequential). Memory
 // holds the patch, the decoded changes of the tensors in flight and a chunk buffer per thread,
-// not the model; the output keeps the base's header bytes (tensor order, padding) exactly.
+// not the model (each tensor's mapped pages are released once it is written); the output keeps
+// the base's header bytes (tensor order, padding) exactly. A model folder's shards go through
+// the same pipeline at once (apply_folder, below).
 #include <cstdint>
 #include <string>
 #include <vector>
