@@ -11,6 +11,7 @@
 #include "core/file_read.hpp"
 #include "io/folder_swap.hpp"
 #include "sync/compress.hpp"
+#include "sync/streamed_state.hpp"
 
 namespace pulse::sync {
 
@@ -83,29 +84,35 @@ OpenState open_state(const std::string& path, io::ShardBytes bytes) {
 
 Checkpoint load_checkpoint(const std::string& path) {
   if (is_zstd_path(path)) return load_compressed(path);
-  const OpenState state = open_state(path);
+  // Each tensor read straight into its own buffer: the model once in memory, not the files too.
+  const StreamedState state = StreamedState::open(path);
   Checkpoint c;
-  c.metadata = state.flat.metadata;
-  c.layout = state.flat.tensors;
+  c.metadata = state.metadata();
+  c.layout = state.tensors();
   c.folder = state.folder();
-  for (const auto& t : c.layout) c.data.emplace_back(t.data, t.data + t.bytes);
-  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();  // the files close
+  for (std::size_t i = 0; i < c.layout.size(); ++i) {
+    c.data.emplace_back(c.layout[i].bytes);
+    state.read_into(i, c.data.back().data());
+    c.layout[i].data = c.data.back().data();
+  }
   return c;
 }
 
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level) {
+  save_checkpoint(path, checkpoint.layout, checkpoint.metadata, zstd_level);
+}
+
+void save_checkpoint(const std::string& path, const std::vector<TensorRef>& state, const Metadata& metadata,
+                     int zstd_level) {
   std::vector<io::TensorToWrite> tensors;
-  for (std::size_t i = 0; i < checkpoint.layout.size(); ++i) {
-    const TensorRef& t = checkpoint.layout[i];
-    tensors.push_back({t.name, io::parse_dtype(t.dtype), t.shape, checkpoint.data[i].data(), checkpoint.data[i].size()});
-  }
+  for (const TensorRef& t : state) tensors.push_back({t.name, io::parse_dtype(t.dtype), t.shape, t.data, t.bytes});
   if (!is_zstd_path(path)) {
-    io::write_safetensors(path, tensors, checkpoint.metadata);
+    io::write_safetensors(path, tensors, metadata);
     return;
   }
   // Through a plain file next to it: the safetensors writer is the one place that lays out files.
   const std::string plain = path.substr(0, path.size() - 4) + ".uncompressed";
-  io::write_safetensors(plain, tensors, checkpoint.metadata);
+  io::write_safetensors(plain, tensors, metadata);
   const auto raw = read_regular_file(plain, physical_memory_bytes(), "checkpoint");
   std::remove(plain.c_str());
   const auto coded = compress(Compressor::zstd, zstd_level, raw);
@@ -125,26 +132,34 @@ void check_replaceable_folder(const std::string& path) {
 }
 
 bool save_state(const std::string& path, const Checkpoint& checkpoint) {
+  return save_state(path, checkpoint.layout, checkpoint.metadata, checkpoint.folder);
+}
+
+bool save_state(const std::string& path, const std::vector<TensorRef>& state, const Metadata& metadata,
+                bool from_folder) {
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
   const bool named_as_file = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
   const bool folder = exists ? fs::is_directory(path, ec)
-                             : !named_as_file && (checkpoint.folder || carries_files(checkpoint.layout) ||
+                             : !named_as_file && (from_folder || carries_files(state) ||
                                                   (!path.empty() && path.back() == '/'));
   if (!folder) {
-    for (const auto& t : checkpoint.layout)
+    for (const auto& t : state)
       PULSE_CHECK(!is_file_tensor(t.name), path + ": the state is a model folder (it carries " + t.name.substr(9) +
                                                "); write it to a folder, not a file");
-    save_checkpoint(path, checkpoint);
+    save_checkpoint(path, state, metadata);
     return false;
   }
-  const FolderPlan plan = plan_folder(checkpoint.layout, checkpoint.metadata, path);
+  const FolderPlan plan = plan_folder(state, metadata, path);
   if (exists) check_replaceable_folder(path);
-  const Digest expected = state_digest(checkpoint.layout, checkpoint.metadata);
+  const Digest expected = state_digest(state, metadata);
   io::replace_folder(path, [&](const std::string& folder_path) {
-    write_planned_folder(folder_path, plan, checkpoint.layout);
-    const OpenState back = open_state(folder_path);
-    PULSE_CHECK(state_digest(back.flat.tensors, back.flat.metadata) == expected,
+    write_planned_folder(folder_path, plan, state);
+    // Read back in pieces (the state is in memory already; its copy on disk need not be).
+    const StreamedState back = StreamedState::open(folder_path);
+    std::vector<Digest> digests;
+    for (std::size_t i = 0; i < back.tensors().size(); ++i) digests.push_back(back.digest(i));
+    PULSE_CHECK(state_digest(back.tensors(), digests, back.metadata()) == expected,
                 path + ": the folder written does not read back as the state (not written)");
   });
   return true;

@@ -40,11 +40,15 @@ struct Checkpoint {
 std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint);
 
 // A .safetensors file or a model folder; a path ending in ".zst" holds a zstd-compressed
-// safetensors file (relay anchors may be).
+// safetensors file (relay anchors may be). Each tensor is read into its own buffer: memory
+// holds the model once.
 Checkpoint load_checkpoint(const std::string& path);
 // Atomic: the file at path holds either its old content or all of the new one; a path ending
 // in ".zst" is written zstd-compressed at zstd_level.
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level = 3);
+// The same for a state held elsewhere (tensors' data where the caller keeps them).
+void save_checkpoint(const std::string& path, const std::vector<TensorRef>& state, const Metadata& metadata,
+                     int zstd_level = 3);
 
 // Writes a state where pulse-sync's users name it: a model folder when path is an existing
 // folder, or does not exist, does not end in ".safetensors" and the state is a folder (read
@@ -54,6 +58,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int 
 // (io/folder_swap.hpp): on any failure the old folder stays exactly as it was. An existing
 // folder is replaced only when it is empty or holds a model. Returns true for a folder.
 bool save_state(const std::string& path, const Checkpoint& checkpoint);
+// The same for a state held elsewhere, without a copy: from_folder as Checkpoint::folder. The
+// folder written is read back in pieces, so memory holds the state once.
+bool save_state(const std::string& path, const std::vector<TensorRef>& state, const Metadata& metadata,
+                bool from_folder);
 
 // Throws pulse::Error (one line) unless the existing folder at path is empty or holds a model:
 // the folders save_state and apply_folder may replace.

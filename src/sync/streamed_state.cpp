@@ -77,6 +77,15 @@ const std::byte* StreamedState::read(std::size_t i, ByteBuffer& buffer) const {
   return out;
 }
 
+void StreamedState::read_into(std::size_t i, std::byte* out) const {
+  const TensorRef& t = tensors()[i];
+  if (t.data || t.bytes == 0) {
+    if (t.bytes) std::memcpy(out, t.data, t.bytes);
+    return;
+  }
+  read_range(i, 0, t.bytes, out);
+}
+
 const std::byte* StreamedState::read_piece(std::size_t i, std::uint64_t offset, std::size_t bytes,
                                           ByteBuffer& buffer) const {
   const TensorRef& t = tensors()[i];

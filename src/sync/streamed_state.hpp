@@ -41,6 +41,8 @@ class StreamedState {
   // The bytes of tensors()[i]: where they lie in memory, or read from the file into buffer.
   // A file that comes up short (changed since it was opened) throws pulse::Error.
   const std::byte* read(std::size_t i, ByteBuffer& buffer) const;
+  // Reads all of tensors()[i] into out (tensors()[i].bytes bytes).
+  void read_into(std::size_t i, std::byte* out) const;
   // Bytes [offset, offset + bytes) of tensors()[i], the same way.
   const std::byte* read_piece(std::size_t i, std::uint64_t offset, std::size_t bytes, ByteBuffer& buffer) const;
   // The digest of tensors()[i], read in pieces (a bounded buffer, whatever the tensor's size).

@@ -3,7 +3,8 @@ shards, 0.42 GB per version, the largest tensor 64 MiB; tests/apps/llama_folder.
 and encode (keydiff and expclass) peak at a few times the largest tensor plus the patch, far
 below the model (the command's maximum resident set: tests/apps/peak_rss.py), on folders and on single
 .safetensors files; their results are those of the checks here (the changed count the generator
-made; every apply writes the target byte for byte and reaches its digest); encode runs under a `ulimit -v` of that
+made; every apply writes the target byte for byte and reaches its digest); an apply that loads
+the base whole holds it once (under the model + that bound); encode runs under a `ulimit -v` of that
 bound, and under one too small for two copies of the largest tensor fails with one line that
 says how much it needs.
     test_pulse_sync_bounded.py --app build/apps/pulse-sync
@@ -99,6 +100,14 @@ def main():
                         rc, out, err, _ = run(app, "verify", result, "--digest", target_digest)
                         expect(rc == 0, f"the {values} patch does not reach the target: {err}")
                     (shutil.rmtree if kind == "folder" else os.remove)(result)
+
+        # Loading whole (a patch that changes the layout, `pull`, Python's pulse.load and save):
+        # the model once (each tensor read into its own buffer, the folder written read back in
+        # pieces), not twice.
+        rc, out, err, rss = run(app, "apply", "--no-stream", "--base", p("a"), "--patch", p("keydiff-folder.pulse"),
+                                "-o", p("whole"))
+        expect(rc == 0 and run(app, "verify", p("whole"), "--digest", target_digest)[0] == 0, f"apply --no-stream: {err}")
+        check_peak("apply --no-stream (loads the base)", rss, limit=model + bound())
 
         # Under `ulimit -v`: V, the least address space in which verify runs (the process and its
         # libraries, found by bisection), and encode in V + 3 x the largest tensor + 4 x the patch
