@@ -299,7 +299,9 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
     folder_headers.emplace(open_state(base, io::ShardBytes::header_only));
   else
     state.emplace(load_checkpoint(base));
-  const std::vector<TensorRef> layout = header ? tensor_refs(*header) : folder_headers ? folder_headers->flat.tensors : state->layout;
+  const std::vector<TensorRef> layout = header           ? tensor_refs(*header)
+                                        : folder_headers ? folder_headers->flat.tensors
+                                                         : state->layout;
   PatchLimits limits;
   limits.max_patch_bytes = patch_bytes_limit(layout);
   const auto bytes = read_regular_file(patch_path, limits.max_patch_bytes, "patch");

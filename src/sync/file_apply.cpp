@@ -266,6 +266,15 @@ struct Slot {
   std::uint64_t offset = 0;
 };
 
+// The copy's tensors (data in its map, in file order), appended to tensors and slots.
+void add_tensors(FileCopy& c, std::vector<TensorRef>& tensors, std::vector<Slot>& slots) {
+  for (const auto& t : c.header.tensors) {
+    const std::uint64_t offset = c.header.data_offset + t.begin;
+    tensors.push_back({t.name, io::dtype_name(t.dtype), t.shape, c.bytes() + offset, t.end - t.begin});
+    slots.push_back({&c, offset});
+  }
+}
+
 // The pipeline of apply_file over several copies at once (a model folder's shards), and
 // tensors held in memory (its other files, written by the caller from *memory_targets).
 // tensors and slots: the copies' tensors (data in their maps), then the in-memory ones.
@@ -286,7 +295,8 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
   // then leaves the base's bytes unknown).
   std::vector<char> copied(tensors.size(), 0), hashed(tensors.size(), 0), patching(tensors.size(), 0);
   auto copy = [&](std::size_t t) {
-    if (const Slot& s = slots[t]; s.copy) copy_bytes(s.copy->in.fd, s.copy->file->fd(), s.offset, tensors[t].bytes, s.copy->base, s.copy->out);
+    if (const Slot& s = slots[t]; s.copy)
+      copy_bytes(s.copy->in.fd, s.copy->file->fd(), s.offset, tensors[t].bytes, s.copy->base, s.copy->out);
     copied[t] = 1;
   };
   auto hash_base = [&](std::size_t t) {
@@ -416,13 +426,11 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   copies.push_back(std::make_unique<FileCopy>());
   FileCopy& c = *copies.back();
   open_copy(c, base, out, threads);
+  for (const auto& t : c.header.tensors)
+    PULSE_CHECK(!is_file_tensor(t.name), base + ": changed while being read (it now carries folder files)");
   std::vector<TensorRef> tensors;  // in file order
   std::vector<Slot> slots;
-  for (const auto& t : c.header.tensors) {
-    PULSE_CHECK(!is_file_tensor(t.name), base + ": changed while being read (it now carries folder files)");
-    tensors.push_back({t.name, io::dtype_name(t.dtype), t.shape, c.bytes() + c.header.data_offset + t.begin, t.end - t.begin});
-    slots.push_back({&c, c.header.data_offset + t.begin});
-  }
+  add_tensors(c, tensors, slots);
   return apply_copies(copies, tensors, slots, c.header.metadata, patch, threads, apply_seconds, t0, nullptr);
 }
 
@@ -466,13 +474,11 @@ std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, cons
       for (std::size_t i = 0; same && i < c.header.tensors.size(); ++i) {
         const io::HeaderEntry& h = c.header.tensors[i];
         const io::TensorView& v = shard.tensors()[i];
-        same = h.name == v.name && h.dtype == v.dtype && h.shape == v.shape && c.header.data_offset + h.begin == v.file_offset;
+        same = h.name == v.name && h.dtype == v.dtype && h.shape == v.shape &&
+               c.header.data_offset + h.begin == v.file_offset;
       }
       PULSE_CHECK(same, shard.path() + ": changed while being read (its header is not the one opened)");
-      for (const auto& t : c.header.tensors) {
-        tensors.push_back({t.name, io::dtype_name(t.dtype), t.shape, c.bytes() + c.header.data_offset + t.begin, t.end - t.begin});
-        slots.push_back({&c, c.header.data_offset + t.begin});
-      }
+      add_tensors(c, tensors, slots);
     }
     // The folder's other files, in memory since the folder was opened.
     const std::size_t first_file = tensors.size();
@@ -484,7 +490,8 @@ std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, cons
     std::vector<std::vector<std::byte>> files;
     written = apply_copies(copies, tensors, slots, base.flat.metadata, patch, threads, apply_seconds, t0, &files);
     for (std::size_t t = first_file; t < tensors.size(); ++t) {
-      const std::filesystem::path path = std::filesystem::path(folder) / tensors[t].name.substr(std::strlen(kFileTensorPrefix));
+      const std::string relative = tensors[t].name.substr(std::strlen(kFileTensorPrefix));
+      const std::filesystem::path path = std::filesystem::path(folder) / relative;
       std::filesystem::create_directories(path.parent_path());
       write_file_atomically(path.string(), files[t].data(), files[t].size());
     }
