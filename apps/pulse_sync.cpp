@@ -3,7 +3,7 @@
 //   pulse-sync diff A B [--json]                changed counts and sparsity per tensor
 //   pulse-sync encode --base A --target B -o P  write the patch A -> B
 //   pulse-sync apply --base A --patch P -o OUT  (or --in-place FILE) apply it, transactionally
-//                                               (file to file: streamed, sync/file_apply.hpp)
+//                                               (file to file and folder to folder: streamed, sync/file_apply.hpp)
 //   pulse-sync verify FILE [--digest D] [--json] print or check the state digest
 //   pulse-sync inspect P [--json]               header and entries of a patch
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -36,6 +37,7 @@
 #include "sync/relay.hpp"
 #include "sync/relay_names.hpp"
 #include "sync/signing.hpp"
+#include "sync/streamed_state.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
@@ -112,9 +114,11 @@ void print_summary(const std::vector<DtypeSummary>& summary) {
 
 // The comparison of two checkpoints as one JSON object: the tensors in B's order (after those
 // removed), each with its counts or what happened to it, the totals per dtype, and the metadata.
+// Streamed: a piece of a tensor of each checkpoint in memory at a time.
 nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path) {
-  const OpenState a_state = open_state(a_path), b_state = open_state(b_path);
-  const auto &a = a_state.flat.tensors, &b = b_state.flat.tensors;
+  const StreamedState a_state = StreamedState::open(a_path), b_state = StreamedState::open(b_path);
+  const auto &a = a_state.tensors(), &b = b_state.tensors();
+  ByteBuffer a_buffer, b_buffer;
   std::map<std::string, const TensorRef*> a_by_name, b_by_name;
   for (const auto& t : a) a_by_name[t.name] = &t;
   for (const auto& t : b) b_by_name[t.name] = &t;
@@ -134,16 +138,25 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
     const TensorRef& t = *it->second;
     const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
     Totals& totals = by_dtype[t.dtype];
-    const bool differs = std::memcmp(t.data, u.data, t.bytes) != 0;
+    // In pieces (whole elements each): two of them in memory, whatever the tensor's size.
+    const std::size_t width = bits % 8 == 0 ? bits / 8 : 1;  // packed below a byte: compared as bytes
+    bool differs = false;
+    std::uint64_t changed = 0;
+    for (std::uint64_t offset = 0; offset < t.bytes; offset += StreamedState::kPieceBytes) {
+      const std::size_t length = std::size_t(std::min<std::uint64_t>(StreamedState::kPieceBytes, t.bytes - offset));
+      const std::byte* t_data = a_state.read_piece(std::size_t(&t - a.data()), offset, length, a_buffer);
+      const std::byte* u_data = b_state.read_piece(std::size_t(&u - b.data()), offset, length, b_buffer);
+      if (std::memcmp(t_data, u_data, length) == 0) continue;
+      differs = true;
+      for (std::size_t i = 0; i < length / width; ++i)
+        changed += std::memcmp(t_data + width * i, u_data + width * i, width) != 0;
+    }
     totals.differing_tensors += differs;
-    if (bits % 8 != 0) {  // packed below a byte: compared as bytes
+    if (bits % 8 != 0) {
       tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"differs", differs}});
       continue;
     }
-    const std::size_t width = bits / 8, n = t.bytes / width;
-    std::uint64_t changed = 0;
-    if (differs)
-      for (std::size_t i = 0; i < n; ++i) changed += std::memcmp(t.data + width * i, u.data + width * i, width) != 0;
+    const std::size_t n = t.bytes / width;
     totals.elements += n;
     totals.changed += changed;
     tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"elements", n}, {"changed", changed},
@@ -160,7 +173,7 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
           {"b", b_path},
           {"tensors", tensors},
           {"totals", totals},
-          {"metadata_changed", a_state.flat.metadata != b_state.flat.metadata}};
+          {"metadata_changed", a_state.metadata() != b_state.metadata()}};
 }
 
 int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
@@ -212,11 +225,14 @@ int cmd_encode(const EncodeArgs& args) {
   opt.target_version = args.target_version;
   SecretKey key;
   opt.signing_key = signing_key(args.sign, key);
-  const OpenState base_state = open_state(args.base), target_state = open_state(args.target);
-  const auto &base = base_state.flat.tensors, &target = target_state.flat.tensors;
+  // Streamed (a tensor of each in memory at a time), except where --codec auto measures every
+  // codec on the states in memory.
+  const StreamedState base_state = StreamedState::open(args.base), target_state = StreamedState::open(args.target);
+  const auto &base = base_state.tensors(), &target = target_state.tensors();
   if (args.codec == "auto") {
     const double bits_per_second = parse_bandwidth(args.bandwidth);
-    const auto measured = measure_codecs(base, target);
+    const OpenState base_whole = open_state(args.base), target_whole = open_state(args.target);
+    const auto measured = measure_codecs(base_whole.flat.tensors, target_whole.flat.tensors);
     const std::size_t best = best_codec(measured, bits_per_second);
     std::printf("codec choice at %s (%.3g bit/s): T = encode + 8 S / B + apply, measured here on this patch\n",
                 args.bandwidth.c_str(), bits_per_second);
@@ -242,8 +258,13 @@ int cmd_encode(const EncodeArgs& args) {
     opt.target_version = args.target_version;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto patch = encode_patch(base, target, opt, nullptr, nullptr, base_state.flat.metadata,
-                                  target_state.flat.metadata);
+  std::vector<std::uint8_t> patch;
+  try {
+    patch = encode_patch(base, target, opt, nullptr, nullptr, base_state.metadata(), target_state.metadata(),
+                         base_state.loader(), target_state.loader());
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory("encode", std::max(base_state.largest_tensor_bytes(), target_state.largest_tensor_bytes()), 2);
+  }
   const double seconds = seconds_since(t0);
   write_file_atomically(args.out, patch.data(), patch.size());
   const ParsedPatch p = parse_patch(patch.data(), patch.size());
@@ -261,9 +282,10 @@ int cmd_encode(const EncodeArgs& args) {
   return 0;
 }
 
-// A .safetensors file to a .safetensors file streams (sync/file_apply.hpp): the base is copied
-// into the output and patched there, never loaded. Folders, compressed files and patches that
-// change the layout or metadata load the base whole; so does everything with stream false.
+// A .safetensors file to a .safetensors file, and a folder to a folder, stream
+// (sync/file_apply.hpp): the base is copied into the output and patched there, never loaded.
+// Compressed files and patches that change the layout, the metadata or a folder's index load
+// the base whole; so does everything with stream false.
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
               const std::string& public_key_path, bool stream, unsigned threads, bool replace) {
   cli::refuse_output_over_inputs(out, "apply: the output", {patch_path, public_key_path});
@@ -273,20 +295,38 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   const bool plain_file = stream && ::stat(base.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
                           !(base.size() > 4 && base.compare(base.size() - 4, 4, ".zst") == 0);
   std::optional<io::SafetensorsFile> header;  // a plain file's header bounds the patch
+  std::optional<OpenState> folder_headers;     // a folder's: its headers and other files
   std::optional<Checkpoint> state;
   if (plain_file)
     header.emplace(io::SafetensorsFile::open_header(base));
+  else if (stream && std::filesystem::is_directory(base))
+    folder_headers.emplace(open_state(base, io::ShardBytes::header_only));
   else
     state.emplace(load_checkpoint(base));
-  const std::vector<TensorRef> layout = header ? tensor_refs(*header) : state->layout;
+  const std::vector<TensorRef> layout = header           ? tensor_refs(*header)
+                                        : folder_headers ? folder_headers->flat.tensors
+                                                         : state->layout;
   PatchLimits limits;
   limits.max_patch_bytes = patch_bytes_limit(layout);
   const auto bytes = read_regular_file(patch_path, limits.max_patch_bytes, "patch");
   const ParsedPatch patch = parse_patch(bytes.data(), bytes.size(), limits, public_key_path.empty() ? nullptr : &key);
   double seconds = 0;
   bool folder = false;
+  std::uint64_t largest = 0;
+  for (const auto& t : layout) largest = std::max<std::uint64_t>(largest, t.bytes);
   if (plain_file && file_apply_fits(base, out, layout, patch)) {
-    apply_file(base, patch, out, threads, &seconds);
+    try {
+      apply_file(base, patch, out, threads, &seconds);
+    } catch (const std::bad_alloc&) {
+      throw_out_of_memory("apply", largest, 1);
+    }
+  } else if (folder_headers && folder_apply_fits(*folder_headers, out, patch)) {
+    try {
+      apply_folder(*folder_headers, patch, out, replace_mode(out, base, replace), threads, &seconds);
+    } catch (const std::bad_alloc&) {
+      throw_out_of_memory("apply", largest, 1);
+    }
+    folder = true;
   } else {
     if (!state) state.emplace(load_checkpoint(base));
     const auto t0 = std::chrono::steady_clock::now();
@@ -307,8 +347,10 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
 }
 
 int cmd_verify(const std::string& path, const std::string& expected, bool json) {
-  const OpenState state = open_state(path);
-  const Digest d = state_digest(state.flat.tensors, state.flat.metadata);
+  const StreamedState state = StreamedState::open(path);  // hashed in pieces
+  std::vector<Digest> digests;
+  for (std::size_t i = 0; i < state.tensors().size(); ++i) digests.push_back(state.digest(i));
+  const Digest d = state_digest(state.tensors(), digests, state.metadata());
   const bool verified = expected.empty() || d == digest_from_hex(expected);
   if (json) {
     nlohmann::json out = {{"file", path}, {"state_digest", to_hex(d)}};
@@ -500,7 +542,7 @@ int main(int argc, char** argv) {
   bool replace = false;
   apply->add_flag("--replace", replace, "replace an existing model folder at -o even if files in it would be deleted");
   unsigned apply_threads = default_apply_threads();
-  apply->add_option("--threads", apply_threads, "threads of a file-to-file apply (copy and hash ahead, decode, write behind)")
+  apply->add_option("--threads", apply_threads, "threads of a streamed apply, file or folder (copy and hash ahead, decode, write behind)")
       ->check(CLI::Range(1u, 256u))
       ->capture_default_str();
   bool no_stream = false;  // hidden: the load-whole path, for apps/bench/stream_apply_bench.py

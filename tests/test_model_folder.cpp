@@ -3,13 +3,15 @@
 // depend on sharding; plan_folder refuses every state that cannot be a folder (paths leaving the
 // folder, an index that disagrees with the tensors, metadata naming no shard or not canonical);
 // replace_folder swaps whole folders, leaves the old one on failure, puts back a folder left
-// missing between two renames, and removes killed writers' folders but never a live one's.
+// missing between two renames, and removes killed writers' folders but never a live one's;
+// StreamedState reads the same state lazily.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -17,6 +19,7 @@
 #include "io/folder_swap.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/model_folder.hpp"
+#include "sync/streamed_state.hpp"
 
 namespace fs = std::filesystem;
 using namespace pulse;
@@ -102,6 +105,47 @@ TEST_F(ModelFolderTest, WrittenFolderReadsBackAsTheState) {
   EXPECT_EQ(back.model.shards().size(), 2u);
   EXPECT_EQ(back.model.shards()[1].metadata(), (Metadata{{"format", "pt"}, {"step", "7"}}));
   EXPECT_EQ(read_text(out / "tokenizer/vocab.txt"), "a\nb\n");
+}
+
+// sync/streamed_state: the same flat state as open_state's, the shards' bytes read only when asked
+// (whole, in pieces, hashed), and a shard that shrinks after the open is an error naming it.
+TEST_F(ModelFolderTest, StreamedStateReadsWhatTheFilesHold) {
+  const fs::path d = sharded("m");
+  const OpenState whole = open_state(d.string());
+  const StreamedState streamed = StreamedState::open(d.string());
+  ASSERT_EQ(streamed.tensors().size(), whole.flat.tensors.size());
+  EXPECT_EQ(streamed.metadata(), whole.flat.metadata);
+  EXPECT_TRUE(streamed.folder());
+  std::uint64_t largest = 0;  // the index file, here
+  for (const auto& t : whole.flat.tensors) largest = std::max<std::uint64_t>(largest, t.bytes);
+  EXPECT_EQ(streamed.largest_tensor_bytes(), largest);
+  ByteBuffer buffer;
+  for (std::size_t i = 0; i < streamed.tensors().size(); ++i) {
+    const TensorRef& t = streamed.tensors()[i];
+    const TensorRef& w = whole.flat.tensors[i];
+    ASSERT_EQ(t.name, w.name);
+    EXPECT_EQ(t.data == nullptr, !is_file_tensor(t.name)) << t.name;  // shards not read at open
+    EXPECT_EQ(std::memcmp(streamed.read(i, buffer), w.data, w.bytes), 0) << t.name;
+    EXPECT_EQ(streamed.digest(i), tensor_digest(w)) << t.name;
+    if (w.bytes > 2) EXPECT_EQ(std::memcmp(streamed.read_piece(i, 2, w.bytes - 2, buffer), w.data + 2, w.bytes - 2), 0);
+  }
+  // The same patch from both (encode_patch reads the streamed states through their loaders).
+  const OpenState other_whole = open_state(d.string());
+  EncodeOptions options;
+  EXPECT_EQ(encode_patch(streamed.tensors(), streamed.tensors(), options, nullptr, nullptr, streamed.metadata(),
+                         streamed.metadata(), streamed.loader(), streamed.loader()),
+            encode_patch(whole.flat.tensors, other_whole.flat.tensors, options, nullptr, nullptr, whole.flat.metadata,
+                         other_whole.flat.metadata));
+  std::size_t b = 0;
+  while (streamed.tensors()[b].name != "b") ++b;
+  fs::resize_file(d / "model-00002-of-00002.safetensors", fs::file_size(d / "model-00002-of-00002.safetensors") - 4);
+  try {
+    streamed.read(b, buffer);
+    ADD_FAILURE() << "a shard that shrank was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model-00002-of-00002.safetensors: the file shrank"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(ModelFolderTest, TensorsDigestDoesNotDependOnSharding) {

@@ -85,6 +85,30 @@ FILE_PREFIX = "__file__/"  # a model folder's other files in pulse's flat state 
 INDEX_NAME = "model.safetensors.index.json"
 
 
+class FolderFiles(dict):
+    """load(files=True)'s {relative path: bytes}, which also remembers the folder's index and
+    shard metadata, so that save(state, path, files=files) lays the shards out as they were
+    (same shards, same tensor order, same `__metadata__`, the index kept byte for byte) while
+    the state still has exactly the index's tensors."""
+
+    def __init__(self, files, index=None, metadata=None):
+        super().__init__(files)
+        self.index = index
+        self.metadata = dict(metadata or {})
+
+    def layout_for(self, state_names):
+        """(index bytes, shard metadata) to keep for a state of these tensor names, or (None,
+        the metadata every shard had) when the tensors are no longer the index's."""
+        if self.index is not None:
+            try:
+                weight_map = json.loads(self.index)["weight_map"]
+            except (ValueError, KeyError, TypeError):
+                weight_map = None
+            if isinstance(weight_map, dict) and set(weight_map) == set(state_names):
+                return self.index, self.metadata
+        return None, {k: v for k, v in self.metadata.items() if not k.startswith("__shard__/")}
+
+
 def load(path, *, framework=None, metadata=False, files=False):
     """A state from a .safetensors file (or .safetensors.zst) or a Hugging Face model folder
     (shards named by model.safetensors.index.json, or one model.safetensors; tensors matched by
@@ -93,12 +117,14 @@ def load(path, *, framework=None, metadata=False, files=False):
 
     metadata=True also returns the __metadata__ dict (of a folder: the pairs every shard has,
     the others as "__shard__/<file>/<key>"); files=True also returns the folder's other files as
-    {relative path: bytes} (config.json, tokenizer files, ...; not the index, which save writes).
+    {relative path: bytes} (config.json, tokenizer files, ...; not the index, which save writes),
+    a FolderFiles that also keeps the index and shard metadata: save(state, path, files=files)
+    then writes the folder as it was, byte for byte where nothing changed.
     Returns state, or a tuple (state, metadata?, files?) in that order."""
     items, meta = _pulse.load(os.fspath(path))
     other = {name[len(FILE_PREFIX):]: bytes(data) for name, _, _, data in items if name.startswith(FILE_PREFIX)}
     items = [item for item in items if not item[0].startswith(FILE_PREFIX)]
-    other.pop(INDEX_NAME, None)
+    other = FolderFiles(other, other.pop(INDEX_NAME, None), meta)
     state = state_from_entries(items, framework or ("torch" if _state_torch() else "numpy"))
     out = (state,) + ((meta,) if metadata else ()) + ((other,) if files else ())
     return out if len(out) > 1 else state
@@ -113,8 +139,10 @@ def save(state, path, *, metadata=None, files=None, max_shard_bytes=None, shards
     most max_shard_bytes each (a larger tensor gets a shard of its own) or `shards` files of
     about equal size, and model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"});
     one shard is model.safetensors without an index. metadata goes into every shard. files is
-    {relative path: bytes or str} (e.g. load(..., files=True)'s); without it, an existing
-    folder keeps its other files. The folder is written whole beside the old one and swapped in,
+    {relative path: bytes or str}; load(..., files=True)'s (a FolderFiles) also brings back the
+    loaded folder's shards, index and metadata when neither max_shard_bytes nor shards is given
+    and the state holds exactly the index's tensors (metadata, when given, replaces the
+    metadata). Without files, an existing folder keeps its other files. The folder is written whole beside the old one and swapped in,
     so it holds either its old content or all of the new."""
     path = os.fspath(path)
     if files is None and max_shard_bytes is None and shards is None and not os.path.isdir(path):
@@ -126,13 +154,20 @@ def save(state, path, *, metadata=None, files=None, max_shard_bytes=None, shards
     for name, _, _, _ in flat:
         if name.startswith(FILE_PREFIX) or name.startswith("__shard__/"):
             raise Error(f"tensor {name}: the prefixes {FILE_PREFIX} and __shard__/ are reserved for model folders")
-    groups = _shard_groups(flat, max_shard_bytes, shards)
+    kept_index = None
+    if isinstance(files, FolderFiles) and max_shard_bytes is None and shards is None:
+        kept_index, kept_metadata = files.layout_for(name for name, _, _, _ in flat)
+        if metadata is None:
+            metadata = kept_metadata
+    groups = [flat[:]] if kept_index is not None else _shard_groups(flat, max_shard_bytes, shards)
     carried = {}
     for rel, data in files.items():
         if rel == INDEX_NAME or ("/" not in rel and rel.endswith(".safetensors")):
             raise Error(f"files: {rel} is written by pulse.save from the state, not passed in files")
         carried[rel] = data.encode() if isinstance(data, str) else bytes(data)
-    if len(groups) > 1:
+    if kept_index is not None:
+        carried[INDEX_NAME] = kept_index  # the C++ side lays the shards out as it says
+    elif len(groups) > 1:
         weight_map = {}
         for k, group in enumerate(groups):
             weight_map.update({name: f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors" for name, _, _, _ in group})

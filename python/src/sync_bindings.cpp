@@ -340,11 +340,9 @@ void bind_sync(py::module_& m) {
   m.def("save_folder", [](const py::list& state, const std::string& path, const std::map<std::string, std::string>& metadata) {
     struct stat st {};
     PULSE_CHECK(::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode), path + " is a file; a model folder cannot replace it");
-    Checkpoint c = checkpoint_copy(state_buffers(state, false));
-    c.metadata = metadata;
-    c.folder = true;
+    const StateBuffers s = state_buffers(state, false);  // views of the caller's tensors, no copy
     py::gil_scoped_release release;
-    save_state(path, c);
+    save_state(path, s.refs, metadata, /*from_folder=*/true);
   });
 
   py::class_<Receiver>(m, "Receiver")

@@ -15,6 +15,7 @@
 #include "io/folder_swap.hpp"
 #include "sync/compress.hpp"
 #include "sync/compressed_checkpoint.hpp"
+#include "sync/streamed_state.hpp"
 
 namespace pulse::sync {
 
@@ -66,39 +67,45 @@ Checkpoint load_compressed(const std::string& path, std::uint64_t max_state_byte
 
 }  // namespace
 
-OpenState open_state(const std::string& path) {
+OpenState open_state(const std::string& path, io::ShardBytes bytes) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) io::recover_folder_swap(path);
-  io::ModelState model = io::ModelState::open(path);
+  io::ModelState model = io::ModelState::open(path, {}, bytes);
   FlatFolder flat = flatten(model);  // views stay valid when both move
   return {std::move(model), std::move(flat)};
 }
 
 Checkpoint load_checkpoint(const std::string& path, std::uint64_t max_state_bytes) {
   if (is_zstd_path(path)) return load_compressed(path, max_state_bytes);
-  const OpenState state = open_state(path);
+  // Each tensor read straight into its own buffer: the model once in memory, not the files too.
+  const StreamedState state = StreamedState::open(path);
   Checkpoint c;
-  c.metadata = state.flat.metadata;
-  c.layout = state.flat.tensors;
+  c.metadata = state.metadata();
+  c.layout = state.tensors();
   c.folder = state.folder();
-  for (const auto& t : c.layout) c.data.emplace_back(t.data, t.data + t.bytes);
-  for (std::size_t i = 0; i < c.layout.size(); ++i) c.layout[i].data = c.data[i].data();  // the files close
+  for (std::size_t i = 0; i < c.layout.size(); ++i) {
+    c.data.emplace_back(c.layout[i].bytes);
+    state.read_into(i, c.data.back().data());
+    c.layout[i].data = c.data.back().data();
+  }
   return c;
 }
 
 std::uint64_t save_checkpoint(const std::string& path, const Checkpoint& checkpoint, int zstd_level) {
+  return save_checkpoint(path, checkpoint.layout, checkpoint.metadata, zstd_level);
+}
+
+std::uint64_t save_checkpoint(const std::string& path, const std::vector<TensorRef>& state, const Metadata& metadata,
+                              int zstd_level) {
   std::vector<io::TensorToWrite> tensors;
-  for (std::size_t i = 0; i < checkpoint.layout.size(); ++i) {
-    const TensorRef& t = checkpoint.layout[i];
-    tensors.push_back({t.name, io::parse_dtype(t.dtype), t.shape, checkpoint.data[i].data(), checkpoint.data[i].size()});
-  }
+  for (const TensorRef& t : state) tensors.push_back({t.name, io::parse_dtype(t.dtype), t.shape, t.data, t.bytes});
   if (!is_zstd_path(path)) {
-    io::write_safetensors(path, tensors, checkpoint.metadata);
+    io::write_safetensors(path, tensors, metadata);
     return std::filesystem::file_size(path);
   }
   // Through a plain file next to it: the safetensors writer is the one place that lays out files.
   const std::string plain = path.substr(0, path.size() - 4) + ".uncompressed";
-  io::write_safetensors(plain, tensors, checkpoint.metadata);
+  io::write_safetensors(plain, tensors, metadata);
   const auto raw = read_regular_file(plain, physical_memory_bytes(), "checkpoint");
   std::remove(plain.c_str());
   const auto coded = compress(Compressor::zstd, zstd_level, raw);
@@ -106,14 +113,12 @@ std::uint64_t save_checkpoint(const std::string& path, const Checkpoint& checkpo
   return raw.size();
 }
 
-namespace {
-
 namespace fs = std::filesystem;
 
 // An existing folder is replaced only when it is empty or opens as a model state, and (unless
 // it is the state's own base, or the user said so) when every file in it but its shards and
-// index (the layout, which a re-sharded state replaces) is one `plan` writes.
-void check_replaceable(const std::string& path, const FolderPlan& plan, ReplaceFolder replace) {
+// index (the layout, which a re-sharded state replaces) is one the new folder writes.
+void check_replaceable_folder(const std::string& path, const std::set<std::string>& written, ReplaceFolder replace) {
   std::error_code ec;
   if (fs::is_empty(path, ec) && !ec) return;
   std::optional<io::ModelState> old;
@@ -123,9 +128,6 @@ void check_replaceable(const std::string& path, const FolderPlan& plan, ReplaceF
     throw Error(path + ": refusing to replace a folder that does not hold a model (" + e.what() + ")");
   }
   if (replace != ReplaceFolder::if_nothing_lost) return;
-  std::set<std::string> written;
-  for (const auto& s : plan.shards) written.insert(s.file);
-  for (const auto& f : plan.files) written.insert(f.first);
   std::string lost;
   for (const auto& f : old->other_files()) {
     const bool index = f.name.find('/') == std::string::npos && f.name.size() > 23 &&
@@ -136,29 +138,40 @@ void check_replaceable(const std::string& path, const FolderPlan& plan, ReplaceF
                                 " would be deleted, not being part of the new state (write elsewhere, or pass --replace)");
 }
 
-}  // namespace
-
 bool save_state(const std::string& path, const Checkpoint& checkpoint, ReplaceFolder replace) {
+  return save_state(path, checkpoint.layout, checkpoint.metadata, checkpoint.folder, replace);
+}
+
+bool save_state(const std::string& path, const std::vector<TensorRef>& state, const Metadata& metadata,
+                bool from_folder, ReplaceFolder replace) {
   std::error_code ec;
   const bool exists = fs::exists(path, ec);
   const bool named_as_file = path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
   const bool folder = exists ? fs::is_directory(path, ec)
-                             : !named_as_file && (checkpoint.folder || carries_files(checkpoint.layout) ||
+                             : !named_as_file && (from_folder || carries_files(state) ||
                                                   (!path.empty() && path.back() == '/'));
   if (!folder) {
-    for (const auto& t : checkpoint.layout)
+    for (const auto& t : state)
       PULSE_CHECK(!is_file_tensor(t.name), path + ": the state is a model folder (it carries " + t.name.substr(9) +
                                                "); write it to a folder, not a file");
-    save_checkpoint(path, checkpoint);
+    save_checkpoint(path, state, metadata);
     return false;
   }
-  const FolderPlan plan = plan_folder(checkpoint.layout, checkpoint.metadata, path);
-  if (exists) check_replaceable(path, plan, replace);
-  const Digest expected = state_digest(checkpoint.layout, checkpoint.metadata);
+  const FolderPlan plan = plan_folder(state, metadata, path);
+  if (exists) {
+    std::set<std::string> written;
+    for (const auto& s : plan.shards) written.insert(s.file);
+    for (const auto& f : plan.files) written.insert(f.first);
+    check_replaceable_folder(path, written, replace);
+  }
+  const Digest expected = state_digest(state, metadata);
   io::replace_folder(path, [&](const std::string& folder_path) {
-    write_planned_folder(folder_path, plan, checkpoint.layout);
-    const OpenState back = open_state(folder_path);
-    PULSE_CHECK(state_digest(back.flat.tensors, back.flat.metadata) == expected,
+    write_planned_folder(folder_path, plan, state);
+    // Read back in pieces (the state is in memory already; its copy on disk need not be).
+    const StreamedState back = StreamedState::open(folder_path);
+    std::vector<Digest> digests;
+    for (std::size_t i = 0; i < back.tensors().size(); ++i) digests.push_back(back.digest(i));
+    PULSE_CHECK(state_digest(back.tensors(), digests, back.metadata()) == expected,
                 path + ": the folder written does not read back as the state (not written)");
   });
   return true;

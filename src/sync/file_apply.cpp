@@ -19,11 +19,13 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/flush_behind.hpp"
+#include "io/folder_swap.hpp"
 #include "io/safetensors.hpp"
 #include "sync/model_folder.hpp"
 
@@ -202,56 +204,90 @@ unsigned default_apply_threads() {
   return unsigned(std::clamp(usable, 1, 4));
 }
 
-std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out, unsigned threads,
-                         double* apply_seconds) {
-  PULSE_CHECK(threads >= 1, "apply needs at least one thread");
-  PULSE_CHECK(!patch.header.changes_layout && !patch.header.changes_metadata,
-              "a patch that changes the layout or the metadata cannot be applied file to file");
-  const auto t0 = std::chrono::steady_clock::now();
-  const FileDescriptor in{::open(base.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};
-  PULSE_CHECK(in.fd >= 0, io_error(base, "cannot open"));
-  struct stat st {};
-  PULSE_CHECK(::fstat(in.fd, &st) == 0 && S_ISREG(st.st_mode), base + ": not a regular file");
-  const std::uint64_t size = std::uint64_t(st.st_size);
+namespace {
 
-  AtomicFile file(out);  // removed unless committed
-  const int fd = file.fd();
-  PULSE_CHECK(::ftruncate(fd, off_t(size)) == 0, io_error(out, "cannot size the temporary file"));
-  // Everything below reads the copy, mapped: what is validated and hashed is what gets written.
+// A base file copied into its output's temporary file, mapped read-only: what is validated,
+// decoded against and hashed is the copy, never the base, which may change meanwhile.
+struct FileCopy {
+  std::string base, out;
+  FileDescriptor in{-1};
+  std::unique_ptr<AtomicFile> file;  // removed unless committed
   Mapping map;
-  if (size > 0) {
-    map.data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    PULSE_CHECK(map.data != MAP_FAILED, io_error(out, "cannot map the temporary file"));
-    map.size = size;
+  io::ParsedHeader header;
+  std::optional<FlushBehind> flush;  // with workers: a thread waits for the disk behind the writers
+
+  const std::byte* bytes() const { return static_cast<const std::byte*>(map.size ? map.data : nullptr); }
+  void finished(std::uint64_t offset, std::uint64_t size) {
+    if (flush) flush->finished(offset, size);
   }
-  const auto* bytes = static_cast<const std::byte*>(size > 0 ? map.data : nullptr);
+  // The mapped pages of [offset, offset + size) leave this process (their bytes stay in the
+  // file and the page cache): a model streams through the map, it never sits in memory.
+  void release(std::uint64_t offset, std::uint64_t size) {
+    static const std::uint64_t page = std::uint64_t(::sysconf(_SC_PAGESIZE));
+    const std::uint64_t begin = offset / page * page, end = std::min<std::uint64_t>(map.size, offset + size);
+    if (end > begin) ::madvise(static_cast<char*>(map.data) + begin, end - begin, MADV_DONTNEED);
+  }
+};
+
+// Opens base, creates out's temporary file of the same size, maps it, copies the header and
+// parses it from the copy.
+void open_copy(FileCopy& c, const std::string& base, const std::string& out, unsigned threads) {
+  c.base = base;
+  c.out = out;
+  c.in.fd = ::open(base.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  PULSE_CHECK(c.in.fd >= 0, io_error(base, "cannot open"));
+  struct stat st {};
+  PULSE_CHECK(::fstat(c.in.fd, &st) == 0 && S_ISREG(st.st_mode), base + ": not a regular file");
+  const std::uint64_t size = std::uint64_t(st.st_size);
+  c.file = std::make_unique<AtomicFile>(out);
+  const int fd = c.file->fd();
+  PULSE_CHECK(::ftruncate(fd, off_t(size)) == 0, io_error(out, "cannot size the temporary file"));
+  if (size > 0) {
+    c.map.data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    PULSE_CHECK(c.map.data != MAP_FAILED, io_error(out, "cannot map the temporary file"));
+    c.map.size = size;
+  }
+  const std::byte* bytes = c.bytes();
   // The header first: its 8-byte length, then as much as that says (the parser checks it).
   const std::uint64_t length_end = std::min<std::uint64_t>(size, 8);
-  copy_bytes(in.fd, fd, 0, length_end, base, out);
+  copy_bytes(c.in.fd, fd, 0, length_end, base, out);
   std::uint64_t n = 0;
   for (std::uint64_t i = 0; i < length_end; ++i) n |= std::uint64_t(bytes[i]) << (8 * i);
   const std::uint64_t header_end = size >= 8 && n <= size - 8 ? 8 + n : size;
-  copy_bytes(in.fd, fd, length_end, header_end - length_end, base, out);
-  const io::ParsedHeader header = io::parse_header(bytes, size, {}, base);
-  start_writeback(fd, 0, header.data_offset);
-  // With workers, a thread that waits for the disk makes each finished part durable.
-  std::optional<FlushBehind> flush;
-  if (threads > 1) flush.emplace(fd, std::filesystem::path(out).parent_path().string());
-  auto finished = [&](std::uint64_t offset, std::uint64_t size) {
-    if (flush) flush->finished(offset, size);
-  };
-  finished(0, header.data_offset);
-  std::vector<TensorRef> tensors;  // in file order
-  std::vector<std::uint64_t> offsets;
-  for (const auto& t : header.tensors) {
-    PULSE_CHECK(!is_file_tensor(t.name), base + ": changed while being read (it now carries folder files)");
-    tensors.push_back({t.name, io::dtype_name(t.dtype), t.shape, bytes + header.data_offset + t.begin, t.end - t.begin});
-    offsets.push_back(header.data_offset + t.begin);
+  copy_bytes(c.in.fd, fd, length_end, header_end - length_end, base, out);
+  c.header = io::parse_header(bytes, size, {}, base);
+  start_writeback(fd, 0, c.header.data_offset);
+  if (threads > 1) c.flush.emplace(fd, std::filesystem::path(out).parent_path().string());
+  c.finished(0, c.header.data_offset);
+}
+
+// Where a tensor of the patched state lies: in a file copy (at offset), or in memory.
+struct Slot {
+  FileCopy* copy = nullptr;
+  std::uint64_t offset = 0;
+};
+
+// The copy's tensors (data in its map, in file order), appended to tensors and slots.
+void add_tensors(FileCopy& c, std::vector<TensorRef>& tensors, std::vector<Slot>& slots) {
+  for (const auto& t : c.header.tensors) {
+    const std::uint64_t offset = c.header.data_offset + t.begin;
+    tensors.push_back({t.name, io::dtype_name(t.dtype), t.shape, c.bytes() + offset, t.end - t.begin});
+    slots.push_back({&c, offset});
   }
+}
+
+// The pipeline of apply_file over several copies at once (a model folder's shards), and
+// tensors held in memory (its other files, written by the caller from *memory_targets).
+// tensors and slots: the copies' tensors (data in their maps), then the in-memory ones.
+std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const std::vector<TensorRef>& tensors,
+                           const std::vector<Slot>& slots, const Metadata& metadata, const ParsedPatch& patch,
+                           unsigned threads, double* apply_seconds, std::chrono::steady_clock::time_point t0,
+                           std::vector<std::vector<std::byte>>* memory_targets) {
   PatchDecoder decoder(patch, tensors, /*hash_targets=*/false);  // the writers hash what they write
   std::vector<std::size_t> by_name(tensors.size());  // the entries' order
   std::iota(by_name.begin(), by_name.end(), 0);
   std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
+  if (memory_targets) memory_targets->assign(tensors.size(), {});
 
   // Ahead of the decoder: copy a tensor. Behind it: hash the base's bytes and write the patched
   // ones, hashed as written (the decoder, the critical path, only decodes).
@@ -260,7 +296,8 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   // then leaves the base's bytes unknown).
   std::vector<char> copied(tensors.size(), 0), hashed(tensors.size(), 0), patching(tensors.size(), 0);
   auto copy = [&](std::size_t t) {
-    copy_bytes(in.fd, fd, offsets[t], tensors[t].bytes, base, out);
+    if (const Slot& s = slots[t]; s.copy)
+      copy_bytes(s.copy->in.fd, s.copy->file->fd(), s.offset, tensors[t].bytes, s.copy->base, s.copy->out);
     copied[t] = 1;
   };
   auto hash_base = [&](std::size_t t) {
@@ -271,6 +308,8 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
   // hashed as read and as patched while it is in cache.
   auto write_changes = [&](const DecodedEntry& e) {
     const std::size_t t = e.tensor;
+    FileCopy& f = *slots[t].copy;
+    const std::uint64_t offset = slots[t].offset;
     thread_local std::vector<std::byte> chunk;
     chunk.resize(std::min<std::uint64_t>(e.bytes, kChunkBytes));
     DigestStream base_digest, target_digest;
@@ -288,40 +327,52 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
           std::memcpy(chunk.data() + (e.indices[c] * e.width - begin), e.values.data() + c * e.width, e.width);
         target_digest.update(patched, piece_length);
       }
-      write_bytes(fd, chunk.data(), length, offsets[t] + begin, out);
-      start_writeback(fd, offsets[t] + begin, length);
-      finished(offsets[t] + begin, length);
+      write_bytes(f.file->fd(), chunk.data(), length, offset + begin, f.out);
+      start_writeback(f.file->fd(), offset + begin, length);
+      f.finished(offset + begin, length);
     }
     base_digests[t] = base_digest.finish();
     target_digests[t] = target_digest.finish();
     hashed[t] = 1;
+    f.release(offset, e.bytes);
   };
   auto hash_base_and_write = [&](const DecodedEntry& e) {
     const std::size_t t = e.tensor;
     if (e.kind == EntryKind::sparse && e.touched()) return write_changes(e);
     hash_base(t);
+    FileCopy* f = slots[t].copy;
+    const std::uint64_t offset = slots[t].offset;
     if (e.kind == EntryKind::whole) {
       target_digests[t] = digest_bytes(e.whole, e.bytes);
       patching[t] = 1;
-      write_bytes(fd, e.whole, e.bytes, offsets[t], out);
+      if (f) {
+        write_bytes(f->file->fd(), e.whole, e.bytes, offset, f->out);
+      } else {
+        const auto* w = reinterpret_cast<const std::byte*>(e.whole);
+        (*memory_targets)[t].assign(w, w + e.bytes);
+      }
     } else {
       target_digests[t] = base_digests[t];  // the copy is the target
+      if (!f) (*memory_targets)[t].assign(tensors[t].data, tensors[t].data + tensors[t].bytes);
     }
-    start_writeback(fd, offsets[t], e.bytes);
-    finished(offsets[t], e.bytes);
+    if (f) {
+      start_writeback(f->file->fd(), offset, e.bytes);
+      f->finished(offset, e.bytes);
+      f->release(offset, e.bytes);
+    }
   };
 
   std::uint64_t written = 0;
   {
     WorkQueue queue(threads - 1);
-    std::deque<std::future<void>> copies, writes;
+    std::deque<std::future<void>> copying, writes;
     std::size_t next_copy = 0;
     try {
       for (std::size_t k = 0; k < by_name.size(); ++k) {
         for (; next_copy < by_name.size() && next_copy <= k + threads; ++next_copy)
-          copies.push_back(queue.submit([&copy, t = by_name[next_copy]] { copy(t); }));
-        queue.wait(copies.front());  // by_name[k] is copied
-        copies.pop_front();
+          copying.push_back(queue.submit([&copy, t = by_name[next_copy]] { copy(t); }));
+        queue.wait(copying.front());  // by_name[k] is copied
+        copying.pop_front();
         DecodedEntry e = decoder.next();
         written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
         writes.push_back(queue.submit([&hash_base_and_write, e = std::move(e)] { hash_base_and_write(e); }));
@@ -332,7 +383,7 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
       wait_all(queue, writes);
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
-      wait_all(queue, copies, true);
+      wait_all(queue, copying, true);
       wait_all(queue, writes, true);
       // A corrupt patch, or a base that is not the patch's: the base's digest tells which.
       bool base_known = true;
@@ -342,22 +393,116 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
           // A write that failed part way left that copy neither the base nor the target.
           base_known = hashed[t] || !patching[t];
           if (!hashed[t] && base_known) hash_base(t);
+          if (slots[t].copy) slots[t].copy->release(slots[t].offset, tensors[t].bytes);
         }
       } catch (...) {
         base_known = false;
       }
-      if (base_known) decoder.check_base(state_digest(tensors, base_digests, header.metadata));
+      if (base_known) decoder.check_base(state_digest(tensors, base_digests, metadata));
       std::rethrow_exception(error);
     }
   }
-  decoder.check_base(state_digest(tensors, base_digests, header.metadata));
-  decoder.check_target(state_digest(tensors, target_digests, header.metadata));
+  decoder.check_base(state_digest(tensors, base_digests, metadata));
+  decoder.check_target(state_digest(tensors, target_digests, metadata));
   if (apply_seconds) *apply_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Unmapped before the fsync in commit(), which writes what writeback has not yet.
-  if (map.data != MAP_FAILED) ::munmap(map.data, map.size);
-  map.data = MAP_FAILED;
-  flush.reset();
-  file.commit();
+  for (auto& c : copies) {
+    if (c->map.data != MAP_FAILED) ::munmap(c->map.data, c->map.size);
+    c->map.data = MAP_FAILED;
+    c->flush.reset();
+  }
+  for (auto& c : copies) c->file->commit();
+  return written;
+}
+
+}  // namespace
+
+std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out, unsigned threads,
+                         double* apply_seconds) {
+  PULSE_CHECK(threads >= 1, "apply needs at least one thread");
+  PULSE_CHECK(!patch.header.changes_layout && !patch.header.changes_metadata,
+              "a patch that changes the layout or the metadata cannot be applied file to file");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<FileCopy>> copies;
+  copies.push_back(std::make_unique<FileCopy>());
+  FileCopy& c = *copies.back();
+  open_copy(c, base, out, threads);
+  for (const auto& t : c.header.tensors)
+    PULSE_CHECK(!is_file_tensor(t.name), base + ": changed while being read (it now carries folder files)");
+  std::vector<TensorRef> tensors;  // in file order
+  std::vector<Slot> slots;
+  add_tensors(c, tensors, slots);
+  return apply_copies(copies, tensors, slots, c.header.metadata, patch, threads, apply_seconds, t0, nullptr);
+}
+
+bool folder_apply_fits(const OpenState& base, const std::string& out, const ParsedPatch& patch) {
+  if (!base.folder() || patch.header.changes_layout || patch.header.changes_metadata) return false;
+  // Where save_state would write a folder (sync/checkpoint.hpp).
+  struct stat st {};
+  const bool exists = ::stat(out.c_str(), &st) == 0;
+  if (exists ? !S_ISDIR(st.st_mode) : ends_with(out, ".safetensors") || ends_with(out, ".zst")) return false;
+  // The shards keep their names and tensors only while the index stays as it is.
+  std::vector<std::string> names;
+  for (const auto& t : base.flat.tensors) names.push_back(t.name);
+  std::sort(names.begin(), names.end());
+  if (names.size() != patch.entries.size()) return false;  // the decoder says why
+  for (std::size_t k = 0; k < names.size(); ++k)
+    if (is_file_tensor(names[k]) && ends_with(names[k], ".safetensors.index.json") &&
+        patch.entries[k].kind != EntryKind::same)
+      return false;
+  return true;
+}
+
+std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, const std::string& out,
+                           ReplaceFolder replace, unsigned threads, double* apply_seconds) {
+  PULSE_CHECK(threads >= 1, "apply needs at least one thread");
+  PULSE_CHECK(base.folder() && !patch.header.changes_layout && !patch.header.changes_metadata,
+              "internal: apply_folder takes a folder and a patch that keeps its layout and metadata");
+  if (std::filesystem::exists(out)) {
+    // The new folder holds the base's shards (same names) and its other files.
+    std::set<std::string> written;
+    for (const TensorRef& t : base.flat.tensors)
+      if (is_file_tensor(t.name)) written.insert(t.name.substr(std::strlen(kFileTensorPrefix)));
+    check_replaceable_folder(out, written, replace);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::uint64_t written = 0;
+  io::replace_folder(out, [&](const std::string& folder) {
+    std::vector<std::unique_ptr<FileCopy>> copies;
+    std::vector<TensorRef> tensors;
+    std::vector<Slot> slots;
+    for (const io::SafetensorsFile& shard : base.model.shards()) {
+      copies.push_back(std::make_unique<FileCopy>());
+      FileCopy& c = *copies.back();
+      const std::string name = std::filesystem::path(shard.path()).filename().string();
+      open_copy(c, shard.path(), (std::filesystem::path(folder) / name).string(), threads);
+      // The copy must be the shard that was opened (the folder's layout was checked on it).
+      bool same = c.header.metadata == shard.metadata() && c.header.tensors.size() == shard.tensors().size();
+      for (std::size_t i = 0; same && i < c.header.tensors.size(); ++i) {
+        const io::HeaderEntry& h = c.header.tensors[i];
+        const io::TensorView& v = shard.tensors()[i];
+        same = h.name == v.name && h.dtype == v.dtype && h.shape == v.shape &&
+               c.header.data_offset + h.begin == v.file_offset;
+      }
+      PULSE_CHECK(same, shard.path() + ": changed while being read (its header is not the one opened)");
+      add_tensors(c, tensors, slots);
+    }
+    // The folder's other files, in memory since the folder was opened.
+    const std::size_t first_file = tensors.size();
+    for (const TensorRef& t : base.flat.tensors)
+      if (is_file_tensor(t.name)) {
+        tensors.push_back(t);
+        slots.push_back({});
+      }
+    std::vector<std::vector<std::byte>> files;
+    written = apply_copies(copies, tensors, slots, base.flat.metadata, patch, threads, apply_seconds, t0, &files);
+    for (std::size_t t = first_file; t < tensors.size(); ++t) {
+      const std::string relative = tensors[t].name.substr(std::strlen(kFileTensorPrefix));
+      const std::filesystem::path path = std::filesystem::path(folder) / relative;
+      std::filesystem::create_directories(path.parent_path());
+      write_file_atomically(path.string(), files[t].data(), files[t].size());
+    }
+  });
   return written;
 }
 

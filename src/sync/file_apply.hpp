@@ -9,11 +9,14 @@
 // target digests verify. Copying ahead and hashing and writing behind run on worker threads;
 // decoding runs in order on the calling thread (the patch's streams are sequential). Memory
 // holds the patch, the decoded changes of the tensors in flight and a chunk buffer per thread,
-// not the model; the output keeps the base's header bytes (tensor order, padding) exactly.
+// not the model (each tensor's mapped pages are released once it is written); the output keeps
+// the base's header bytes (tensor order, padding) exactly. A model folder's shards go through
+// the same pipeline at once (apply_folder, below).
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "sync/checkpoint.hpp"
 #include "sync/patch.hpp"
 
 namespace pulse::sync {
@@ -39,5 +42,19 @@ unsigned default_apply_threads();
 // Returns the elements written; apply_seconds gets the time before the final fsync.
 std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out,
                          unsigned threads = default_apply_threads(), double* apply_seconds = nullptr);
+
+// A model folder's apply, the same pipeline over its shards at once (each shard copied into
+// the new folder's shard of the same name and patched there; the index, config and tokenizer
+// files, in memory since the folder was opened, written from the patched state), into a new
+// folder swapped in whole once every digest verifies (io/folder_swap.hpp; out may be the base
+// itself, for --in-place). Memory holds the patch, the decoded changes in flight, the folder's
+// other files and a chunk per thread, not the shards. It fits (folder_apply_fits) when base
+// (opened with io::ShardBytes::header_only) is a folder, out is where save_state would write a
+// folder, and the patch changes neither the layout, the metadata nor the index.
+bool folder_apply_fits(const OpenState& base, const std::string& out, const ParsedPatch& patch);
+// An existing out is replaced under save_state's rule (check_replaceable_folder, with replace).
+std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, const std::string& out,
+                           ReplaceFolder replace, unsigned threads = default_apply_threads(),
+                           double* apply_seconds = nullptr);
 
 }  // namespace pulse::sync

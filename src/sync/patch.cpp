@@ -509,6 +509,13 @@ class DigestWithChanges {
   std::uint64_t done_ = 0, next_ = 0;  // elements hashed, changes written
 };
 
+// A tensor's bytes: in memory, or read by the state's loader.
+const std::byte* bytes_of(const std::vector<TensorRef>& state, const TensorRef& t, const TensorLoader& loader) {
+  if (t.data || t.bytes == 0) return t.data;
+  PULSE_CHECK(loader, "internal: tensor '" + t.name + "' is not in memory and its state has no loader");
+  return loader(std::size_t(&t - state.data()));
+}
+
 // Digest of a tensor's bytes with the changes written; with `rank`, the chunks in cache also
 // rank the changes.
 Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, bool rank, Changes& changes) {
@@ -534,7 +541,8 @@ Digest digest_with_changes(const TensorRef& t, const SparseFormat& format, bool 
 std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
                                        const EncodeOptions& options, const StateDigests* base_digests,
                                        StateDigests* target_digests, const Metadata& base_metadata,
-                                       const Metadata& target_metadata) {
+                                       const Metadata& target_metadata, const TensorLoader& base_loader,
+                                       const TensorLoader& target_loader) {
   check_codings(options);
   const auto base_by_name = by_name(base, "base"), target_by_name = by_name(target, "target");
   check_sizes(base);
@@ -566,16 +574,18 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     Digest base_digest{}, target_digest{};
     if (b && base_digests) base_digest = known_digest(*base_digests, name);
     const auto format = sparse_format(t.dtype);
+    const std::byte* base_data = b ? bytes_of(base, *b, base_loader) : nullptr;
+    const std::byte* target_data = bytes_of(target, t, target_loader);
     if (b && format) {
-      scan_changes(*format, b->data, t.data, numel_of(t.shape), base_digests ? nullptr : &base_digest, target_digest,
-                   coder.ranks(), tensor_changes);
+      scan_changes(*format, base_data, target_data, numel_of(t.shape), base_digests ? nullptr : &base_digest,
+                   target_digest, coder.ranks(), tensor_changes);
       coder.add(name, *format, tensor_changes, e);
     } else {
-      if (b && !base_digests) base_digest = tensor_digest(*b);
-      target_digest = tensor_digest(t);
-      if (!b || std::memcmp(b->data, t.data, t.bytes) != 0) {
+      if (b && !base_digests) base_digest = digest_bytes(base_data, b->bytes);
+      target_digest = digest_bytes(target_data, t.bytes);
+      if (!b || std::memcmp(base_data, target_data, t.bytes) != 0) {
         e.kind = EntryKind::whole;
-        const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
+        const auto* p = reinterpret_cast<const std::uint8_t*>(target_data);
         c.whole_stream.insert(c.whole_stream.end(), p, p + t.bytes);
       }
     }
@@ -591,7 +601,8 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   } else {
     std::vector<Digest> in_base_order;
     for (const auto& t : base)
-      in_base_order.push_back(base_digest_of.count(t.name) ? base_digest_of[t.name] : tensor_digest(t));
+      in_base_order.push_back(base_digest_of.count(t.name) ? base_digest_of[t.name]
+                                                           : digest_bytes(bytes_of(base, t, base_loader), t.bytes));
     c.base_state = state_digest(base, in_base_order, base_metadata);
   }
   finish_content(c, coder, base, target, target_digest_of, target_metadata, target_digests);

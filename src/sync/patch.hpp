@@ -10,6 +10,7 @@
 // failure writes the old values back.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -174,14 +175,20 @@ struct StateDigests {
 };
 StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata = {});
 
+// Reads the bytes of a tensor that is not in memory (TensorRef::data null, bytes > 0), given
+// its index in its state, into a buffer the loader owns; they stay valid until its next call.
+using TensorLoader = std::function<const std::byte*(std::size_t index)>;
+
 // Any two states: tensors present in both with equal dtype and shape are coded against the
 // base; the others are removed or added (carried whole); a changed metadata travels whole.
 // With base_digests the base is not hashed again; target_digests, when given, receives the
-// target's.
+// target's. A state whose tensors are not in memory comes with its loader: encode then holds
+// one tensor of each state at a time (sync/streamed_state.hpp), and the patch.
 std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
                                        const EncodeOptions& options, const StateDigests* base_digests = nullptr,
                                        StateDigests* target_digests = nullptr, const Metadata& base_metadata = {},
-                                       const Metadata& target_metadata = {});
+                                       const Metadata& target_metadata = {}, const TensorLoader& base_loader = {},
+                                       const TensorLoader& target_loader = {});
 
 // One tensor's changes: sorted, distinct element indices and the new bits of each.
 struct TensorChanges {

@@ -2,7 +2,9 @@
 by pulse: encode/apply of a Llama-like folder (BF16, F16, F32) to a target with 1% one-ulp
 changes, a metadata change, an added tensor, a changed config.json and 2 -> 3 shards; publish and
 pull; bad folders refused in one line with nothing written; a corrupt patch, a failing swap (strace
-fault injection), a full disk and killed appliers leave the old folder byte for byte.
+fault injection), a full disk and killed appliers leave the old folder byte for byte, both for
+that patch (applied by loading the base) and for one that keeps the layout (streamed shard by
+shard: the result is the target's files byte for byte).
     test_pulse_sync_folders.py --app build/apps/pulse-sync
 """
 import argparse
@@ -189,9 +191,11 @@ def bad_input(app, p):
            f"a folder without a model is not replaced: {r.stderr}")
 
 
-def failures_leave_old(app, p, target_digest):
+def failures_leave_old(app, p, target_digest, patch="f.pulse", target="target"):
     """Corrupt patches, failing swaps, a full disk and kills never change the old folder."""
-    good = open(p("f.pulse"), "rb").read()
+    good = open(p(patch), "rb").read()
+    for old in ("victim", "victim2"):
+        shutil.rmtree(p(old), ignore_errors=True)
     shutil.copytree(p("base"), p("victim"))
     before = snapshot(p("victim"))
     parent = os.path.dirname(p("victim"))
@@ -207,16 +211,16 @@ def failures_leave_old(app, p, target_digest):
         return
     strace = lambda *inject: ["strace", "-f", "-qq", "-e", "trace=renameat,renameat2", *sum((["-e", i] for i in inject), [])]
     # The swap itself fails: the new folder was complete, the old one stays.
-    r = run(app, "apply", "--in-place", p("victim"), "--patch", p("f.pulse"), prefix=strace("inject=renameat2:error=EIO"))
+    r = run(app, "apply", "--in-place", p("victim"), "--patch", p(patch), prefix=strace("inject=renameat2:error=EIO"))
     expect(r.returncode != 0 and snapshot(p("victim")) == before and not leftovers(parent),
            f"a failing swap leaves the old folder: {r.returncode} {r.stderr[-300:]}")
     # A filesystem without RENAME_EXCHANGE: two renames, the second failing -> the old folder back.
-    r = run(app, "apply", "--in-place", p("victim"), "--patch", p("f.pulse"),
+    r = run(app, "apply", "--in-place", p("victim"), "--patch", p(patch),
             prefix=strace("inject=renameat2:error=EINVAL", "inject=renameat:error=EIO:when=2"))
     expect(r.returncode != 0 and snapshot(p("victim")) == before and not leftovers(parent),
            f"a failing second rename puts the old folder back: {r.stderr[-300:]}")
     # Killed between the two renames: the folder is missing until the next reader puts it back.
-    r = run(app, "apply", "--in-place", p("victim"), "--patch", p("f.pulse"),
+    r = run(app, "apply", "--in-place", p("victim"), "--patch", p(patch),
             prefix=strace("inject=renameat2:error=EINVAL", "inject=renameat:error=EIO:signal=SIGKILL:when=2"))
     expect(not os.path.exists(p("victim")) and ".victim.pulse-swap" in os.listdir(parent),
            f"the kill lands between the renames: {sorted(os.listdir(parent))}")
@@ -225,11 +229,11 @@ def failures_leave_old(app, p, target_digest):
     expect(r.returncode == 0 and snapshot(p("victim")) == before, f"the next reader restores the old folder: {r.stderr}")
     # Without RENAME_EXCHANGE the two renames succeed.
     shutil.copytree(p("victim"), p("victim2"))
-    r = run(app, "apply", "--in-place", p("victim2"), "--patch", p("f.pulse"), prefix=strace("inject=renameat2:error=EINVAL"))
-    expect(r.returncode == 0 and same_folder(p("victim2"), p("target")) and not leftovers(parent),
+    r = run(app, "apply", "--in-place", p("victim2"), "--patch", p(patch), prefix=strace("inject=renameat2:error=EINVAL"))
+    expect(r.returncode == 0 and same_folder(p("victim2"), p(target)) and not leftovers(parent),
            f"two renames where RENAME_EXCHANGE is unsupported: {r.stderr[-300:]} {leftovers(parent)}")
     # A full disk while the new folder is written.
-    r = run(app, "apply", "--in-place", p("victim"), "--patch", p("f.pulse"), file_size=50000)
+    r = run(app, "apply", "--in-place", p("victim"), "--patch", p(patch), file_size=50000)
     expect(one_line_error(r) and snapshot(p("victim")) == before and not leftovers(parent),
            f"a full disk leaves the old folder: {r.stderr}")
 
@@ -237,7 +241,7 @@ def failures_leave_old(app, p, target_digest):
     random.seed(5)
     outcomes = {"old": 0, "new": 0}
     for attempt in range(12):
-        proc = subprocess.Popen([app, "apply", "--in-place", p("victim"), "--patch", p("f.pulse")],
+        proc = subprocess.Popen([app, "apply", "--in-place", p("victim"), "--patch", p(patch)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(random.uniform(0, 0.06))
         proc.send_signal(signal.SIGKILL)
@@ -253,9 +257,49 @@ def failures_leave_old(app, p, target_digest):
             outcomes["old"] += 1
             expect(snapshot(p("victim")) == before, "a killed apply leaves the old folder byte for byte")
     print(f"killed appliers: {outcomes}")
-    r = run(app, "apply", "--in-place", p("victim"), "--patch", p("f.pulse"))
-    expect(r.returncode == 0 and same_folder(p("victim"), p("target")) and not leftovers(parent),
+    r = run(app, "apply", "--in-place", p("victim"), "--patch", p(patch))
+    expect(r.returncode == 0 and same_folder(p("victim"), p(target)) and not leftovers(parent),
            f"the next apply cleans up after killed ones: {r.stderr} {leftovers(parent)}")
+
+
+def make_same_layout(d):
+    """The base with 1% one-ulp changes and a config.json changed at the same size, in the
+    base's shards, index and metadata: a patch that keeps the layout, applied streamed."""
+    base_state = hf.llama_state(64, 2, 512, 160, seed=1)
+    files = hf.model_files(64, 2, 512, seed=2)
+    target_state, changed = hf.one_ulp(base_state, 0.01, seed=4)
+    config = files["config.json"].replace(b'"llama"', b'"LLAMA"')
+    assert len(config) == len(files["config.json"]) and config != files["config.json"]
+    hf.write_folder(os.path.join(d, "target_kept"), target_state, 2, {"format": "pt"}, {**files, "config.json": config})
+    return changed
+
+
+def streamed(app, p):
+    """A folder patch that keeps the layout streams shard by shard (sync/file_apply.hpp): the
+    result is the target byte for byte (every shard file, header included), the changed
+    config.json too, -o and --in-place; failures leave the old folder (failures_leave_old, with
+    this patch)."""
+    r = run(app, "encode", "--base", p("base"), "--target", p("target_kept"), "-o", p("kept.pulse"))
+    expect(r.returncode == 0, f"encode a patch that keeps the layout: {r.stderr}")
+    i = json.loads(run(app, "inspect", p("kept.pulse"), "--json").stdout)
+    expect(not i["added"] and not i["removed"] and "metadata" not in i and i["entries"]["whole"] == 1,
+           f"the patch keeps the layout, config.json carried whole: {i}")
+    shutil.copytree(p("base"), p("kept_work"))
+    for args, folder in ((["--in-place", p("kept_work")], p("kept_work")),
+                         (["--base", p("base"), "-o", p("kept_out")], p("kept_out"))):
+        r = run(app, "apply", *args, "--patch", p("kept.pulse"))
+        expect(r.returncode == 0 and snapshot(folder) == snapshot(p("target_kept")) and "wrote the folder" in r.stdout,
+               f"streamed folder apply {args[0]}: {r.stdout}{r.stderr}")
+        expect(not leftovers(os.path.dirname(folder)), f"no leftovers: {leftovers(os.path.dirname(folder))}")
+    # As for the patch loaded whole: no folder without a model replaced, no other model patched.
+    r = run(app, "apply", "--base", p("base"), "--patch", p("kept.pulse"), "-o", p("home"))
+    expect(one_line_error(r) and "refusing" in r.stderr and snapshot(p("home")) == {"notes.txt": b"mine"},
+           f"a folder without a model is not replaced by a streamed apply: {r.stderr}")
+    before = snapshot(p("other"))
+    r = run(app, "apply", "--in-place", p("other"), "--patch", p("kept.pulse"))
+    expect(one_line_error(r) and "base" in r.stderr and snapshot(p("other")) == before and not leftovers(p("")),
+           f"a streamed patch of another model: {r.stderr}")
+    return run(app, "verify", p("target_kept")).stdout.split()[0]
 
 
 def relay(app, p):
@@ -289,6 +333,9 @@ def main():
         digest = round_trip(app, p, changed)
         bad_input(app, p)
         failures_leave_old(app, p, digest)
+        make_same_layout(d)
+        kept_digest = streamed(app, p)
+        failures_leave_old(app, p, kept_digest, "kept.pulse", "target_kept")
         relay(app, p)
     print(f"{len(failures)} failures")
     sys.exit(1 if failures else 0)

@@ -284,6 +284,31 @@ def test_model_folder_save_load(tmp_path):
         pulse.save({"__file__/a": torch.zeros(2)}, tmp_path / "y", shards=1)
 
 
+def test_model_folder_round_trip_byte_for_byte(tmp_path):
+    """load(files=True) -> save(files=files) gives back a save_pretrained-style folder (2 shards
+    with `format: pt`, index, config) byte for byte when nothing changed; a changed tensor lands
+    in the same shard; a state with a tensor more is sharded anew (one file, the common metadata)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "apps"))
+    import llama_folder
+    llama_folder.write_pair(tmp_path / "a", tmp_path / "b", "tiny", seed=3)
+    original = {f: (tmp_path / "a" / f).read_bytes() for f in os.listdir(tmp_path / "a")}
+    assert sum(f.endswith(".safetensors") for f in original) == 2
+    state, files = pulse.load(tmp_path / "a", files=True)
+    pulse.save(state, tmp_path / "out", files=files)
+    assert {f: (tmp_path / "out" / f).read_bytes() for f in os.listdir(tmp_path / "out")} == original
+    name = "model.layers.1.mlp.down_proj.weight"
+    state[name].view(torch.int16)[0] += 1
+    pulse.save(state, tmp_path / "out", files=files)
+    back = pulse.load(tmp_path / "out")
+    assert torch.equal(back[name].view(torch.int16), state[name].view(torch.int16))
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(original)
+    state["extra"] = torch.zeros(3)
+    pulse.save(state, tmp_path / "more", files=files)
+    assert sorted(os.listdir(tmp_path / "more")) == ["config.json", "model.safetensors"]
+    _, meta = pulse.load(tmp_path / "more", metadata=True)
+    assert meta == {"format": "pt"}
+
+
 def test_relay_publish_pull(tmp_path):
     relay = pulse.Relay(tmp_path / "relay")
     assert relay.head() is None
