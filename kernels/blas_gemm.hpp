@@ -55,20 +55,10 @@ inline cublasHandle_t cublas_handle() {
 template <class ExecSpace, class AView, class BView, class CView>
 void blas_gemm(const ExecSpace& space, Transpose trans_a, Transpose trans_b, int m, int n, int k,
           float alpha, const AView& A, const BView& B, float beta, const CView& C) {
-  static_assert(!std::is_const_v<typename CView::value_type>, "gemm: C must be writable");
-  using Access = Kokkos::SpaceAccessibility<ExecSpace, typename AView::memory_space>;
-  static_assert(Access::accessible &&
-                    std::is_same_v<typename AView::memory_space, typename BView::memory_space> &&
-                    std::is_same_v<typename AView::memory_space, typename CView::memory_space>,
-                "gemm: A, B and C must live in one memory space the execution space can access");
-  PULSE_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=" + std::to_string(m) + " n=" +
-                                              std::to_string(n) + " k=" + std::to_string(k));
+  detail::check_gemm_call<ExecSpace>(trans_a, trans_b, m, n, k, A, B, C);
+  if (m == 0 || n == 0) return;
   const bool ta = trans_a == Transpose::yes;
   const bool tb = trans_b == Transpose::yes;
-  detail::check_gemm_operand(A, ta ? k : m, ta ? m : k, "A");
-  detail::check_gemm_operand(B, tb ? n : k, tb ? k : n, "B");
-  detail::check_gemm_operand(C, m, n, "C");
-  if (m == 0 || n == 0) return;
 
   constexpr bool on_host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
   if constexpr (detail::is_cuda<ExecSpace>) {

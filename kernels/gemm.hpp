@@ -44,6 +44,26 @@ void check_gemm_operand(const View& x, index_t rows, index_t cols, const char* n
                   std::to_string(x.extent(1)) + ", expected " + std::to_string(rows) + "x" + std::to_string(cols));
 }
 
+// The checks of a gemm call (pulse::gemm's and pulse::blas_gemm's): writable C, one memory space
+// the execution space reaches, and shapes that match m, n, k and the transposes.
+template <class ExecSpace, class AView, class BView, class CView>
+void check_gemm_call(Transpose trans_a, Transpose trans_b, int m, int n, int k, const AView& A, const BView& B,
+                     const CView& C) {
+  static_assert(!std::is_const_v<typename CView::value_type>, "gemm: C must be writable");
+  using Mem = typename AView::memory_space;
+  static_assert(Kokkos::SpaceAccessibility<ExecSpace, Mem>::accessible &&
+                    std::is_same_v<Mem, typename BView::memory_space> &&
+                    std::is_same_v<Mem, typename CView::memory_space>,
+                "gemm: A, B and C must live in one memory space the execution space can access");
+  PULSE_CHECK(m >= 0 && n >= 0 && k >= 0,
+              "gemm: negative size m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+  const bool ta = trans_a == Transpose::yes;
+  const bool tb = trans_b == Transpose::yes;
+  check_gemm_operand(A, ta ? k : m, ta ? m : k, "A");
+  check_gemm_operand(B, tb ? n : k, tb ? k : n, "B");
+  check_gemm_operand(C, m, n, "C");
+}
+
 // Row stride of a row-major matrix; BLAS wants at least 1 even for empty matrices.
 template <class View>
 int leading_dimension(const View& x) {
@@ -117,20 +137,11 @@ inline void gemm_edge_tile(index_t k, const StridedMatrix& a, index_t i0, int ro
 template <class ExecSpace, class AView, class BView, class CView>
 void gemm(const ExecSpace& space, Transpose trans_a, Transpose trans_b, int m, int n, int k, float alpha,
           const AView& A, const BView& B, float beta, const CView& C) {
-  static_assert(!std::is_const_v<typename CView::value_type>, "gemm: C must be writable");
+  detail::check_gemm_call<ExecSpace>(trans_a, trans_b, m, n, k, A, B, C);
+  if (m == 0 || n == 0) return;
   using Mem = typename AView::memory_space;
-  static_assert(Kokkos::SpaceAccessibility<ExecSpace, Mem>::accessible &&
-                    std::is_same_v<Mem, typename BView::memory_space> &&
-                    std::is_same_v<Mem, typename CView::memory_space>,
-                "gemm: A, B and C must live in one memory space the execution space can access");
-  PULSE_CHECK(m >= 0 && n >= 0 && k >= 0,
-              "gemm: negative size m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
   const bool ta = trans_a == Transpose::yes;
   const bool tb = trans_b == Transpose::yes;
-  detail::check_gemm_operand(A, ta ? k : m, ta ? m : k, "A");
-  detail::check_gemm_operand(B, tb ? n : k, tb ? k : n, "B");
-  detail::check_gemm_operand(C, m, n, "C");
-  if (m == 0 || n == 0) return;
 
   const detail::StridedMatrix a = detail::op_matrix(A.data(), detail::leading_dimension(A), ta);
   float* const c = C.data();

@@ -122,84 +122,107 @@ Kokkos::View<std::uint8_t*> bench_decay_mask() {
   return mask;
 }
 
+// AdamW's inputs: FP32 master, gradient and moments with a BF16 copy of the master (mixed), or
+// all in BF16.
+struct MixedInputs {
+  Kokkos::View<float*> master, grad, m, v;
+  Kokkos::View<bf16_bits*> copy;
+};
+
+MixedInputs mixed_inputs(index_t n) {
+  MixedInputs x{random_floats(n, 5, 0.05f), random_floats(n, 6, 1e-3f), random_floats(n, 7, 1e-4f),
+                random_floats(n, 8, 1e-8f), Kokkos::View<bf16_bits*>("copy", n)};
+  const auto v = x.v;
+  Kokkos::parallel_for("bench::abs", n, KOKKOS_LAMBDA(index_t i) { v(i) = fabsf(v(i)); });
+  cast_to_bf16(DefaultExec(), x.master, x.copy);
+  return x;
+}
+
+struct Bf16Inputs {
+  Kokkos::View<bf16_bits*> w, g, m, v;
+};
+
+Bf16Inputs bf16_inputs(index_t n) {
+  Bf16Inputs x{Kokkos::View<bf16_bits*>("w", n), Kokkos::View<bf16_bits*>("g", n), Kokkos::View<bf16_bits*>("m", n),
+               Kokkos::View<bf16_bits*>("v", n)};
+  cast_to_bf16(DefaultExec(), random_floats(n, 5, 0.05f), x.w);
+  cast_to_bf16(DefaultExec(), random_floats(n, 6, 1e-3f), x.g);
+  return x;
+}
+
+AdamWHyper bench_hyper(Precision p) {
+  AdamWHyper h;  // lr 3e-6, an RL learning rate: 1-3% of the BF16 bits change per step
+  if (p == Precision::mixed) h.weight_decay = 0.01;
+  return h;
+}
+
+// The changes a staged pass listed, as a share of the elements.
+double changed_fraction(const ChangeStaging<DefaultMem>& staging, index_t n) {
+  index_t changed = 0;
+  const auto counts = staging.counts;
+  Kokkos::parallel_reduce("bench::changed", counts.extent(0), KOKKOS_LAMBDA(index_t j, index_t & c) { c += counts(j); },
+                          changed);
+  return double(changed) / n;
+}
+
 // Mixed: reads w, g, m, v (16 B), writes w, m, v (12 B) and the BF16 copy (2 B).
 void BM_AdamWMixed(benchmark::State& state) {
   const index_t n = state.range(0);
-  auto master = random_floats(n, 5, 0.05f), grad = random_floats(n, 6, 1e-3f);
-  auto m = random_floats(n, 7, 1e-4f), v = random_floats(n, 8, 1e-8f);
-  Kokkos::parallel_for("bench::abs", n, KOKKOS_LAMBDA(index_t i) { v(i) = fabsf(v(i)); });
-  Kokkos::View<bf16_bits*> copy("copy", n);
+  const MixedInputs x = mixed_inputs(n);
   const auto segs = make_segments(bench_offsets(n));
   const auto mask = bench_decay_mask();
-  AdamWHyper h;
-  h.weight_decay = 0.01;
+  const AdamWHyper h = bench_hyper(Precision::mixed);
   std::int64_t step = 10;
   run_timed(state, 30.0 * n, [&] {
-    adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), master, grad, m, v,
-                copy, false);
+    adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), x.master, x.grad, x.m,
+                x.v, x.copy, false);
   });
 }
 
 // BF16: reads w, g, m, v (8 B), writes w, m, v (6 B); counts changes on the way.
 void BM_AdamWBf16(benchmark::State& state) {
   const index_t n = state.range(0);
-  Kokkos::View<bf16_bits*> w("w", n), g("g", n), m("m", n), v("v", n);
-  cast_to_bf16(DefaultExec(), random_floats(n, 5, 0.05f), w);
-  cast_to_bf16(DefaultExec(), random_floats(n, 6, 1e-3f), g);
+  const Bf16Inputs x = bf16_inputs(n);
   const auto segs = make_segments(bench_offsets(n));
   const auto mask = bench_decay_mask();
-  AdamWHyper h;
+  const AdamWHyper h = bench_hyper(Precision::bf16);
   std::int64_t step = 10;
   run_timed(state, 14.0 * n, [&] {
-    adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), w, g, m, v);
+    adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), x.w, x.g, x.m, x.v);
   });
 }
 
 // The staged variants pulse-train's trainer 0 runs: the same pass, also reading the previous BF16
-// bits and staging each change (index 8 B + bits 2 B). Counter changed_fraction: the changes'
-// share of the elements at these settings.
+// bits (mixed) and staging each change (index 8 B + bits 2 B, not counted). Counter
+// changed_fraction: the changes' share of the elements at these settings.
 void BM_AdamWMixedStaged(benchmark::State& state) {
   const index_t n = state.range(0);
-  auto master = random_floats(n, 5, 0.05f), grad = random_floats(n, 6, 1e-3f);
-  auto m = random_floats(n, 7, 1e-4f), v = random_floats(n, 8, 1e-8f);
-  Kokkos::parallel_for("bench::abs", n, KOKKOS_LAMBDA(index_t i) { v(i) = fabsf(v(i)); });
-  Kokkos::View<bf16_bits*> copy("copy", n);
-  cast_to_bf16(DefaultExec(), master, copy);
+  const MixedInputs x = mixed_inputs(n);
   const auto segs = make_segments(bench_offsets(n));
   const auto mask = bench_decay_mask();
   const auto staging = make_change_staging(segs);
-  AdamWHyper h;
-  h.weight_decay = 0.01;
+  const AdamWHyper h = bench_hyper(Precision::mixed);
   std::int64_t step = 10;
   run_timed(state, 32.0 * n, [&] {
-    adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), master, grad, m, v,
-                copy, staging);
+    adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), x.master, x.grad, x.m,
+                x.v, x.copy, staging);
   });
-  index_t changed = 0;
-  const auto counts = staging.counts;
-  Kokkos::parallel_reduce("bench::changed", counts.extent(0), KOKKOS_LAMBDA(index_t j, index_t & c) { c += counts(j); },
-                          changed);
-  state.counters["changed_fraction"] = double(changed) / n;
+  state.counters["changed_fraction"] = changed_fraction(staging, n);
 }
 
 void BM_AdamWBf16Staged(benchmark::State& state) {
   const index_t n = state.range(0);
-  Kokkos::View<bf16_bits*> w("w", n), g("g", n), m("m", n), v("v", n);
-  cast_to_bf16(DefaultExec(), random_floats(n, 5, 0.05f), w);
-  cast_to_bf16(DefaultExec(), random_floats(n, 6, 1e-3f), g);
+  const Bf16Inputs x = bf16_inputs(n);
   const auto segs = make_segments(bench_offsets(n));
   const auto mask = bench_decay_mask();
   const auto staging = make_change_staging(segs);
-  AdamWHyper h;
+  const AdamWHyper h = bench_hyper(Precision::bf16);
   std::int64_t step = 10;
   run_timed(state, 14.0 * n, [&] {
-    adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), w, g, m, v, staging);
+    adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), x.w, x.g, x.m, x.v,
+               staging);
   });
-  index_t changed = 0;
-  const auto counts = staging.counts;
-  Kokkos::parallel_reduce("bench::changed", counts.extent(0), KOKKOS_LAMBDA(index_t j, index_t & c) { c += counts(j); },
-                          changed);
-  state.counters["changed_fraction"] = double(changed) / n;
+  state.counters["changed_fraction"] = changed_fraction(staging, n);
 }
 
 // Two BF16 versions that differ in 1% of the elements (the paper's per-step sparsity).
