@@ -4,8 +4,8 @@ does not depend on the CPU's vector width, on threads, or on how many rows share
 
 Each run is repeated under every OpenBLAS kernel set this CPU can execute (Haswell = AVX2 on any
 x86-64 with AVX2, SkylakeX = AVX-512 where the CPU has it) and at 1 and 2 OpenBLAS threads, and
-compared byte for byte with the first: the SFT warm start's weights, and pulse-train's final
-checkpoint (FP32 master, Adam moments, BF16 versions on every rank) at np 2 (1 trainer + 1
+compared with the first, every tensor byte for byte and the metadata but rank 0's random run
+id: the SFT warm start's weights, and pulse-train's final checkpoint (FP32 master, Adam moments, BF16 versions on every rank) at np 2 (1 trainer + 1
 inference rank fed by patches) and np 4 (2 DDP trainers + 2 inference ranks), so rollouts, their
 logprobs, the gradients and every patch enter. Before pulse::gemm, the AVX-512 kernels made the
 split rollouts' logprobs differ in their last bits (test_train_roles_np4 failed).
@@ -20,6 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_ref  # noqa: E402
 from expect import expect, failures  # noqa: E402
 
 
@@ -47,18 +48,26 @@ def environments():
             yield f"OPENBLAS_CORETYPE={coretype} OPENBLAS_NUM_THREADS={threads}", env
 
 
-def file_bytes(paths):
+# Metadata that differs between any two runs by design: rank 0's random run id, and the
+# checkpoint's checksum, which covers it.
+PER_RUN_METADATA = {"run_id", "checksum"}
+
+
+def file_contents(paths):
+    """Per file: every tensor's dtype, shape and bytes, and the metadata but for PER_RUN_METADATA."""
     out = {}
     for path in sorted(paths):
-        with open(path, "rb") as fh:
-            out[os.path.basename(path)] = fh.read()
+        tensors, metadata = safetensors_ref.read(path)
+        out[os.path.basename(path)] = (
+            {name: (dtype, array.shape, array.tobytes()) for name, (dtype, array) in tensors.items()},
+            {k: v for k, v in (metadata or {}).items() if k not in PER_RUN_METADATA})
     return out
 
 
 def run_sft(app, out, env):
     subprocess.run([app, "--model", "tiny", "--digits", "1", "--steps", "40", "--eval-every", "40", "--out", out],
                    check=True, stdout=subprocess.DEVNULL, env=env, timeout=300)
-    return file_bytes([os.path.join(out, "model.safetensors")])
+    return file_contents([os.path.join(out, "model.safetensors")])
 
 
 def run_train(app, mpi, np_, init, folder, env):
@@ -72,7 +81,7 @@ def run_train(app, mpi, np_, init, folder, env):
     p = subprocess.run(mpi + ["-n", str(np_), app] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        env=env, cwd=folder, timeout=300)
     expect(p.returncode == 0, f"pulse-train np {np_} failed: {p.stderr.strip()[-500:]}")
-    return file_bytes(glob.glob(os.path.join(folder, "run.ckpt", "rank-*.safetensors")) +
+    return file_contents(glob.glob(os.path.join(folder, "run.ckpt", "rank-*.safetensors")) +
                       [os.path.join(folder, "run.weights.safetensors")])
 
 
