@@ -12,10 +12,7 @@ grep -qw avx512f /proc/cpuinfo 2>/dev/null && sets="$sets SkylakeX"
 for coretype in $sets; do
   for threads in 1 2; do
     echo "pulse: determinism tests with OPENBLAS_CORETYPE=$coretype OPENBLAS_NUM_THREADS=$threads"
-    if [ "$coretype" = default ]; then
-      (cd "$BUILD" && OPENBLAS_NUM_THREADS=$threads ctest -L determinism --output-on-failure -j 2)
-    else
-      (cd "$BUILD" && OPENBLAS_CORETYPE=$coretype OPENBLAS_NUM_THREADS=$threads ctest -L determinism --output-on-failure -j 2)
-    fi
+    [ "$coretype" = default ] && kernels="" || kernels="OPENBLAS_CORETYPE=$coretype"
+    (cd "$BUILD" && env $kernels OPENBLAS_NUM_THREADS=$threads ctest -L determinism --output-on-failure -j 2)
   done
 done

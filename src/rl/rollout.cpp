@@ -19,41 +19,36 @@ constexpr std::size_t header_bytes = sizeof(rollout_magic) + 3 * sizeof(std::int
 // Each position carries tokens, targets, mask and old_logprobs.
 constexpr std::size_t bytes_per_position = 2 * sizeof(std::int32_t) + sizeof(std::uint8_t) + sizeof(float);
 
-// A draw from softmax(logits / temperature) given a uniform u, and its log-probability under
-// that distribution (see sample_rollouts for temperature 0). The log-probability is taken in the
-// trainer's arithmetic (row_target_logprob on the float logits, divided by the temperature
-// unless it is 1 or 0), so at temperature 1 it is the trainer's value for the same weights.
+// A draw from softmax(logits) given a uniform u (greedy: the argmax, first of ties), and its
+// log-probability in the trainer's arithmetic (row_target_logprob). sample_rollouts hands it the
+// logits already divided by the temperature in float, as GPT::set_temperature divides them, so
+// the trainer's logprob of the same row is the same bits.
 struct Draw {
   int token;
   float logprob;
 };
 
-Draw draw_token(const float* logits, int V, float temperature, double u) {
-  const double inv_t = temperature > 0 ? 1.0 / temperature : 1.0;
+Draw draw_token(const float* logits, int V, bool greedy, double u) {
   double mx = -std::numeric_limits<double>::infinity();
   int argmax = 0;
   for (int v = 0; v < V; ++v)
     if (logits[v] > mx) mx = logits[v], argmax = v;
-  const double scaled_max = mx * inv_t;
-  double z = 0;
-  for (int v = 0; v < V; ++v) z += std::exp(logits[v] * inv_t - scaled_max);
   int token = argmax;
-  if (temperature > 0) {
+  if (!greedy) {
+    double z = 0;
+    for (int v = 0; v < V; ++v) z += std::exp(logits[v] - mx);
     // Inverse CDF on the unnormalised weights; the last positive weight takes rounding's tail.
     const double target = u * z;
     double cumulative = 0;
     for (int v = 0; v < V; ++v) {
-      const double p = std::exp(logits[v] * inv_t - scaled_max);
+      const double p = std::exp(logits[v] - mx);
       if (p <= 0) continue;
       token = v;
       cumulative += p;
       if (cumulative > target) break;
     }
   }
-  if (temperature == 1.0f || temperature == 0.0f) return {token, row_target_logprob(logits, V, token)};
-  std::vector<float> scaled(logits, logits + V);
-  for (float& l : scaled) l /= temperature;
-  return {token, row_target_logprob(scaled.data(), V, token)};
+  return {token, row_target_logprob(logits, V, token)};
 }
 
 template <class T>
@@ -155,6 +150,7 @@ RolloutBatch sample_rollouts(GPTDecoder& decoder, const CharTokenizer& tok, cons
   out.rewards.assign(out.rows, 0.0f);
 
   const int B = decoder.batch(), V = tok.vocab_size(), eos = tok.eos();
+  const bool greedy = options.temperature == 0.0f;
   std::vector<std::vector<int>> prompt_ids(prompts.size());
   for (std::size_t p = 0; p < prompts.size(); ++p) {
     prompt_ids[p] = tok.encode(prompts[p].prompt);
@@ -181,11 +177,14 @@ RolloutBatch sample_rollouts(GPTDecoder& decoder, const CharTokenizer& tok, cons
     for (int pos = 0; pos < seq_len && remaining > 0; ++pos) {
       for (int b = 0; b < B; ++b) step_tokens_h(b) = b < active ? text[b][pos] : eos;
       Kokkos::deep_copy(step_tokens, step_tokens_h);
-      const std::vector<float> logits = to_host(decoder.step(step_tokens, pos));
+      std::vector<float> logits = to_host(decoder.step(step_tokens, pos));
+      // The policy's logits: over the temperature (greedy draws score at temperature 1).
+      if (!greedy && options.temperature != 1.0f)
+        for (float& l : logits) l /= options.temperature;
       for (int b = 0; b < active; ++b) {
         if (done[b] || pos + 1 < prompt_len[b]) continue;  // finished, or still reading the prompt
         const std::uint64_t row = options.first_row + std::uint64_t(first + b);
-        const Draw d = draw_token(logits.data() + std::size_t(b) * V, V, options.temperature,
+        const Draw d = draw_token(logits.data() + std::size_t(b) * V, V, greedy,
                                   counter_uniform(options.seed, row, std::uint64_t(pos + 1)));
         text[b][pos + 1] = d.token;
         const std::size_t i = std::size_t(first + b) * seq_len + pos;
