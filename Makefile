@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # Debian's python carries the apt python3-* packages; a pyenv python3 first on PATH does not.
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: deps deps-run build build-run run test test-determinism test-openmp bench clean
+.PHONY: deps deps-run build build-run run test test-fast test-determinism test-openmp bench clean
 
 # Debian packages (cmake/debian-deps.sh): what `make run` needs, and what the tests add.
 deps-run:
@@ -38,6 +38,10 @@ run: build-run
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The unit and MPI tests without the slow app runs: a first answer in about a minute after the build.
+test-fast: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L '^(unit|mpi)$$' -LE '^slow$$'
 
 # The determinism tests again under every OpenBLAS kernel set the CPU runs (AVX2, and AVX-512
 # where present) at 1 and 2 BLAS threads (cmake/determinism-check.sh).
