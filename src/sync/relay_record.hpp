@@ -17,7 +17,7 @@ namespace pulse::sync {
 
 inline constexpr std::size_t kMaxRelayRecordBytes = 4096;
 
-inline constexpr int kRelayRecordFormat = 2;  // what format_head and format_anchor_record write
+inline constexpr int kRelayRecordFormat = 3;  // what format_head and format_anchor_record write
 
 // A relay's identity: 32 lowercase hex digits drawn at its first publish, kept by every later one.
 using RelayId = std::string;
