@@ -76,6 +76,7 @@ BlockDigest& BlockDigest::operator-=(const BlockDigest& o) {
 }
 
 void BlockDigest::add(const void* data, std::size_t bytes, std::uint64_t offset) {
+  if (bytes == 0) return;
   PULSE_CHECK(offset % kDigestBlockBytes == 0, "internal: a tensor digest piece that does not start a block");
   const auto* p = static_cast<const std::uint8_t*>(data);
   for (std::uint64_t b = offset / kDigestBlockBytes; bytes > 0; ++b) {
