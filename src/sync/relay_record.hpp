@@ -4,8 +4,8 @@
 // state digest and sizes), each optionally signed with the publisher's Ed25519 key, so a
 // signature binds the version to its relay and model. The byte format is in src/sync/FORMAT.md
 // ("Relay"). Parsing is strict (one spelling per record) and, given a public key, accepts only a
-// valid signature. Format 1 records (no relay id, layout or sizes) are still parsed, with
-// format = 1; readers decide what they accept of them.
+// valid signature. Records of formats 1 and 2 (state digests of whole-tensor xxh3-128) are
+// refused with one line: publish the relay again.
 #include <cstdint>
 #include <optional>
 #include <string>
