@@ -33,6 +33,7 @@
 #include "sync/checkpoint.hpp"
 #include "sync/codec_choice.hpp"
 #include "sync/file_apply.hpp"
+#include "sync/parallel.hpp"
 #include "sync/patch.hpp"
 #include "sync/relay.hpp"
 #include "sync/relay_names.hpp"
@@ -210,6 +211,7 @@ struct EncodeArgs {
   std::string base, target, out, values = "keydiff", indices = "gap-varint", compressor = "zstd", sign;
   std::string codec, bandwidth = "10Gbit";
   int level = 3;
+  unsigned threads = 0;  // parts coded at once; 0: the cores
   std::uint64_t base_version = 0, target_version = 1;
 };
 
@@ -221,6 +223,7 @@ int cmd_encode(const EncodeArgs& args) {
   opt.indices = opt.values == ValueCoding::exponent_class ? IndexCoding::exponent_class : parse_index_coding(args.indices);
   opt.compressor = parse_compressor(args.compressor);
   opt.level = args.level;
+  opt.threads = args.threads;
   opt.base_version = args.base_version;
   opt.target_version = args.target_version;
   SecretKey key;
@@ -346,10 +349,10 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   return 0;
 }
 
-int cmd_verify(const std::string& path, const std::string& expected, bool json) {
-  const StreamedState state = StreamedState::open(path);  // hashed in pieces
-  std::vector<Digest> digests;
-  for (std::size_t i = 0; i < state.tensors().size(); ++i) digests.push_back(state.digest(i));
+int cmd_verify(const std::string& path, const std::string& expected, bool json, unsigned threads) {
+  const StreamedState state = StreamedState::open(path);  // hashed in pieces, tensors on the threads
+  std::vector<Digest> digests(state.tensors().size());
+  parallel_for(threads, digests.size(), [&](std::size_t i) { digests[i] = state.digest(i); });
   const Digest d = state_digest(state.tensors(), digests, state.metadata());
   const bool verified = expected.empty() || d == digest_from_hex(expected);
   if (json) {
@@ -517,6 +520,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"zstd", "lz4", "none"}))
       ->capture_default_str();
   encode->add_option("--level", enc.level, "zstd level")->check(CLI::Range(-7, 22))->capture_default_str();
+  encode->add_option("--threads", enc.threads, "threads coding the patch's parts (0: the cores; the bytes do not depend on it)")
+      ->capture_default_str();
   encode->add_option("--base-version", enc.base_version, "version number of the base")
       ->check(kVersionNumber)
       ->capture_default_str();
@@ -552,6 +557,8 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand("verify", "print a checkpoint's state digest, or check it with --digest");
   verify->add_option("FILE", verify_path, "checkpoint (file or model folder)")->required()->check(kExistingState);
   verify->add_option("--digest", digest, "expected state digest (32 hex digits)");
+  unsigned verify_threads = 0;
+  verify->add_option("--threads", verify_threads, "threads hashing the tensors (0: the cores)")->capture_default_str();
   verify->add_flag("--json", json, "print one JSON object (file, state_digest, and with --digest: expected, verified)");
 
   std::string inspect_path;
@@ -616,7 +623,7 @@ int main(int argc, char** argv) {
       PULSE_CHECK(base.empty(), "--in-place takes its base from FILE; drop --base");
       return summary.print(cmd_apply(in_place, patch, in_place, public_key, !no_stream, apply_threads, replace));
     }
-    if (*verify) return cmd_verify(verify_path, digest, json);
+    if (*verify) return cmd_verify(verify_path, digest, json, verify_threads);
     if (*inspect) return cmd_inspect(inspect_path, json);
     if (*keygen) return summary.print(cmd_keygen(public_out, secret_out, force_keys));
     if (*publish) return summary.print(cmd_publish(rel));

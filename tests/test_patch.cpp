@@ -269,6 +269,25 @@ std::vector<std::uint8_t> table_of(const DtypeSummary& s, const std::vector<std:
   return t;
 }
 
+// A part table (FORMAT.md "Parts"), to follow a crafted entry table.
+std::vector<std::uint8_t> part_table_of(const std::vector<PatchPart>& parts) {
+  std::vector<std::uint8_t> t;
+  put_varint_to(t, parts.size());
+  for (const PatchPart& p : parts) {
+    put_varint_to(t, p.segments.size());
+    for (const PatchSegment& s : p.segments) {
+      put_varint_to(t, s.elements);
+      put_varint_to(t, s.count);
+    }
+    for (std::uint64_t v : {p.index.coded, p.index.raw, p.value.coded, p.value.raw}) put_varint_to(t, v);
+  }
+  return t;
+}
+
+std::vector<std::uint8_t> part_table_of(const std::vector<std::uint8_t>& patch) {
+  return part_table_of(parse_patch(patch.data(), patch.size()).parts);
+}
+
 }  // namespace
 
 // Found by fuzz_patch_decoder_rechecksummed (format 1): a `whole` entry of 0 bytes for an empty
@@ -282,6 +301,8 @@ TEST(Patch, EmptyTensorCarriedWholeAppliesWithoutCopying) {
   ASSERT_FALSE(rejected_and_untouched(good, base));
   // Both dtypes' summaries, then "empty" whole (was same), "w" sparse with one change.
   std::vector<std::uint8_t> table{2, 4, 'B', 'F', '1', '6', 1, 2, 1, 0, 3, 'I', '3', '2', 1, 0, 0, 0, 2, 2, 0, 1};
+  const auto parts = part_table_of(good);
+  table.insert(table.end(), parts.begin(), parts.end());
   const auto crafted = with_table(good, table);
   State receiver = base;
   auto m = mutables(receiver);
@@ -305,8 +326,15 @@ TEST(Patch, DeclaredStreamsAreBoundedByTheReceiverBeforeDecompression) {
   // The receiver's layout gives the shape [4]; the entries claim 2^33 changes with 8-byte gaps,
   // and the header raw streams of 64 GiB and 16 GiB that they imply.
   const std::uint64_t n = std::uint64_t(1) << 33;
-  auto bad = with_table(good, table_of({"BF16", 1, 4, n, 0}, {{0, n, 8}}));
   const std::uint64_t index_raw = 8 * n, value_raw = 2 * n;
+  PatchPart part = parse_patch(good.data(), good.size()).parts.at(0);
+  part.segments = {{n, n}};
+  part.index.raw = index_raw;
+  part.value.raw = value_raw;
+  auto table = table_of({"BF16", 1, 4, n, 0}, {{0, n, 8}});
+  const auto parts = part_table_of({part});
+  table.insert(table.end(), parts.begin(), parts.end());
+  auto bad = with_table(good, table);
   std::memcpy(bad.data() + 88, &index_raw, 8);
   std::memcpy(bad.data() + 104, &value_raw, 8);
   const auto crafted = rechecksummed(bad);

@@ -90,7 +90,7 @@ TEST(RelayRecords, RoundTripSignedAndUnsigned) {
   EXPECT_EQ(back.layout, h.layout);
   EXPECT_EQ(back.relay, h.relay);
   EXPECT_EQ(back.relay.size(), 32u);
-  EXPECT_EQ(back.format, 2);
+  EXPECT_EQ(back.format, kRelayRecordFormat);
   EXPECT_TRUE(back.is_signed);
   auto parse = [](const std::string& text, const PublicKey* key) {
     return parse_head(reinterpret_cast<const std::uint8_t*>(text.data()), text.size(), key, "HEAD");
@@ -110,13 +110,17 @@ TEST(RelayRecords, RoundTripSignedAndUnsigned) {
   first.follows.reset();
   EXPECT_FALSE(parse(format_head(first, nullptr), nullptr).follows.has_value());
   EXPECT_NE(new_relay_id(), h.relay);
-  // Format 1 (before relay ids) still parses, as format 1 with no relay or layout.
-  const auto old = parse(std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, '0') +
-                             "\nfollows none\n",
-                         nullptr);
-  EXPECT_EQ(old.format, 1);
-  EXPECT_EQ(old.version, 3u);
-  EXPECT_EQ(old.relay, "");
+  // Formats 1 and 2 state digests of whole-tensor xxh3-128 (before the block digest): refused
+  // in one line that says to publish again.
+  for (const char* title : {"PULSESync relay HEAD 1", "PULSESync relay HEAD 2"}) {
+    try {
+      parse(std::string(title) + "\nversion 3\nstate " + std::string(32, '0') + "\nfollows none\n", nullptr);
+      ADD_FAILURE() << title << " was read";
+    } catch (const pulse::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("publish the relay again"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    }
+  }
   for (const std::string& bad :
        {std::string("PULSESync relay HEAD 1\nversion 3\nstate ") + std::string(32, '0') + "\nfollows 3\n",
         std::string("PULSESync relay HEAD 1\nversion 03\nstate ") + std::string(32, '0') + "\nfollows none\n",

@@ -15,10 +15,10 @@ void UnitPatchSize::add_tensor(const std::string& name, const std::string& dtype
   t.name = name;
   t.dtype = dtype;
   t.numel = numel;
-  t.changed = t.next_index = 0;
+  t.next_index = t.segment_begin = 0;
   t.element_bytes = dtype == "F32" ? 4 : 2;
-  t.index_bytes.clear();
-  t.value_bytes.clear();
+  t.segment_elements = sync::patch_segment_elements(sync::EncodeOptions{}, t.element_bytes);
+  t.segments.clear();
 }
 
 std::uint64_t UnitPatchSize::bytes(int level) {
@@ -27,19 +27,15 @@ std::uint64_t UnitPatchSize::bytes(int level) {
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tensors_[a].name < tensors_[b].name; });
   std::vector<sync::TensorLayout> layout;
-  std::vector<std::uint64_t> changed;
-  index_stream_.clear();
-  value_stream_.clear();
+  std::vector<std::vector<sync::SegmentStreams>> segments;
   for (const std::size_t i : order) {
     const Tensor& t = tensors_[i];
     layout.push_back({t.name, t.dtype, {std::int64_t(t.numel)}});
-    changed.push_back(t.changed);
-    index_stream_.insert(index_stream_.end(), t.index_bytes.begin(), t.index_bytes.end());
-    value_stream_.insert(value_stream_.end(), t.value_bytes.begin(), t.value_bytes.end());
+    segments.push_back(t.segments);
   }
   sync::EncodeOptions options;  // gap-varint, keydiff, zstd: the defaults this class codes
   options.level = level;
-  return sync::sparse_patch_bytes(options, layout, changed, index_stream_, value_stream_);
+  return sync::sparse_patch_bytes(options, layout, segments);
 }
 
 }  // namespace pulse::measure

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "sync/patch.hpp"
 #include "sync/varint.hpp"
 
 namespace pulse::measure {
@@ -26,11 +27,18 @@ class UnitPatchSize {
   // Element `index` of the tensor added last went from old_bits to new_bits (which differ).
   void add_change(std::uint64_t index, std::uint32_t new_bits, std::uint32_t old_bits) {
     Tensor& t = tensors_[used_ - 1];
-    sync::put_varint(t.index_bytes, index - t.next_index);  // gap-varint
+    // The patch's segments: each codes its first gap from its begin.
+    while (t.segments.empty() || index >= t.segment_begin + t.segment_elements) {
+      if (!t.segments.empty()) t.segment_begin += t.segment_elements;
+      t.segments.emplace_back();
+      t.next_index = t.segment_begin;
+    }
+    sync::SegmentStreams& s = t.segments.back();
+    sync::put_varint(s.index, index - t.next_index);  // gap-varint
     t.next_index = index + 1;
-    sync::put_varint(t.value_bytes, sync::zigzag(std::int64_t(key(new_bits, t.element_bytes)) -
-                                                 std::int64_t(key(old_bits, t.element_bytes))));  // keydiff
-    ++t.changed;
+    sync::put_varint(s.value, sync::zigzag(std::int64_t(key(new_bits, t.element_bytes)) -
+                                           std::int64_t(key(old_bits, t.element_bytes))));  // keydiff
+    ++s.count;
   }
 
   // Bytes of the unit's patch at this zstd level.
@@ -39,9 +47,9 @@ class UnitPatchSize {
  private:
   struct Tensor {
     std::string name, dtype;
-    std::uint64_t numel = 0, changed = 0, next_index = 0;
+    std::uint64_t numel = 0, next_index = 0, segment_begin = 0, segment_elements = 0;
     unsigned element_bytes = 0;
-    std::vector<std::uint8_t> index_bytes, value_bytes;
+    std::vector<sync::SegmentStreams> segments;  // up to the last with a change
   };
 
   // The monotone integer order of a sign-magnitude float's bits (sync's key of BF16/F16/F32).
@@ -53,7 +61,6 @@ class UnitPatchSize {
 
   std::vector<Tensor> tensors_;  // the first used_ are the unit's
   std::size_t used_ = 0;
-  std::vector<std::uint8_t> index_stream_, value_stream_;
 };
 
 }  // namespace pulse::measure

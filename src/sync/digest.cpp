@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "sync/parallel.hpp"
 
 namespace pulse::sync {
 
@@ -40,6 +41,73 @@ void DigestStream::update(const void* data, std::size_t bytes) {
 
 Digest DigestStream::finish() const {
   return canonical_digest(XXH3_128bits_digest(static_cast<const XXH3_state_t*>(state_)));
+}
+
+BlockDigest BlockDigest::of(const Digest& d) {
+  BlockDigest b;
+  for (int i = 0; i < 8; ++i) {
+    b.high_ = b.high_ << 8 | d[i];
+    b.low_ = b.low_ << 8 | d[8 + i];
+  }
+  return b;
+}
+
+Digest BlockDigest::digest() const {
+  Digest d;
+  for (int i = 0; i < 8; ++i) {
+    d[i] = std::uint8_t(high_ >> (56 - 8 * i));
+    d[8 + i] = std::uint8_t(low_ >> (56 - 8 * i));
+  }
+  return d;
+}
+
+BlockDigest& BlockDigest::operator+=(const BlockDigest& o) {
+  const std::uint64_t low = low_ + o.low_;
+  high_ += o.high_ + (low < low_);
+  low_ = low;
+  return *this;
+}
+
+BlockDigest& BlockDigest::operator-=(const BlockDigest& o) {
+  const std::uint64_t low = low_ - o.low_;
+  high_ -= o.high_ + (low > low_);
+  low_ = low;
+  return *this;
+}
+
+void BlockDigest::add(const void* data, std::size_t bytes, std::uint64_t offset) {
+  if (bytes == 0) return;
+  PULSE_CHECK(offset % kDigestBlockBytes == 0, "internal: a tensor digest piece that does not start a block");
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  for (std::uint64_t b = offset / kDigestBlockBytes; bytes > 0; ++b) {
+    const std::size_t n = std::min(bytes, kDigestBlockBytes);
+    const XXH128_hash_t h = XXH3_128bits_withSeed(p, n, b);
+    const std::uint64_t low = low_ + h.low64;
+    high_ += h.high64 + (low < low_);
+    low_ = low;
+    p += n;
+    bytes -= n;
+  }
+}
+
+void BlockDigest::subtract(const void* data, std::size_t bytes, std::uint64_t offset) {
+  BlockDigest piece;
+  piece.add(data, bytes, offset);
+  *this -= piece;
+}
+
+Digest tensor_digest(const TensorRef& t, unsigned threads) {
+  // Ranges of 1 MiB: enough work per task, and a whole number of blocks.
+  constexpr std::size_t kRange = std::size_t(1) << 20;
+  const std::size_t ranges = (t.bytes + kRange - 1) / kRange;
+  std::vector<BlockDigest> sums(ranges);
+  parallel_for(ranges > 1 ? threads : 1, ranges, [&](std::size_t r) {
+    const std::size_t begin = r * kRange;
+    sums[r].add(t.data + begin, std::min(kRange, t.bytes - begin), begin);
+  });
+  BlockDigest total;
+  for (const auto& s : sums) total += s;
+  return total.digest();
 }
 
 std::string to_hex(const Digest& d) {

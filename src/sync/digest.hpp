@@ -1,7 +1,9 @@
 #pragma once
-// xxh3-128 digests of tensors and of a whole model state. The state digest is canonical: it
-// covers every tensor's name, dtype, shape and bytes, in order of name, so two files with the
-// same tensors in another layout have the same digest.
+// Digests of tensors and of a whole model state (FORMAT.md). A tensor's digest is additive over
+// its 128-byte blocks (BlockDigest), so pieces of a tensor hashed apart (threads, parts of a
+// patch, shards) add up, and a change updates it in the blocks it touches. The state digest is
+// canonical: it covers every tensor's name, dtype, shape and digest, in order of name, so two
+// files with the same tensors in another layout have the same digest.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +15,7 @@ namespace pulse::sync {
 
 using Digest = std::array<std::uint8_t, 16>;
 
+// xxh3-128 of bytes (checksums of files and patches; not a tensor's digest).
 Digest digest_bytes(const void* data, std::size_t bytes);
 
 // digest_bytes of bytes that arrive in pieces: the pieces' concatenation.
@@ -41,8 +44,29 @@ struct TensorRef {
   std::size_t bytes = 0;
 };
 
-// Digest of the tensor's bytes (the per-tensor digest a patch records).
-inline Digest tensor_digest(const TensorRef& t) { return digest_bytes(t.data, t.bytes); }
+// The digest of a tensor's bytes: the sum, modulo 2^128, of XXH3_128bits_withSeed(block, b)
+// over its blocks b of kDigestBlockBytes (the last may be shorter). Pieces that start at block
+// boundaries are hashed apart and added; a piece is added at its byte offset in the tensor.
+inline constexpr std::size_t kDigestBlockBytes = 128;
+class BlockDigest {
+ public:
+  BlockDigest() = default;
+  static BlockDigest of(const Digest& d);  // the sum a tensor digest states
+  // Adds (subtracts) the blocks of bytes [offset, offset + bytes) of the tensor; offset is a
+  // multiple of kDigestBlockBytes, and bytes too unless the piece ends the tensor.
+  void add(const void* data, std::size_t bytes, std::uint64_t offset);
+  void subtract(const void* data, std::size_t bytes, std::uint64_t offset);
+  BlockDigest& operator+=(const BlockDigest& o);
+  BlockDigest& operator-=(const BlockDigest& o);
+  bool operator==(const BlockDigest& o) const { return high_ == o.high_ && low_ == o.low_; }
+  Digest digest() const;
+
+ private:
+  std::uint64_t high_ = 0, low_ = 0;
+};
+
+// The tensor's digest, hashed by `threads` threads (0: the machine's cores) in block ranges.
+Digest tensor_digest(const TensorRef& t, unsigned threads = 1);
 
 // Canonical digest of a state from its tensors' names, dtypes, shapes and per-tensor digests,
 // and its `__metadata__` (key, value pairs); an empty metadata adds nothing.

@@ -312,7 +312,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
     const std::uint64_t offset = slots[t].offset;
     thread_local std::vector<std::byte> chunk;
     chunk.resize(std::min<std::uint64_t>(e.bytes, kChunkBytes));
-    DigestStream base_digest, target_digest;
+    BlockDigest base_digest, target_digest;  // pieces of whole blocks
     patching[t] = 1;
     std::size_t c = 0;  // the next change
     for (std::uint64_t begin = 0; begin < e.bytes; begin += kChunkBytes) {
@@ -321,18 +321,18 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
         const std::size_t piece_length = std::min(length - piece, kPieceBytes);
         const std::uint64_t piece_end = begin + piece + piece_length;
         std::byte* patched = chunk.data() + piece;
-        base_digest.update(tensors[t].data + begin + piece, piece_length);
+        base_digest.add(tensors[t].data + begin + piece, piece_length, begin + piece);
         std::memcpy(patched, tensors[t].data + begin + piece, piece_length);
         for (; c < e.indices.size() && e.indices[c] * e.width < piece_end; ++c)
           std::memcpy(chunk.data() + (e.indices[c] * e.width - begin), e.values.data() + c * e.width, e.width);
-        target_digest.update(patched, piece_length);
+        target_digest.add(patched, piece_length, begin + piece);
       }
       write_bytes(f.file->fd(), chunk.data(), length, offset + begin, f.out);
       start_writeback(f.file->fd(), offset + begin, length);
       f.finished(offset + begin, length);
     }
-    base_digests[t] = base_digest.finish();
-    target_digests[t] = target_digest.finish();
+    base_digests[t] = base_digest.digest();
+    target_digests[t] = target_digest.digest();
     hashed[t] = 1;
     f.release(offset, e.bytes);
   };
@@ -343,7 +343,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
     FileCopy* f = slots[t].copy;
     const std::uint64_t offset = slots[t].offset;
     if (e.kind == EntryKind::whole) {
-      target_digests[t] = digest_bytes(e.whole, e.bytes);
+      target_digests[t] = tensor_digest({"", "", {}, reinterpret_cast<const std::byte*>(e.whole), e.bytes});
       patching[t] = 1;
       if (f) {
         write_bytes(f->file->fd(), e.whole, e.bytes, offset, f->out);

@@ -19,6 +19,7 @@
 #include "sync/compress.hpp"
 #include "sync/digest.hpp"
 #include "sync/index_coding.hpp"
+#include "sync/part_coding.hpp"
 #include "sync/signing.hpp"
 
 namespace pulse::sync {
@@ -77,6 +78,10 @@ struct EncodeOptions {
   const SecretKey* signing_key = nullptr;  // sign when set
   // expclass-history: the sender's history at the base version, which the receiver must hold.
   const ChangeHistory* history = nullptr;
+  // Parts (FORMAT.md): segments of at most this many elements (rounded down to whole 128-byte
+  // blocks), small consecutive ones grouped into one part up to it.
+  std::uint64_t part_elements = std::uint64_t(1) << 24;
+  unsigned threads = 0;  // parts coded at once; 0: the machine's cores. The bytes do not depend on it.
 };
 
 // The exponent-class coding with uncompressed streams: the smallest patches of training steps.
@@ -123,7 +128,7 @@ struct StreamSize {
 };
 
 struct PatchHeader {
-  std::uint16_t format_version = 2;
+  std::uint16_t format_version = 3;
   bool is_signed = false;
   bool changes_layout = false;
   bool changes_metadata = false;
@@ -140,6 +145,18 @@ struct PatchHeader {
   Digest history{};  // expclass-history: ChangeHistory::digest() of the sender at the base
 };
 
+// A contiguous element range of a sparse entry (FORMAT.md "Parts"), and its changes.
+struct PatchSegment {
+  std::uint64_t elements = 0;
+  std::uint64_t count = 0;
+};
+
+// A run of consecutive segments with its own index and value streams (and coder state).
+struct PatchPart {
+  std::vector<PatchSegment> segments;
+  StreamSize index, value;
+};
+
 // A patch whose structure, sizes, checksum and (when a key was given) signature are valid.
 // It refers to the bytes it was parsed from, which must outlive it.
 struct ParsedPatch {
@@ -149,11 +166,12 @@ struct ParsedPatch {
   Metadata metadata;                   // the target's, when changes_metadata
   std::vector<DtypeSummary> summary;   // per dtype of the target, by dtype name
   std::vector<PatchEntry> entries;
+  std::vector<PatchPart> parts;  // their coded streams lie in order in the index and value streams
   const std::uint8_t* index_stream = nullptr;
   const std::uint8_t* value_stream = nullptr;
   const std::uint8_t* whole_stream = nullptr;
   std::uint64_t patch_bytes = 0;
-  std::uint64_t table_bytes = 0;  // layout change, metadata, dtype summary and entries
+  std::uint64_t table_bytes = 0;  // layout change, metadata, dtype summary, entries and parts
 };
 
 // A receiver's tensor, writable in place.
@@ -173,7 +191,8 @@ struct StateDigests {
   std::map<std::string, Digest> tensors;
   Digest state{};
 };
-StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata = {});
+// Hashed on `threads` threads (0: the machine's cores).
+StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata = {}, unsigned threads = 0);
 
 // Reads the bytes of a tensor that is not in memory (TensorRef::data null, bytes > 0), given
 // its index in its state, into a buffer the loader owns; they stay valid until its next call.
@@ -206,19 +225,66 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
                                          const EncodeOptions& options, const StateDigests& base_digests,
                                          StateDigests* target_digests = nullptr, const Metadata& metadata = {});
 
+// The elements of each segment (but a tensor's last) of a sparse-coded tensor of `width`-byte
+// elements, as encode_patch cuts them.
+std::uint64_t patch_segment_elements(const EncodeOptions& options, unsigned width);
+
+// One segment's changed count and raw index and value streams.
+struct SegmentStreams {
+  std::uint64_t count = 0;
+  std::vector<std::uint8_t> index, value;
+};
+
 // The size of the unsigned patch encode_patch writes when every tensor of an unchanged layout
-// (given in name order, each with its changed count) is sparse-coded and the raw index and value
-// streams are these: a patch's size without writing it (pulse-measure). Not for gap-fixed.
+// (given in name order) is sparse-coded and its segments' raw streams are these (segments after
+// the last given are empty): a patch's size without writing it (pulse-measure). Not for
+// gap-fixed.
 std::uint64_t sparse_patch_bytes(const EncodeOptions& options, const std::vector<TensorLayout>& layout,
-                                 const std::vector<std::uint64_t>& changed, const std::vector<std::uint8_t>& index_stream,
-                                 const std::vector<std::uint8_t>& value_stream);
+                                 const std::vector<std::vector<SegmentStreams>>& segments);
+
+// ---- Sharded senders: parts made where the tensors' slices lie, assembled into one patch ----
+
+// The slice [begin, end) of a sparse-coded tensor that a sender holds in its base and target
+// (data at element `begin`); begin and end (unless it is numel) lie on 128-byte boundaries.
+struct TensorSlice {
+  std::string name;
+  std::string dtype;
+  std::uint64_t numel = 0;  // of the whole tensor
+  std::uint64_t begin = 0, end = 0;
+  const std::byte* base = nullptr;
+  const std::byte* target = nullptr;
+  const std::uint8_t* history = nullptr;  // expclass-history: the history's bytes of the slice
+};
+
+// One part made on its own: its segments and its coded streams.
+struct EncodedPart {
+  PatchPart part;
+  std::vector<std::uint8_t> index_coded, value_coded;
+};
+
+// A slice's parts (segments of one tensor only, so that parts of slices held elsewhere go
+// between them) and the partial tensor digests of its base and target bytes (BlockDigest sums).
+struct SliceParts {
+  std::vector<EncodedPart> parts;
+  BlockDigest base, target;
+};
+
+// Encodes each slice's parts (on options.threads threads). Not for gap-fixed, whose width is
+// the whole entry's.
+std::vector<SliceParts> encode_slice_parts(const std::vector<TensorSlice>& slices, const EncodeOptions& options);
+
+// The patch of an unchanged layout (in name order) whose sparse-coded tensors change by the
+// parts given in patch order (for each tensor, the parts of its slices by begin) and whose
+// other tensors stay: the entries follow from the parts' segments. The state digests are the
+// caller's (tensor digests combined by BlockDigest addition, then state_digest).
+std::vector<std::uint8_t> assemble_patch(const EncodeOptions& options, const std::vector<TensorLayout>& layout,
+                                         const Digest& base_state, const Digest& target_state,
+                                         const std::vector<EncodedPart>& parts);
 
 // Throws pulse::Error with a one-line reason. With a public key, an unsigned patch or a bad
 // signature is rejected.
 ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const PatchLimits& limits = {},
                         const PublicKey* public_key = nullptr);
-
-class ExponentClassDecoder;
 
 // One entry of a patch decoded against the receiver's tensor: what applying it writes.
 struct DecodedEntry {
@@ -246,8 +312,10 @@ class PatchDecoder {
   // Without hash_targets, next() leaves DecodedEntry::digest zero (for a caller that hashes the
   // patched bytes as it writes them). An expclass-history patch needs the receiver's change
   // history, at the patch's digest.
+  // The parts are decompressed, and the segments of an entry decoded, on `threads` threads
+  // (0: the machine's cores).
   PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef>& base, bool hash_targets = true,
-               const ChangeHistory* history = nullptr);
+               const ChangeHistory* history = nullptr, unsigned threads = 1);
   ~PatchDecoder();
   PatchDecoder(const PatchDecoder&) = delete;
   PatchDecoder& operator=(const PatchDecoder&) = delete;
@@ -261,6 +329,10 @@ class PatchDecoder {
   // values are then the old ones, and writing them at its indices puts the tensor back. On an
   // exception nothing stays written. Entries carried whole are not written.
   DecodedEntry next_in_place(std::vector<MutableTensor>& state);
+  // Decodes every entry, part by part on the threads, writing the changes in place as
+  // next_in_place does; each entry's digest is `known` (the base tensor's digest, by receiver
+  // tensor) updated over the blocks it touches. On an exception nothing stays written.
+  std::vector<DecodedEntry> decode_all_in_place(std::vector<MutableTensor>& state, const std::vector<Digest>& known);
   // Throws unless every entry was decoded and the streams hold no other bytes.
   void finish() const;
   // Throw the receiver's errors for a base state or target state digest that is not the patch's.
@@ -268,22 +340,35 @@ class PatchDecoder {
   void check_target(const Digest& target_state) const;
 
  private:
-  DecodedEntry decode_next(std::byte* writable);  // writable: the tensor to write in place, or null
   struct Target {
     const TensorLayout* layout;
     bool added;
     std::size_t tensor;  // in base, or in patch.added
     std::uint64_t bytes;
   };
+  // A segment placed in its entry: where it begins, and its changes' place in the entry's.
+  struct Segment {
+    std::size_t entry, part;
+    std::uint64_t begin, elements, count, first_change;
+  };
+  DecodedEntry start_entry(std::size_t k);
+  // Decodes a segment's changes into the entry's lists, against the base's bytes.
+  void decode_segment(const Segment& s, DecodedEntry& w);
   const ParsedPatch& patch_;
   const std::vector<TensorRef>& base_;
   std::vector<TensorLayout> base_layout_;
   std::vector<Target> targets_;
-  std::vector<std::uint8_t> index_raw_, value_raw_, whole_raw_;
-  std::size_t index_pos_ = 0, value_pos_ = 0, whole_pos_ = 0, next_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<std::size_t> entry_segments_;  // per entry: its first segment (entries + 1)
+  std::vector<std::uint64_t> whole_offsets_;  // per entry: its bytes in the whole stream
+  std::vector<std::vector<std::uint8_t>> index_raw_, value_raw_;  // per part
+  std::vector<std::uint8_t> whole_raw_;
+  std::vector<PartDecoder> parts_;
+  std::size_t next_ = 0;
+  bool decoded_all_ = false;
   bool hash_targets_;
-  std::unique_ptr<ExponentClassDecoder> class_decoder_;  // exponent-class patches only
-  const ChangeHistory* history_ = nullptr;                 // expclass-history patches only
+  const ChangeHistory* history_ = nullptr;  // expclass-history patches only
+  unsigned threads_;
 };
 
 // What a patch changes beyond the bytes of the tensors the receiver keeps; apply_patch fills it
@@ -306,6 +391,6 @@ struct StateChange {
 std::uint64_t apply_patch(const ParsedPatch& patch, std::vector<MutableTensor>& state, const PatchLimits& limits = {},
                           const StateDigests* base_digests = nullptr, StateDigests* target_digests = nullptr,
                           const Metadata& metadata = {}, StateChange* change = nullptr,
-                          ChangeHistory* history = nullptr);
+                          ChangeHistory* history = nullptr, unsigned threads = 0);
 
 }  // namespace pulse::sync

@@ -12,8 +12,11 @@ namespace pulse::sync {
 namespace {
 
 // The first line names the record type, so a signature over one type never validates another.
-constexpr std::string_view kHeadTitle = "PULSESync relay HEAD 2";
-constexpr std::string_view kAnchorTitle = "PULSESync relay anchor 2";
+constexpr std::string_view kHeadTitle = "PULSESync relay HEAD 3";
+constexpr std::string_view kAnchorTitle = "PULSESync relay anchor 3";
+// Formats 1 and 2 state digests of the whole-tensor xxh3-128 (before the block digest): refused.
+constexpr std::string_view kHeadTitle2 = "PULSESync relay HEAD 2";
+constexpr std::string_view kAnchorTitle2 = "PULSESync relay anchor 2";
 constexpr std::string_view kHeadTitle1 = "PULSESync relay HEAD 1";
 constexpr std::string_view kAnchorTitle1 = "PULSESync relay anchor 1";
 constexpr std::string_view kSignatureKey = "signature ";
@@ -50,7 +53,7 @@ std::string signed_text(const std::string& body, const SecretKey* key) {
 class RecordReader {
  public:
   RecordReader(const std::uint8_t* data, std::size_t size, std::string_view title, std::string_view title1,
-               const PublicKey* key, const std::string& source)
+               std::string_view title2, const PublicKey* key, const std::string& source)
       : source_(source) {
     check(size <= kMaxRelayRecordBytes, "is larger than " + std::to_string(kMaxRelayRecordBytes) + " bytes");
     const std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -61,9 +64,10 @@ class RecordReader {
       lines_.push_back(text.substr(pos, end - pos));
       pos = end + 1;
     }
-    check(lines_[0] == title || lines_[0] == title1,
-          "is not a " + std::string(title.substr(0, title.size() - 2)) + " record");
-    format_ = lines_[0] == title ? kRelayRecordFormat : 1;
+    check(lines_[0] != title1 && lines_[0] != title2,
+          "was written by an older pulse, whose state digests are no longer computed (format " +
+              std::string(lines_[0].substr(lines_[0].size() - 1)) + "); publish the relay again");
+    check(lines_[0] == title, "is not a " + std::string(title.substr(0, title.size() - 2)) + " record");
     std::size_t body_lines = lines_.size();
     const std::string_view last = lines_.back();
     if (last.substr(0, kSignatureKey.size()) == kSignatureKey) {
@@ -144,7 +148,7 @@ std::string format_anchor_record(const AnchorRecord& record, const SecretKey* ke
 }
 
 RelayHead parse_head(const std::uint8_t* data, std::size_t size, const PublicKey* key, const std::string& source) {
-  RecordReader r(data, size, kHeadTitle, kHeadTitle1, key, source);
+  RecordReader r(data, size, kHeadTitle, kHeadTitle1, kHeadTitle2, key, source);
   RelayHead h;
   h.format = r.format();
   std::size_t line = 1;
@@ -163,7 +167,7 @@ RelayHead parse_head(const std::uint8_t* data, std::size_t size, const PublicKey
 
 AnchorRecord parse_anchor_record(const std::uint8_t* data, std::size_t size, const PublicKey* key,
                                  const std::string& source) {
-  RecordReader r(data, size, kAnchorTitle, kAnchorTitle1, key, source);
+  RecordReader r(data, size, kAnchorTitle, kAnchorTitle1, kAnchorTitle2, key, source);
   AnchorRecord a;
   a.format = r.format();
   std::size_t line = 1;

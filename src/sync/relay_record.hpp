@@ -4,8 +4,8 @@
 // state digest and sizes), each optionally signed with the publisher's Ed25519 key, so a
 // signature binds the version to its relay and model. The byte format is in src/sync/FORMAT.md
 // ("Relay"). Parsing is strict (one spelling per record) and, given a public key, accepts only a
-// valid signature. Format 1 records (no relay id, layout or sizes) are still parsed, with
-// format = 1; readers decide what they accept of them.
+// valid signature. Records of formats 1 and 2 (state digests of whole-tensor xxh3-128) are
+// refused with one line: publish the relay again.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -17,7 +17,7 @@ namespace pulse::sync {
 
 inline constexpr std::size_t kMaxRelayRecordBytes = 4096;
 
-inline constexpr int kRelayRecordFormat = 2;  // what format_head and format_anchor_record write
+inline constexpr int kRelayRecordFormat = 3;  // what format_head and format_anchor_record write
 
 // A relay's identity: 32 lowercase hex digits drawn at its first publish, kept by every later one.
 using RelayId = std::string;

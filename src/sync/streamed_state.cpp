@@ -100,12 +100,12 @@ Digest StreamedState::digest(std::size_t i) const {
   const TensorRef& t = tensors()[i];
   if (t.data || t.bytes == 0) return tensor_digest(t);
   thread_local ByteBuffer piece;
-  DigestStream stream;
+  BlockDigest sum;  // pieces of whole blocks
   for (std::uint64_t done = 0; done < t.bytes; done += kPieceBytes) {
     const std::size_t n = std::size_t(std::min<std::uint64_t>(kPieceBytes, t.bytes - done));
-    stream.update(read_piece(i, done, n, piece), n);
+    sum.add(read_piece(i, done, n, piece), n, done);
   }
-  return stream.finish();
+  return sum.digest();
 }
 
 TensorLoader StreamedState::loader() const {

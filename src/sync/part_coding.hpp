@@ -1,0 +1,79 @@
+#pragma once
+// The coding of one part of a format-3 patch (FORMAT.md "Parts"): the sparse changes of its
+// segments into the part's own index and value streams, every coder and model starting afresh
+// at the part. A segment is a contiguous element range of one tensor; its changes are coded as
+// an entry of format 2 over a tensor of the segment's elements (indices from its begin).
+// Internal to the patch code (patch_*.cpp).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/types.hpp"
+#include "sync/compress.hpp"
+#include "sync/index_coding.hpp"
+#include "sync/sparse_format.hpp"
+
+namespace pulse::sync {
+
+enum class ValueCoding : std::uint8_t;
+class ExponentClassEncoder;
+class ExponentClassDecoder;
+
+// A segment's changes: sorted indices (from the segment's begin), the new and old bits of each,
+// and for the expclass codings their ranks in the segment (ExponentClassRanker).
+struct Changes {
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> values, old_values;
+  std::vector<std::uint64_t> ranks;
+  void clear() {
+    indices.clear();
+    values.clear();
+    old_values.clear();
+    ranks.clear();
+  }
+};
+
+class PartEncoder {
+ public:
+  PartEncoder(ValueCoding values, IndexCoding indices);
+  ~PartEncoder();
+  // One segment's changes; index_width: the entry's gap width (gap-fixed); history: the
+  // change history's bytes of the segment's elements (expclass-history), else null.
+  void add(const SparseFormat& format, const Changes& changes, unsigned index_width, const std::uint8_t* history);
+  // The raw streams, once every segment was added.
+  void finish(std::vector<std::uint8_t>& index_stream, std::vector<std::uint8_t>& value_stream);
+
+ private:
+  ValueCoding values_;
+  IndexCoding indices_;
+  std::vector<std::uint8_t> index_stream_, value_stream_;
+  std::unique_ptr<ExponentClassEncoder> class_encoder_;
+};
+
+class PartDecoder {
+ public:
+  // The part's raw streams (kept by reference) and its total changes.
+  PartDecoder(ValueCoding values, IndexCoding indices, const std::vector<std::uint8_t>& index_stream,
+              const std::vector<std::uint8_t>& value_stream, std::uint64_t changes);
+  ~PartDecoder();
+  PartDecoder(PartDecoder&&) noexcept;
+  // Decodes one segment's `count` changes against its old elements (n from old_data): their
+  // indices from the segment's begin and new values (format.bytes each). Throws pulse::Error
+  // naming `context` on anything out of range.
+  void decode(const SparseFormat& format, const std::byte* old_data, std::uint64_t n, std::uint64_t count,
+              unsigned index_width, const std::uint8_t* history, std::uint64_t* indices, std::uint8_t* new_values,
+              const std::string& context);
+  // Throws unless the part's streams were read to their last byte.
+  void check_consumed() const;
+
+ private:
+  ValueCoding values_;
+  IndexCoding indices_;
+  const std::vector<std::uint8_t>* index_stream_;
+  const std::vector<std::uint8_t>* value_stream_;
+  std::size_t index_pos_ = 0, value_pos_ = 0;
+  std::unique_ptr<ExponentClassDecoder> class_decoder_;
+};
+
+}  // namespace pulse::sync
