@@ -1,6 +1,7 @@
 # One helper registers every test (Cabana's test_harness idea):
-#   pulse_add_test(NAME n SOURCES a.cpp... [MPI] [LABELS l...] [ARGS a...] [TIMEOUT s])
-# builds one GoogleTest executable; an MPI test runs at np 1, 2 and 4 through MPIEXEC_EXECUTABLE.
+#   pulse_add_test(NAME n SOURCES a.cpp... [MPI] [NPROCS np...] [LABELS l...] [ARGS a...] [TIMEOUT s])
+# builds one GoogleTest executable; an MPI test runs at np 1, 2 and 4 (or NPROCS) through
+# MPIEXEC_EXECUTABLE.
 #   pulse_add_python_test(NAME n SCRIPT file.py [ARGS a...] [LABELS l...] [TIMEOUT s] [NEEDS module...]
 #                         [PULSE_MODULE])
 # runs a script with Debian's python (PULSE_PYTHON), e.g. the PyTorch oracles. Each module in NEEDS
@@ -27,14 +28,17 @@ add_library(pulse_test_main_mpi STATIC ${CMAKE_CURRENT_LIST_DIR}/../tests/suppor
 target_link_libraries(pulse_test_main_mpi PUBLIC pulse GTest::gtest)
 
 function(pulse_add_test)
-  cmake_parse_arguments(T "MPI" "NAME;TIMEOUT" "SOURCES;LABELS;ARGS" ${ARGN})
+  cmake_parse_arguments(T "MPI" "NAME;TIMEOUT" "SOURCES;LABELS;ARGS;NPROCS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
   if(T_MPI)
     target_link_libraries(${T_NAME} PRIVATE pulse_test_main_mpi)
-    foreach(np IN LISTS PULSE_TEST_NPROCS)
+    if(NOT T_NPROCS)
+      set(T_NPROCS ${PULSE_TEST_NPROCS})
+    endif()
+    foreach(np IN LISTS T_NPROCS)
       add_test(NAME ${T_NAME}_np${np}
         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${PULSE_MPIEXEC_EXTRA_FLAGS}
                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_NAME}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})

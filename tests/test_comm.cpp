@@ -216,32 +216,37 @@ TEST(Broadcast, FromLastRank) {
   EXPECT_THROW(pulse::broadcast(comm, v, -1), pulse::Error);
 }
 
-TEST(ByteCounters, CountWhatEachRankHandsToMpi) {
+TEST(ByteCounters, CountWhatEachRankSendsToOtherRanks) {
   using pulse::Channel;
   pulse::Communicator comm;
-  const std::uint64_t p = comm.size();
+  const std::uint64_t p = comm.size(), others = p - 1;
   const int n = 6;
   HostView a("a", n), b("b", n * comm.size());
 
+  // allreduce: reduce-scatter + allgather over balanced chunks of the 6 elements.
   pulse::allreduce(comm, a, pulse::ReduceOp::sum, Channel::gradients);
-  EXPECT_EQ(comm.bytes_sent(Channel::gradients), 6u * 8);
-  EXPECT_EQ(comm.bytes_received(Channel::gradients), 6u * 8);
+  const std::uint64_t chunk = pulse::chunk_begin(n, p, comm.rank() + 1) - pulse::chunk_begin(n, p, comm.rank());
+  EXPECT_EQ(comm.bytes_sent(Channel::gradients), 8 * (n - chunk + others * chunk));
+  EXPECT_EQ(comm.bytes_received(Channel::gradients), 8 * (n - chunk + others * chunk));
+  std::uint64_t mine = comm.bytes_sent(Channel::gradients), all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);  // uncounted
+  EXPECT_EQ(all, 2 * others * n * 8) << "a ring allreduce moves 2 (p - 1) n elements in all";
 
   pulse::allgather(comm, a, b, Channel::pseudo_gradients);
-  EXPECT_EQ(comm.bytes_sent(Channel::pseudo_gradients), 6u * 8);
-  EXPECT_EQ(comm.bytes_received(Channel::pseudo_gradients), 6u * 8 * p);
+  EXPECT_EQ(comm.bytes_sent(Channel::pseudo_gradients), 6u * 8 * others);
+  EXPECT_EQ(comm.bytes_received(Channel::pseudo_gradients), 6u * 8 * others);
 
   // allgatherv: one int64 count each, then the payload.
   Kokkos::View<float*, Kokkos::HostSpace> in("in", gatherv_count(comm.rank())), out("out", 0);
   pulse::allgatherv(comm, in, out, Channel::patches);
   std::uint64_t total = 0;
   for (int r = 0; r < comm.size(); ++r) total += gatherv_count(r);
-  EXPECT_EQ(comm.bytes_sent(Channel::patches), 8u + 4u * gatherv_count(comm.rank()));
-  EXPECT_EQ(comm.bytes_received(Channel::patches), 8u * p + 4u * total);
+  EXPECT_EQ(comm.bytes_sent(Channel::patches), others * (8u + 4u * gatherv_count(comm.rank())));
+  EXPECT_EQ(comm.bytes_received(Channel::patches), others * 8u + 4u * (total - gatherv_count(comm.rank())));
 
-  // broadcast: the root sends, the others receive.
+  // broadcast: the root sends a copy to each other rank, the others receive one.
   pulse::broadcast(comm, a, 0, Channel::weights);
-  EXPECT_EQ(comm.bytes_sent(Channel::weights), comm.rank() == 0 ? 48u : 0u);
+  EXPECT_EQ(comm.bytes_sent(Channel::weights), comm.rank() == 0 ? 48u * others : 0u);
   EXPECT_EQ(comm.bytes_received(Channel::weights), comm.rank() == 0 ? 0u : 48u);
 
   // Nothing leaked into the default channel; copies share counters, split ones do not.
@@ -249,7 +254,8 @@ TEST(ByteCounters, CountWhatEachRankHandsToMpi) {
   pulse::Communicator copy = comm;
   pulse::Communicator sub = comm.split(0, comm.rank());
   EXPECT_EQ(pulse::allreduce_value(copy, 1.5f, pulse::ReduceOp::max), 1.5f);
-  EXPECT_EQ(comm.bytes_sent(Channel::control), 4u);
+  const std::uint64_t one = pulse::chunk_begin(1, p, comm.rank() + 1) - pulse::chunk_begin(1, p, comm.rank());
+  EXPECT_EQ(comm.bytes_sent(Channel::control), 4 * (1 - one + others * one));
   EXPECT_EQ(sub.bytes_sent(Channel::control), 0u);
 
   comm.reset_counters();

@@ -318,7 +318,7 @@ TEST(Loco, SparseExchangesAgree) {
   }
 }
 
-// Bytes on Channel::pseudo_gradients are exactly the payloads handed to MPI.
+// Bytes on Channel::pseudo_gradients are exactly the payloads that go to the other trainers.
 TEST(Loco, BytesMatchPayloads) {
   auto comm = world();
   const int ranks = comm.size(), rank = comm.rank();
@@ -345,17 +345,21 @@ TEST(Loco, BytesMatchPayloads) {
     const auto sizes = gather_all(comm, std::vector<std::uint64_t>{payload.size()});
     std::uint64_t all = 0;
     for (auto s : sizes) all += s;
-    EXPECT_EQ(stats.bytes_sent, 8 + payload.size());
-    EXPECT_EQ(stats.bytes_received, 8u * ranks + all);
+    // Each of the other ranks gets this rank's count and payload.
+    const std::uint64_t others = ranks - 1;
+    EXPECT_EQ(stats.bytes_sent, others * (8 + payload.size()));
+    EXPECT_EQ(stats.bytes_received, 8u * others + all - payload.size());
   }
   {
-    // DiLoCo: alltoallv of the whole vector (own chunk included), allgatherv of the chunk sums.
+    // DiLoCo: alltoallv of the other ranks' chunks, allgatherv of this rank's chunk sum to the
+    // others (the chunk a rank keeps is never sent).
     OuterSync sync(TrainerSync::diloco, comm, pulse::to_device(theta0), OuterHyper{});
     auto local_view = pulse::to_device(local_after_inner_steps(theta0, rank, 0, 2e-3f));
     const OuterStats stats = sync.outer_step(local_view);
     const std::uint64_t chunk = pulse::loco::chunk_begin(n, ranks, rank + 1) - pulse::loco::chunk_begin(n, ranks, rank);
-    EXPECT_EQ(stats.bytes_sent, 4 * n + 8 + 4 * chunk);
-    EXPECT_EQ(stats.bytes_received, 4 * chunk * ranks + 8u * ranks + 4 * n);
+    const std::uint64_t others = ranks - 1;
+    EXPECT_EQ(stats.bytes_sent, 4 * (n - chunk) + 8 * others + 4 * chunk * others);
+    EXPECT_EQ(stats.bytes_received, 4 * chunk * others + 8 * others + 4 * (n - chunk));
     EXPECT_EQ(stats.fired, index_t(n));
     EXPECT_TRUE(stats.went_dense);
   }

@@ -2,16 +2,24 @@
 // Typed collectives over rank-1 Kokkos Views (wrap other contiguous memory with as_view).
 // Each one checks shapes and contiguity on every rank before the first MPI call (so a bad
 // argument throws everywhere instead of deadlocking), fences Kokkos so pending kernels have
-// written the buffers, and adds to the communicator's byte counters:
-//   sent     = bytes of this rank's send buffer handed to MPI,
-//   received = bytes MPI writes into this rank's receive buffer (own block included).
-// These are the logical payload sizes, not what the MPI algorithm puts on the wire.
+// written the buffers, and adds to the communicator's byte counters what this rank sends to and
+// receives from OTHER ranks, as if the data went straight from the rank that holds it to each
+// rank that needs it (a rank's own block never counts; a one-rank communicator counts nothing):
+//   allgather(v)  sent: (p - 1) copies of this rank's block; received: the other ranks' blocks
+//   alltoallv     sent: the blocks for the other ranks; received: the blocks from them
+//   broadcast     the root sends p - 1 copies; every other rank receives one
+//   allreduce     a reduce-scatter plus an allgather over balanced chunks (a ring allreduce, and
+//                 what DiLoCo's exchange does by hand): a rank with chunk c of n elements sends
+//                 and receives (n - c) + (p - 1) c elements, 2 (p - 1) / p n on average.
+// These are the bytes that must cross the network under a bandwidth-optimal algorithm, not the
+// messages MPI's own algorithm sends (a tree broadcast forwards, a small allreduce may double).
 // Views may live in any memory space. Host-accessible memory goes to MPI as it is; device
 // memory goes to MPI directly only when pulse is configured with PULSE_CUDA_AWARE_MPI=ON,
 // otherwise it is staged through a host buffer (pinned with CUDA or HIP): copied in before
 // the MPI call, copied back after it for outputs.
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +35,13 @@
 namespace pulse {
 
 enum class ReduceOp { sum, max, min };
+
+// Rank r's chunk of n elements split among `ranks`: [chunk_begin(n, ranks, r), chunk_begin(n,
+// ranks, r + 1)), balanced to within one element (reduce-scatters and their byte counts).
+inline index_t chunk_begin(index_t n, int ranks, int r) {
+  const index_t base = n / ranks, extra = n % ranks;  // r * base + ..., without overflowing n * r
+  return r * base + std::min<index_t>(r, extra);
+}
 
 inline MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
@@ -71,6 +86,15 @@ inline int mpi_count(std::size_t n, const char* collective) {
 template <class View>
 std::uint64_t bytes_of(const View& view) {
   return static_cast<std::uint64_t>(view.size()) * sizeof(typename View::value_type);
+}
+
+// An allreduce of `bytes` per rank, as reduce-scatter + allgather (see the top of this file):
+// what this rank sends, and receives, to and from the others.
+inline std::uint64_t allreduce_wire_bytes(const Communicator& comm, std::uint64_t elements, std::uint64_t element_size) {
+  const std::uint64_t p = comm.size();
+  const std::uint64_t chunk = chunk_begin(index_t(elements), comm.size(), comm.rank() + 1) -
+                              chunk_begin(index_t(elements), comm.size(), comm.rank());
+  return (elements - chunk + (p - 1) * chunk) * element_size;
 }
 
 // Host memory the device copies into fastest, for staging device views.
@@ -142,7 +166,8 @@ void allreduce(const Communicator& comm, const InView& in, const OutView& out, R
   check_mpi(MPI_Allreduce(send.data(), recv.data(), count, mpi_type<T>(), mpi_op(op), comm.raw()),
             "MPI_Allreduce");
   recv.copy_out();
-  comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
+  const std::uint64_t wire = detail::allreduce_wire_bytes(comm, in.size(), sizeof(T));
+  comm.count_bytes(channel, wire, wire);
 }
 
 // In place: inout[i] = op over ranks of inout[i].
@@ -159,7 +184,8 @@ void allreduce(const Communicator& comm, const View& inout, ReduceOp op,
                           comm.raw()),
             "MPI_Allreduce");
   buffer.copy_out();
-  comm.count_bytes(channel, detail::bytes_of(inout), detail::bytes_of(inout));
+  const std::uint64_t wire = detail::allreduce_wire_bytes(comm, inout.size(), sizeof(T));
+  comm.count_bytes(channel, wire, wire);
 }
 
 // One value (a loss, a count) reduced over ranks.
@@ -169,7 +195,8 @@ T allreduce_value(const Communicator& comm, T value, ReduceOp op,
   T result{};
   check_mpi(MPI_Allreduce(&value, &result, 1, mpi_type<T>(), mpi_op(op), comm.raw()),
             "MPI_Allreduce");
-  comm.count_bytes(channel, sizeof(T), sizeof(T));
+  const std::uint64_t wire = detail::allreduce_wire_bytes(comm, 1, sizeof(T));
+  comm.count_bytes(channel, wire, wire);
   return result;
 }
 
@@ -192,7 +219,8 @@ void allgather(const Communicator& comm, const InView& in, const OutView& out,
                           comm.raw()),
             "MPI_Allgather");
   recv.copy_out();
-  comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
+  const std::uint64_t others = comm.size() - 1;
+  comm.count_bytes(channel, others * detail::bytes_of(in), others * detail::bytes_of(in));
 }
 
 // Every rank contributes any number of elements (zero included). The counts are gathered
@@ -233,8 +261,36 @@ std::vector<index_t> allgatherv(const Communicator& comm, const InView& in, OutV
                            mpi_counts.data(), mpi_displs.data(), mpi_type<T>(), comm.raw()),
             "MPI_Allgatherv");
   recv.copy_out();
-  comm.count_bytes(channel, detail::bytes_of(in), detail::bytes_of(out));
+  comm.count_bytes(channel, std::uint64_t(comm.size() - 1) * detail::bytes_of(in),
+                   detail::bytes_of(out) - detail::bytes_of(in));
   return offsets;
+}
+
+// MPI_Alltoallv on host memory: rank r gets send[send_displs[r], + send_counts[r]) of every rank,
+// rank q's block at recv + recv_displs[q]. Counts and displacements in elements, one per rank.
+template <class T>
+void alltoallv(const Communicator& comm, const T* send, const std::vector<index_t>& send_counts,
+               const std::vector<index_t>& send_displs, T* recv, const std::vector<index_t>& recv_counts,
+               const std::vector<index_t>& recv_displs, Channel channel = Channel::control) {
+  const int ranks = comm.size();
+  PULSE_CHECK(send_counts.size() >= std::size_t(ranks) && send_displs.size() >= std::size_t(ranks) &&
+                  recv_counts.size() >= std::size_t(ranks) && recv_displs.size() >= std::size_t(ranks),
+              "alltoallv: counts and displacements need one entry per rank (" + std::to_string(ranks) + ")");
+  std::vector<int> sc(ranks), sd(ranks), rc(ranks), rd(ranks);
+  std::uint64_t sent = 0, received = 0;
+  for (int r = 0; r < ranks; ++r) {
+    sc[r] = detail::mpi_count(send_counts[r], "alltoallv");
+    sd[r] = detail::mpi_count(send_displs[r], "alltoallv");
+    rc[r] = detail::mpi_count(recv_counts[r], "alltoallv");
+    rd[r] = detail::mpi_count(recv_displs[r], "alltoallv");
+    if (r == comm.rank()) continue;  // the block a rank keeps never crosses the wire
+    sent += std::uint64_t(send_counts[r]) * sizeof(T);
+    received += std::uint64_t(recv_counts[r]) * sizeof(T);
+  }
+  check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
+                          comm.raw()),
+            "MPI_Alltoallv");
+  comm.count_bytes(channel, sent, received);
 }
 
 // Copies root's view into every rank's view; all views have the same size.
@@ -253,7 +309,7 @@ void broadcast(const Communicator& comm, const View& view, int root,
   const detail::MpiBuffer<View> buffer(view, is_root);
   check_mpi(MPI_Bcast(buffer.data(), count, mpi_type<T>(), root, comm.raw()), "MPI_Bcast");
   if (!is_root) buffer.copy_out();
-  comm.count_bytes(channel, is_root ? detail::bytes_of(view) : 0,
+  comm.count_bytes(channel, is_root ? std::uint64_t(comm.size() - 1) * detail::bytes_of(view) : 0,
                    is_root ? 0 : detail::bytes_of(view));
 }
 

@@ -11,7 +11,7 @@
 
 namespace pulse {
 
-// What the bytes handed to MPI are for; the statistics file reports bytes per rank and channel.
+// What the bytes sent between ranks are for; the statistics file reports bytes per rank and channel.
 enum class Channel : int {
   control,           // counts, scalars, metadata
   gradients,         // DDP gradient allreduce
@@ -40,8 +40,8 @@ class Communicator {
   Communicator split(int color, int key) const;
   void barrier() const;
 
-  // Bytes this rank handed to MPI to send, and bytes MPI wrote into this rank's receive
-  // buffers, since construction or the last reset.
+  // Bytes this rank sent to, and received from, the other ranks (comm/collectives.hpp says how
+  // each collective counts), since construction or the last reset.
   std::uint64_t bytes_sent(Channel channel) const;
   std::uint64_t bytes_received(Channel channel) const;
   void reset_counters();

@@ -11,29 +11,6 @@ namespace pulse::loco {
 
 namespace {
 
-// MPI_Alltoallv with per-destination counts and displacements in elements; the byte counters
-// see the whole send and receive buffers (own block included), as the other collectives count.
-template <class T>
-void alltoallv(const Communicator& comm, const T* send, const std::vector<index_t>& send_counts,
-               const std::vector<index_t>& send_displs, T* recv, const std::vector<index_t>& recv_counts,
-               const std::vector<index_t>& recv_displs, Channel channel) {
-  const int ranks = comm.size();
-  std::vector<int> sc(ranks), sd(ranks), rc(ranks), rd(ranks);
-  std::uint64_t sent = 0, received = 0;
-  for (int r = 0; r < ranks; ++r) {
-    sc[r] = detail::mpi_count(send_counts[r], "alltoallv");
-    sd[r] = detail::mpi_count(send_displs[r], "alltoallv");
-    rc[r] = detail::mpi_count(recv_counts[r], "alltoallv");
-    rd[r] = detail::mpi_count(recv_displs[r], "alltoallv");
-    sent += send_counts[r] * sizeof(T);
-    received += recv_counts[r] * sizeof(T);
-  }
-  check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
-                          comm.raw()),
-            "MPI_Alltoallv");
-  comm.count_bytes(channel, sent, received);
-}
-
 std::vector<index_t> displacements(const std::vector<index_t>& counts) {
   std::vector<index_t> displs(counts.size() + 1, 0);
   for (std::size_t r = 0; r < counts.size(); ++r) displs[r + 1] = displs[r] + counts[r];
@@ -47,12 +24,6 @@ std::vector<index_t> allgather_bytes(const Communicator& comm, const std::vector
 }
 
 }  // namespace
-
-index_t chunk_begin(index_t n, int ranks, int r) {
-  // Balanced to within one element, without overflowing n * r.
-  const index_t base = n / ranks, extra = n % ranks;
-  return r * base + std::min<index_t>(r, extra);
-}
 
 void dense_sum(const Communicator& comm, const float* dense, index_t n, float* sum, Channel channel) {
   const int ranks = comm.size(), me = comm.rank();

@@ -4,16 +4,17 @@
 // trainer that sends nothing for an element adds nothing). The order is fixed, so every
 // trainer holds the same bits, and the three exchanges agree bit for bit on the same inputs:
 // the partial sums are never -0, so adding a +0 for an unsent element changes nothing.
-// All bytes are counted on the given channel.
+// All bytes are counted on the given channel, by the rule of comm/collectives.hpp (what this
+// rank sends to and receives from the other trainers).
 #include <cstdint>
 
-#include "comm/communicator.hpp"
+#include "comm/collectives.hpp"
 #include "kernels/types.hpp"
 
 namespace pulse::loco {
 
 // Rank r owns elements [chunk_begin(n, ranks, r), chunk_begin(n, ranks, r + 1)) in reduce-scatters.
-index_t chunk_begin(index_t n, int ranks, int r);
+using pulse::chunk_begin;
 
 // DiLoCo: every trainer's dense vector; a reduce-scatter by owner chunk (alltoallv, summed in
 // rank order by the owner) followed by an allgatherv of the owners' sums.

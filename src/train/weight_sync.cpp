@@ -84,6 +84,10 @@ void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weight
     }
   }
   broadcast(sync_, as_view(&replay_until_, 1), 0, Channel::control);
+  // The replay is recovery: an uninterrupted run's receivers read these versions from the relay,
+  // so its patches go over a communicator of its own, which no step's statistics count.
+  replay_.reset();
+  if (replay_until_ > version) replay_.emplace(sync_.raw());
   // Over MPI even with a relay: receivers start from the sender's bytes, then follow patches.
   broadcast(sync_, as_view(weights.data(), weights.size()), 0, Channel::weights);
   digests_ = sync::compute_digests(bf16_tensor_refs(table_, weights));
@@ -122,7 +126,8 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
   SyncStepStats stats;
   std::vector<std::uint8_t> patch;
   std::uint64_t size = 0;
-  const bool over_mpi = relay_dir_.empty() || version <= replay_until_;
+  const bool replaying = !relay_dir_.empty() && version <= replay_until_;
+  const bool over_mpi = relay_dir_.empty() || replaying;
   if (is_sender()) {
     PULSE_CHECK(previous != nullptr, "weight sync: the sender needs the previous version");
     Kokkos::Timer timer;
@@ -173,7 +178,7 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
   broadcast(sync_, as_view(&size, 1), 0, Channel::control);
   if (over_mpi) {
     if (!is_sender()) patch.resize(size);
-    broadcast(sync_, as_view(patch.data(), patch.size()), 0, Channel::patches);
+    broadcast(replaying ? *replay_ : sync_, as_view(patch.data(), patch.size()), 0, Channel::patches);
   }
   if (is_sender()) return stats;
 

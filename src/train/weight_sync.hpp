@@ -48,6 +48,8 @@ class WeightSync {
   // newer one (a resumed run): then the relay must hold these weights at this version, and the
   // versions up to its head, which the run makes again bit for bit, go over MPI while the
   // sender checks that they arrive at the relay's head digest; publishing continues after it.
+  // The replay's bytes are counted on a communicator of their own, not in the step statistics,
+  // so those equal an uninterrupted run's.
   void bootstrap(std::uint64_t version, std::vector<bf16_bits>& weights);
   // Collective: the sender passes versions version-1 (previous) and version (weights); each
   // receiver turns its copy of version-1 into version in place and verifies it.
@@ -72,6 +74,7 @@ class WeightSync {
   // Resumed relay run: versions up to replay_until_ go over MPI; the relay's head digest.
   std::uint64_t replay_until_ = 0;
   sync::Digest relay_head_state_{};
+  std::optional<Communicator> replay_;  // a duplicate of sync_ for the replayed patches (uncounted)
   // MPI transport: the history both ends follow since the run's start; one loaded from a
   // checkpoint waits in saved_history_ for bootstrap.
   std::optional<sync::ChangeHistory> history_;

@@ -200,6 +200,14 @@ def check_ddp_matches_single_rank(app, mpi, tmp):
         expect(code == 0, f"ddp np {np_}: exit {code}: {e.strip()[-300:]}")
         outs[np_] = out
     with h5py.File(outs[1], "r") as a, h5py.File(outs[2], "r") as b:
+        # Bytes on the wire: one rank sends to no one; two DDP trainers each send the other half
+        # the FP32 gradient in the reduce-scatter and half in the allgather, 4 n bytes a step.
+        expect(not a["/ranks/bytes_sent"][:].any() and not a["/ranks/trainer_bytes_sent"][:].any(),
+               f"ddp np 1: bytes sent to no one: {a['/ranks/bytes_sent'][:].tolist()}")
+        n = int(b.attrs["num_parameters"])
+        sent = b["/ranks/trainer_bytes_sent"][:]
+        expect(np.array_equal(sent, np.full(sent.shape, 4 * n)), f"ddp np 2: trainer bytes {sent.tolist()}, not 4 x {n}")
+        expect(np.array_equal(b["/ranks/trainer_bytes_recv"][:], sent), "ddp np 2: trainer bytes received != sent")
         expect(np.array_equal(a["/steps/reward"][:1], b["/steps/reward"][:1]), "ddp: step-1 rewards differ")
         la, lb = a["/steps/loss"][0], b["/steps/loss"][0]
         expect(abs(la - lb) <= 1e-6 * max(1.0, abs(la)), f"ddp: step-1 loss {la} vs {lb}")

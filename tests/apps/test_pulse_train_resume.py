@@ -129,6 +129,13 @@ def compare_runs(ref_dir, ref_out, dir_, out, what):
         for name in ("step", "changed", "loss", "reward", "patch_bytes", "verify_ok", "policy_version"):
             x, y = a[f"/steps/{name}"][:], b[f"/steps/{name}"][:]
             expect(x.shape == y.shape and np.array_equal(x, y), f"{what}: /steps/{name} differs: {x} vs {y}")
+        # What crossed the wire in each step (issue 27 class 8): the versions a resumed run makes
+        # again while the relay already holds them are recovery, not the run's traffic.
+        for name in ("bytes_sent", "bytes_recv", "patch_bytes_recv", "trainer_bytes_sent", "trainer_bytes_recv"):
+            x, y = a[f"/ranks/{name}"][:], b[f"/ranks/{name}"][:]
+            rows = sorted(set(np.nonzero(x != y)[0].tolist())) if x.shape == y.shape else "shape"
+            expect(x.shape == y.shape and np.array_equal(x, y), f"{what}: /ranks/{name} differs in rows {rows}: "
+                   f"{x.tolist()} vs {y.tolist()}")
 
 
 def check_relay_resume(app, mpi, tmp):
