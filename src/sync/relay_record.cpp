@@ -64,9 +64,9 @@ class RecordReader {
       lines_.push_back(text.substr(pos, end - pos));
       pos = end + 1;
     }
-    check(lines_[0] != title1 && lines_[0] != title2,
-          "was written by an older pulse, whose state digests are no longer computed (format " +
-              std::string(lines_[0].substr(lines_[0].size() - 1)) + "); publish the relay again");
+    for (const std::string_view older : {title1, title2})
+      check(lines_[0] != older, "was written by an older pulse, whose state digests are no longer computed (format " +
+                                    std::string(older.substr(older.size() - 1)) + "); publish the relay again");
     check(lines_[0] == title, "is not a " + std::string(title.substr(0, title.size() - 2)) + " record");
     std::size_t body_lines = lines_.size();
     const std::string_view last = lines_.back();
