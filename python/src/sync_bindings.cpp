@@ -4,9 +4,13 @@
 #include <pybind11/stl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <numeric>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "bindings.hpp"
 #include "core/error.hpp"
@@ -87,11 +91,53 @@ py::dict change_dict(std::uint64_t written, StateChange&& change) {
   return out;
 }
 
-// Receives patches into a state held in Python; keeps the state's digests between patches so
-// only the tensors a patch touches are hashed again.
+// The digests of a state, its tensors hashed on every core (each tensor by one thread).
+StateDigests digests_on_every_core(const std::vector<TensorRef>& refs) {
+  const std::size_t threads = std::max<std::size_t>(1, std::min<std::size_t>(std::thread::hardware_concurrency(), refs.size()));
+  // The largest tensors first, each to the thread with the fewest bytes so far.
+  std::vector<std::size_t> order(refs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return refs[a].bytes > refs[b].bytes; });
+  std::vector<std::vector<TensorRef>> groups(threads);
+  std::vector<std::size_t> load(threads, 0);
+  for (const std::size_t i : order) {
+    const std::size_t t = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    groups[t].push_back(refs[i]);
+    load[t] += refs[i].bytes;
+  }
+  std::vector<StateDigests> parts(threads);
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> workers;
+  for (std::size_t t = 1; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      try {
+        parts[t] = compute_digests(groups[t]);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  parts[0] = compute_digests(groups[0]);
+  for (auto& w : workers) w.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  StateDigests out;
+  std::vector<Digest> in_order;
+  for (const auto& part : parts) out.tensors.insert(part.tensors.begin(), part.tensors.end());
+  for (const auto& t : refs) in_order.push_back(out.tensors.at(t.name));
+  out.state = state_digest(refs, in_order);
+  return out;
+}
+
+// Receives patches into a state held in Python. It keeps the digests of the version it last
+// wrote, and hashes the state before each patch: a tensor that another writer changed since
+// is named in a one-line refusal instead of the receiver diverging from the sender.
 class Receiver {
  public:
-  Receiver(const py::list& state, std::uint64_t version) : version_(version) { rehash(state); }
+  Receiver(const py::list& state, std::uint64_t version) : version_(version) {
+    const StateBuffers s = state_buffers(state, false);
+    py::gil_scoped_release release;
+    digests_ = digests_on_every_core(s.refs);
+  }
 
   py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key) {
     std::optional<PublicKey> key;
@@ -100,34 +146,44 @@ class Receiver {
     const PatchBytes patch(patch_buffer);
     std::uint64_t written = 0;
     StateChange change;
-    bool changes_layout = false;
     try {
       py::gil_scoped_release release;
+      const StateDigests now = digests_on_every_core(s.refs);
+      check_unchanged(now);
       PatchLimits limits;
       limits.max_patch_bytes = patch_bytes_limit(s.refs);
       const ParsedPatch p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
       auto tensors = s.mutables();
       StateDigests after;
-      written = apply_patch(p, tensors, limits, digests_ ? &*digests_ : nullptr, &after, {}, &change);
-      changes_layout = p.header.changes_layout;
-      digests_ = std::move(after);
+      written = apply_patch(p, tensors, limits, &now, &after, {}, &change);
+      digests_ = std::move(after);  // by name: still the dict's once Python mirrors a layout change
       version_ = p.header.target_version;
     } catch (const Error& e) {
       throw PatchError(e.what());
     }
-    if (changes_layout) digests_.reset();  // the dict changes shape: hash it whole next time
     return change_dict(written, std::move(change));
   }
 
   std::uint64_t version() const { return version_; }
 
  private:
-  void rehash(const py::list& state) {
-    const StateBuffers s = state_buffers(state, false);
-    py::gil_scoped_release release;
-    digests_ = compute_digests(s.refs);
+  // Throws unless the state holds exactly the tensors (names and bytes) this receiver last wrote.
+  void check_unchanged(const StateDigests& now) const {
+    std::vector<std::string> changed;
+    for (const auto& [name, d] : now.tensors) {
+      const auto it = digests_.tensors.find(name);
+      if (it == digests_.tensors.end() || it->second != d) changed.push_back(name);
+    }
+    for (const auto& [name, d] : digests_.tensors)
+      if (!now.tensors.count(name)) changed.push_back(name);
+    if (changed.empty() && now.state == digests_.state) return;
+    const std::string which = changed.empty() ? "the state" : "tensor '" + changed.front() + "'";
+    const std::string more = changed.size() > 1 ? " (and " + std::to_string(changed.size() - 1) + " more)" : "";
+    throw Error("Receiver: " + which + more + " changed since version " + std::to_string(version_) +
+                " was applied: another writer changed the dict, so it is no longer the version this receiver "
+                "holds; nothing written (build a new Receiver for the state as it is now)");
   }
-  std::optional<StateDigests> digests_;
+  StateDigests digests_;
   std::uint64_t version_ = 0;
 };
 
