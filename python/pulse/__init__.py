@@ -214,23 +214,32 @@ def decode(patch, base, *, metadata=None, public_key=None, framework=None):
 
     base: the receiver's state, which the patch's codings read (expclass codes each change in the
     context of the old weight): a dict of CPU torch tensors / numpy arrays / pulse.Tensor, or a
-    .safetensors file or model folder path (read as pulse.load reads it, its metadata and files
-    included). metadata: a dict base's `__metadata__` when the patch's states have one (a patch
+    .safetensors file or model folder path (read as pulse.load reads it: the state with its
+    metadata and a folder's files, as pulse-sync's patches cover it, else the tensors alone, as
+    pulse.Sender's do). metadata: a dict base's `__metadata__` when the patch's states have one (a patch
     of pulse-sync encode on files: pulse.load(..., metadata=True)). Everything apply checks is
     checked before anything is returned: structure, sizes, checksum, the signature (given
     public_key, an unsigned patch is refused), the base's layout and digest, every index and
     value, and the target state digest of base + changes; a failure raises PatchError in one line.
     Values are torch tensors when the base holds torch tensors (or framework="torch"), else numpy."""
+    key = _key(public_key, 32, "public_key")
     if isinstance(base, (str, os.PathLike)):
         items, meta = _pulse.load(os.fspath(base))
-        flat, aliases, like = items, {}, {}
-        metadata = meta if metadata is None else metadata
+        aliases, like = {}, {}
         framework = framework or ("torch" if _state_torch() else "numpy")
+        try:  # the state pulse-sync's patches cover: metadata and a folder's files included
+            r = _pulse.decode(items, meta if metadata is None else metadata, patch, key)
+        except PatchError as whole_state:
+            tensors = [e for e in items if not e[0].startswith(FILE_PREFIX)]
+            try:  # the tensors alone, as pulse.Sender's patches cover them
+                r = _pulse.decode(tensors, metadata or {}, patch, key)
+            except PatchError:
+                raise whole_state from None
     else:
         flat, aliases = synced_entries(base)
         like = {name: (v.data if isinstance(v, Tensor) else v) for name, v in base.items()}
         framework = framework or framework_of(base)
-    r = _pulse.decode(flat, metadata or {}, patch, _key(public_key, 32, "public_key"))
+        r = _pulse.decode(flat, metadata or {}, patch, key)
     changes, whole, added, files = {}, {}, {}, {}
     for name, dtype, shape, indices, data in r["changes"]:
         indices = indices.view(np.int64)

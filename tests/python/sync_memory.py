@@ -6,7 +6,7 @@ server would:
   sender:   state = pulse.load(base) (torch); Sender(state); the target's values copied into
             the state tensor by tensor (the optimizer step, in place); patch()
   receiver: state = pulse.load(base); Receiver(state); apply(patch); digest checked
-  decode:   pulse.decode(patch, base folder); every change counted
+  decode:   pulse.decode(patch, pulse.load(base)); every change counted
 Prints one JSON object: model bytes and, per role, peak RSS (GiB and x the model), wall seconds.
     PYTHONPATH=build/python python3 tests/python/sync_memory.py --layout qwen2-1.5b [--dir D]
 """
@@ -71,7 +71,7 @@ def role_decode(base, patch_path, values):
     import pulse
     with open(patch_path, "rb") as f:
         patch = f.read()
-    decoded = pulse.decode(patch, base)
+    decoded = pulse.decode(patch, pulse.load(base, framework="torch"))
     assert sum(len(c.indices) for c in decoded.changes.values()) == pulse.inspect(patch)["changed"]
 
 
