@@ -451,25 +451,40 @@ def _same_ties(state, aliases, who, writable=False):
 
 
 class Sender:
-    """The trainer's side: holds the last version sent (a copy of its bytes and its digests), and
-    `patch()` after each optimizer step returns the patch from that version to the state now.
+    """The trainer's side: holds the last version sent and its digests, and `patch()` after each
+    optimizer step returns the patch from that version to the state now.
+
+    copy=True (the default): the Sender keeps a copy of the version sent, so the trainer writes
+    the next version into the same tensors (state and copy: 2x the model). copy=False: it keeps
+    the tensors of the version sent themselves, for a trainer that makes each version as new
+    tensors (`patch(new_state)`, e.g. a checkpoint it loads or casts): the two versions, 2x, and no
+    copy. Writing a sent version in place is then refused at the next patch (it is hashed again).
     Tensors that share memory (tied weights: both names in state_dict(), one storage) are synced
     once, under the first name in the dict; `aliases` names the others ({alias: name synced})."""
 
     def __init__(self, state, *, version=0, values="keydiff", indices=None, compressor="zstd", level=3,
-                 signing_key=None):
+                 signing_key=None, copy=True):
         self.state = state
         self._coding = _coding(values, indices, compressor, level)
         self._key = _key(signing_key, 64, "signing_key")
         flat, self.aliases = synced_entries(state)
-        self._sender = _pulse.Sender(flat, version)
+        self._sender = _pulse.Sender(flat, version, bool(copy))
+        self._sent = None if copy else flat  # copy=False: the version sent, held by reference
 
     @property
     def version(self):
         return self._sender.version
 
-    def patch(self):
-        return self._sender.patch(_same_ties(self.state, self.aliases, "Sender"), self._coding, self._key)
+    def patch(self, state=None):
+        """The patch from the version sent to `state` (given: it becomes self.state), or to
+        self.state as it is now."""
+        if state is not None:
+            self.state = state
+        flat = _same_ties(self.state, self.aliases, "Sender")
+        patch = self._sender.patch(flat, self._sent, self._coding, self._key)
+        if self._sent is not None:
+            self._sent = flat
+        return patch
 
 
 class Receiver:

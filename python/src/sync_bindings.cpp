@@ -128,6 +128,18 @@ StateDigests digests_on_every_core(const std::vector<TensorRef>& refs) {
   return out;
 }
 
+// The tensors whose digest differs between two digests of a state (or that only one holds), by name.
+std::vector<std::string> changed_tensors(const StateDigests& kept, const StateDigests& now) {
+  std::vector<std::string> changed;
+  for (const auto& [name, d] : now.tensors) {
+    const auto it = kept.tensors.find(name);
+    if (it == kept.tensors.end() || it->second != d) changed.push_back(name);
+  }
+  for (const auto& [name, d] : kept.tensors)
+    if (!now.tensors.count(name)) changed.push_back(name);
+  return changed;
+}
+
 // Receives patches into a state held in Python. It keeps the digests of the version it last
 // wrote, and hashes the state before each patch: a tensor that another writer changed since
 // is named in a one-line refusal instead of the receiver diverging from the sender.
@@ -169,41 +181,56 @@ class Receiver {
  private:
   // Throws unless the state holds exactly the tensors (names and bytes) this receiver last wrote.
   void check_unchanged(const StateDigests& now) const {
-    std::vector<std::string> changed;
-    for (const auto& [name, d] : now.tensors) {
-      const auto it = digests_.tensors.find(name);
-      if (it == digests_.tensors.end() || it->second != d) changed.push_back(name);
-    }
-    for (const auto& [name, d] : digests_.tensors)
-      if (!now.tensors.count(name)) changed.push_back(name);
+    const std::vector<std::string> changed = changed_tensors(digests_, now);
     if (changed.empty() && now.state == digests_.state) return;
     const std::string which = changed.empty() ? "the state" : "tensor '" + changed.front() + "'";
     const std::string more = changed.size() > 1 ? " (and " + std::to_string(changed.size() - 1) + " more)" : "";
-    throw Error("Receiver: " + which + more + " changed since version " + std::to_string(version_) +
-                " was applied: another writer changed the dict, so it is no longer the version this receiver "
-                "holds; nothing written (build a new Receiver for the state as it is now)");
+    throw Error("Receiver: " + which + more + " changed since this receiver wrote version " + std::to_string(version_) +
+                ": another writer changed the dict, so it no longer holds that version; nothing written (undo the "
+                "change, or build a new Receiver for the state as it is now)");
   }
   StateDigests digests_;
   std::uint64_t version_ = 0;
 };
 
 // Keeps the previous version's bytes and digests, so each patch hashes only the new version.
+// Keeps the previous version's digests, and its bytes: a copy (the caller then writes the next
+// version into the same tensors), or the caller's own tensors, which it hands back with the next
+// state and must not have written in between (checked: they are hashed again first).
 class Sender {
  public:
-  Sender(const py::list& state, std::uint64_t version) : version_(version) { remember(state_buffers(state, false), nullptr); }
+  Sender(const py::list& state, std::uint64_t version, bool keep_copy) : keep_copy_(keep_copy), version_(version) {
+    const StateBuffers s = state_buffers(state, false);
+    py::gil_scoped_release release;
+    if (keep_copy_) remember(s.refs);
+    digests_ = digests_on_every_core(s.refs);
+  }
 
-  py::bytes patch(const py::list& state, const Coding& coding, const std::optional<py::bytes>& signing_key) {
+  py::bytes patch(const py::list& state, const std::optional<py::list>& previous, const Coding& coding,
+                  const std::optional<py::bytes>& signing_key) {
     std::optional<SecretKey> key;
     if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
+    PULSE_CHECK(keep_copy_ || previous, "Sender: the version sent is needed");
     const StateBuffers t = state_buffers(state, false);
+    std::optional<StateBuffers> held;
+    if (!keep_copy_) held = state_buffers(*previous, false);
     std::vector<std::uint8_t> patch;
-    StateDigests after;
     {
       py::gil_scoped_release release;
-      patch = encode_patch(previous_refs(), t.refs, coding.options(version_, version_ + 1, key ? &*key : nullptr),
-                           &digests_, &after);
+      const std::vector<TensorRef> base = keep_copy_ ? previous_refs() : held->refs;
+      if (!keep_copy_) {
+        const auto changed = changed_tensors(digests_, digests_on_every_core(base));
+        PULSE_CHECK(changed.empty(), "Sender(copy=False): tensor '" + (changed.empty() ? "" : changed.front()) +
+                                         "' of version " + std::to_string(version_) +
+                                         " was written after it was sent; give each version as new tensors, or "
+                                         "use copy=True to write the next version into the same ones");
+      }
+      StateDigests after;
+      patch = encode_patch(base, t.refs, coding.options(version_, version_ + 1, key ? &*key : nullptr), &digests_,
+                           &after);
+      if (keep_copy_) remember(t.refs);
+      digests_ = std::move(after);
     }
-    remember(t, &after);
     ++version_;
     return to_bytes(patch);
   }
@@ -216,17 +243,16 @@ class Sender {
     for (std::size_t i = 0; i < refs.size(); ++i) refs[i].data = bytes_[i].data(), refs[i].bytes = bytes_[i].size();
     return refs;
   }
-  void remember(const StateBuffers& s, StateDigests* digests) {
-    py::gil_scoped_release release;
-    layout_ = s.refs;
-    bytes_.resize(s.refs.size());
-    for (std::size_t i = 0; i < s.refs.size(); ++i) {
-      bytes_[i].resize(s.refs[i].bytes);
-      std::memcpy(bytes_[i].data(), s.refs[i].data, s.refs[i].bytes);
+  void remember(const std::vector<TensorRef>& refs) {
+    layout_ = refs;
+    bytes_.resize(refs.size());
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      bytes_[i].resize(refs[i].bytes);
+      std::memcpy(bytes_[i].data(), refs[i].data, refs[i].bytes);
       layout_[i].data = nullptr;
     }
-    digests_ = digests ? std::move(*digests) : compute_digests(s.refs);
   }
+  bool keep_copy_;
   std::vector<TensorRef> layout_;
   std::vector<std::vector<std::byte>> bytes_;
   StateDigests digests_;
@@ -406,8 +432,8 @@ void bind_sync(py::module_& m) {
       .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"))
       .def_property_readonly("version", &Receiver::version);
   py::class_<Sender>(m, "Sender")
-      .def(py::init<const py::list&, std::uint64_t>())
-      .def("patch", &Sender::patch, py::arg("state"), py::arg("coding"), py::arg("signing_key"))
+      .def(py::init<const py::list&, std::uint64_t, bool>())
+      .def("patch", &Sender::patch, py::arg("state"), py::arg("previous"), py::arg("coding"), py::arg("signing_key"))
       .def_property_readonly("version", &Sender::version);
 
   py::class_<Relay>(m, "Relay")

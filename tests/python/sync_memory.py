@@ -3,8 +3,11 @@ most 2x the model): a numpy-made Hugging Face folder pair (tests/apps/llama_fold
 tensor names and shapes, BF16, 1% of the elements moved) in a temporary folder, deleted after.
 Each role runs in its own fresh process (tests/apps/peak_rss.py), as a trainer or an inference
 server would:
-  sender:   state = pulse.load(base) (torch); Sender(state); the target's values copied into
+  sender:   state = pulse.load(base) (torch); Sender(state); the target's values read into
             the state tensor by tensor (the optimizer step, in place); patch()
+  sender_loads[_reference]: Sender(pulse.load(base)[, copy=False]); patch(pulse.load(target)):
+            each version made as new tensors (copy=False: the Sender holds the version sent
+            by reference instead of copying it)
   receiver: state = pulse.load(base); Receiver(state); apply(patch); digest checked
   decode:   pulse.decode(patch, pulse.load(base)); every change counted
 Prints one JSON object: model bytes and, per role, peak RSS (GiB and x the model), wall seconds.
@@ -57,6 +60,18 @@ def role_sender(base, target, patch_path, values):
         f.write(patch)
 
 
+def role_sender_loads(base, target, patch_path, values, copy):
+    """A trainer that makes each version as new tensors (here: loads it) and hands it to patch()."""
+    import pulse
+    state = pulse.load(base, framework="torch")
+    sender = pulse.Sender(state, values=values, **({"copy": False} if copy == "reference" else {}))
+    del state
+    sender.state = pulse.load(target, framework="torch")  # patch(new_state) says the same
+    patch = sender.patch()
+    with open(patch_path, "wb") as f:
+        f.write(patch)
+
+
 def role_receiver(base, patch_path, values):
     import pulse
     state = pulse.load(base, framework="torch")
@@ -75,7 +90,9 @@ def role_decode(base, patch_path, values):
     assert sum(len(c.indices) for c in decoded.changes.values()) == pulse.inspect(patch)["changed"]
 
 
-ROLES = {"sender": role_sender, "receiver": role_receiver, "decode": role_decode}
+ROLES = {"sender": role_sender, "receiver": role_receiver, "decode": role_decode,
+         "sender_loads": lambda *a: role_sender_loads(*a, "copy"),
+         "sender_loads_reference": lambda *a: role_sender_loads(*a, "reference")}
 
 
 def main():
@@ -83,7 +100,7 @@ def main():
     ap.add_argument("--layout", default="qwen2-1.5b", choices=sorted(llama_folder.LAYOUTS))
     ap.add_argument("--dir", help="where the temporary folder pair goes (default: the system's temp folder)")
     ap.add_argument("--values", default="keydiff")
-    ap.add_argument("--roles", default="sender,receiver,decode")
+    ap.add_argument("--roles", default="sender,sender_loads,sender_loads_reference,receiver,decode")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -97,7 +114,7 @@ def main():
         result = {"layout": args.layout, "values": args.values, "model_gib": round(model_bytes / GiB, 3),
                   "changed": changed, "largest_tensor_gib": round(largest / GiB, 3)}
         for role in args.roles.split(","):
-            extra = [base, target, patch] if role == "sender" else [base, patch]
+            extra = [base, target, patch] if role.startswith("sender") else [base, patch]
             t0 = time.perf_counter()
             rc, out, err, peak, cpu = peak_rss.run([sys.executable, os.path.abspath(__file__), "--values", args.values,
                                                     "--role", role, *extra])
@@ -105,7 +122,7 @@ def main():
                  "peak_rss_gib": round(peak / GiB, 3), "x_model": round(peak / model_bytes, 2)}
             if rc != 0:
                 r["error"] = err.strip()[-400:]
-            if role == "sender" and rc == 0:
+            if role.startswith("sender") and rc == 0:
                 r["patch_bytes"] = os.path.getsize(patch)
             result[role] = r
             print(role, r, file=sys.stderr, flush=True)
