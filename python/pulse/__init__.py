@@ -148,7 +148,7 @@ def _scatter(name, t, indices, values):
     flat = _flat_view(name, t)
     if torch is not None and isinstance(flat, torch.Tensor):
         if not isinstance(values, torch.Tensor):  # bits of a dtype this torch lacks
-            flat, values = flat.view(_INT_VIEW_TORCH(torch, flat.element_size())), torch.from_numpy(values)
+            flat, values = flat.view(_torch_int(torch, flat.element_size())), torch.from_numpy(values)
         elif values.dtype != flat.dtype and values.element_size() == flat.element_size():
             values = values.view(flat.dtype)
         flat.index_copy_(0, indices.to(flat.device), values.to(flat.device))
@@ -179,7 +179,7 @@ def _bytes_of(v):
     return np.ascontiguousarray(v).reshape(-1).view(np.uint8)
 
 
-def _INT_VIEW_TORCH(torch, width):
+def _torch_int(torch, width):
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
 
 
@@ -422,8 +422,7 @@ def _other_files(folder):
 
 
 def _state_torch():
-    from ._state import _torch
-    return _torch() is not None
+    return _state_torch_module() is not None
 
 
 def _mirror_layout(state, change, framework, aliases):
@@ -540,7 +539,8 @@ class Relay:
                 signing_key=None, values="keydiff", indices=None, compressor="zstd", level=3):
         """Publishes state as `version`: a patch from `previous` (the head version's weights) when
         given, an anchor every anchor_every versions, then HEAD."""
-        self._relay.publish(version, synced_entries(state)[0], None if previous is None else synced_entries(previous)[0], anchor_every,
+        previous = None if previous is None else synced_entries(previous)[0]
+        self._relay.publish(version, synced_entries(state)[0], previous, anchor_every,
                             keep_anchors, compress_anchors, _coding(values, indices, compressor, level),
                             _key(signing_key, 64, "signing_key"))
 

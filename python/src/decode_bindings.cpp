@@ -65,14 +65,16 @@ py::dict decode(const py::list& base, const std::map<std::string, std::string>& 
     std::vector<Digest> after;
     for (std::size_t k = 0; k < decoder.size(); ++k) {
       DecodedEntry w = decoder.next();
-      const TensorLayout layout = w.added ? p.added[w.tensor]
-                                          : TensorLayout{s.refs[w.tensor].name, s.refs[w.tensor].dtype, s.refs[w.tensor].shape};
-      // The target tensor's bytes as the digest reads them: the base's (changes are hashed by the decoder).
-      const std::byte* data = w.whole ? reinterpret_cast<const std::byte*>(w.whole) : s.refs[w.tensor].data;
-      target_refs.push_back({layout.name, layout.dtype, layout.shape, data, std::size_t(w.bytes)});
-      after.push_back(w.touched() ? w.digest : before.tensors.at(layout.name));
+      // The target tensor: an added one (patch.added[tensor]) or the base's (its sparse changes
+      // hashed by the decoder, or its new bytes carried whole).
+      TensorRef target = w.added ? TensorRef{p.added[w.tensor].name, p.added[w.tensor].dtype, p.added[w.tensor].shape}
+                                 : s.refs[w.tensor];
+      if (w.kind == EntryKind::whole) target.data = reinterpret_cast<const std::byte*>(w.whole);
+      target.bytes = std::size_t(w.bytes);
+      after.push_back(w.touched() ? w.digest : before.tensors.at(target.name));
+      target_refs.push_back(target);
       if (!w.touched()) continue;
-      Decoded d{layout.name, layout.dtype, layout.shape, w.added, w.kind, {}, {}};
+      Decoded d{target.name, target.dtype, target.shape, w.added, w.kind, {}, {}};
       if (w.kind == EntryKind::whole) {
         d.values.assign(w.whole, w.whole + w.bytes);
       } else {
@@ -91,7 +93,8 @@ py::dict decode(const py::list& base, const std::map<std::string, std::string>& 
   for (auto& d : out) {
     const py::tuple shape = py::cast(d.shape);
     if (d.kind == EntryKind::sparse)
-      changes.append(py::make_tuple(d.name, d.dtype, shape, owned_array(std::move(d.indices)), owned_array(std::move(d.values))));
+      changes.append(py::make_tuple(d.name, d.dtype, shape, owned_array(std::move(d.indices)),
+                                    owned_array(std::move(d.values))));
     else
       (d.added ? added : whole).append(py::make_tuple(d.name, d.dtype, shape, owned_array(std::move(d.values))));
   }

@@ -93,7 +93,8 @@ py::dict change_dict(std::uint64_t written, StateChange&& change) {
 
 // The digests of a state, its tensors hashed on every core (each tensor by one thread).
 StateDigests digests_on_every_core(const std::vector<TensorRef>& refs) {
-  const std::size_t threads = std::max<std::size_t>(1, std::min<std::size_t>(std::thread::hardware_concurrency(), refs.size()));
+  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t threads = std::max<std::size_t>(1, std::min(cores, refs.size()));
   // The largest tensors first, each to the thread with the fewest bytes so far.
   std::vector<std::size_t> order(refs.size());
   std::iota(order.begin(), order.end(), 0);
@@ -179,21 +180,20 @@ class Receiver {
   std::uint64_t version() const { return version_; }
 
  private:
-  // Throws unless the state holds exactly the tensors (names and bytes) this receiver last wrote.
+  // Throws unless the state holds exactly the tensors (names and bytes) this receiver last wrote;
+  // a dtype or shape changed over the same bytes is the decoder's layout check's.
   void check_unchanged(const StateDigests& now) const {
     const std::vector<std::string> changed = changed_tensors(digests_, now);
-    if (changed.empty() && now.state == digests_.state) return;
-    const std::string which = changed.empty() ? "the state" : "tensor '" + changed.front() + "'";
+    if (changed.empty()) return;
     const std::string more = changed.size() > 1 ? " (and " + std::to_string(changed.size() - 1) + " more)" : "";
-    throw Error("Receiver: " + which + more + " changed since this receiver wrote version " + std::to_string(version_) +
-                ": another writer changed the dict, so it no longer holds that version; nothing written (undo the "
+    throw Error("Receiver: tensor '" + changed.front() + "'" + more + " changed since this receiver wrote version " +
+                std::to_string(version_) + ": another writer changed the dict, so it no longer holds that version; nothing written (undo the "
                 "change, or build a new Receiver for the state as it is now)");
   }
   StateDigests digests_;
   std::uint64_t version_ = 0;
 };
 
-// Keeps the previous version's bytes and digests, so each patch hashes only the new version.
 // Keeps the previous version's digests, and its bytes: a copy (the caller then writes the next
 // version into the same tensors), or the caller's own tensors, which it hands back with the next
 // state and must not have written in between (checked: they are hashed again first).

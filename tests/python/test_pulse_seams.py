@@ -104,6 +104,13 @@ def test_decoded_changes_scattered_with_index_copy(values):
     assert pulse.digest(written) == pulse.digest(applied) == d.target_digest
 
 
+def test_decode_from_an_empty_base():
+    target = {"a": torch.ones(3), "empty": torch.zeros(0, dtype=torch.bfloat16)}
+    d = pulse.decode(pulse.encode({}, target, base_version=0, target_version=1), {})
+    assert sorted(d.added) == ["a", "empty"] and d.changes == {} and d.target_digest == pulse.digest(target)
+    assert pulse.digest(d.write({})) == d.target_digest
+
+
 def test_decode_numpy_base():
     """A numpy base gives numpy values: its own dtype, and BF16 (no numpy dtype) as int16 bits."""
     base, target = step_states(seed=2)
