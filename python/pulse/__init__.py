@@ -16,10 +16,10 @@ import numpy as np
 
 from . import _pulse
 from ._pulse import Error, PatchError
-from ._state import Tensor, entries, framework_of, state_from_entries
+from ._state import NUMPY_DTYPES, Tensor, entries, framework_of, state_from_entries, synced_entries, value
 
-__all__ = ["Error", "PatchError", "Tensor", "diff", "encode", "apply", "digest", "inspect", "load", "save",
-           "generate_keypair", "Sender", "Receiver", "Relay"]
+__all__ = ["Error", "PatchError", "Tensor", "diff", "encode", "apply", "decode", "digest", "inspect", "load", "save",
+           "generate_keypair", "Sender", "Receiver", "Relay", "Decoded", "Changes"]
 
 
 def _coding(values, indices, compressor, level):
@@ -51,8 +51,9 @@ def diff(base, target):
 
 def encode(base, target, *, base_version, target_version, values="keydiff", indices=None,
            compressor="zstd", level=3, signing_key=None):
-    """The patch from base to target as bytes (the same bytes `pulse-sync encode` writes)."""
-    return _pulse.encode(entries(base), entries(target), base_version, target_version,
+    """The patch from base to target as bytes (the same bytes `pulse-sync encode` writes). Tensors
+    that share memory (tied weights) are synced once, under their first name."""
+    return _pulse.encode(synced_entries(base)[0], synced_entries(target)[0], base_version, target_version,
                          _coding(values, indices, compressor, level), _key(signing_key, 64, "signing_key"))
 
 
@@ -67,13 +68,202 @@ def apply(state, patch, *, public_key=None):
 
 
 def digest(state):
-    """The canonical xxh3-128 state digest (hex) that patches and `pulse-sync verify` use."""
-    return _pulse.digest(entries(state))
+    """The canonical xxh3-128 state digest (hex) that patches and `pulse-sync verify` use; tensors
+    that share memory (tied weights) count once, under their first name, as pulse syncs them."""
+    return _pulse.digest(synced_entries(state)[0])
 
 
 def inspect(patch):
     """A patch's header: versions, digests, coding, stream sizes, per-dtype summary, layout change."""
     return _pulse.inspect(patch)
+
+
+@dataclasses.dataclass
+class Changes:
+    """One tensor's changes in a decoded patch: `indices` the changed elements' flat (row-major)
+    indices, int64, sorted; `values` their new values, in the tensor's dtype (torch tensors or
+    numpy arrays as the base; a dtype neither has, as bits: the same-width integers). For
+    `tensor.view(-1).index_copy_(0, indices, values)` on any device."""
+    indices: object
+    values: object
+    dtype: str
+    shape: tuple
+
+
+@dataclasses.dataclass
+class Decoded:
+    """A patch decoded against a base state (pulse.decode); every check passed.
+
+    changes: {name: Changes} of the sparse-coded tensors it changes; whole: {name: new tensor} of
+    the base's tensors it carries whole; added: {name: tensor} it adds; removed: [names] it drops;
+    metadata: the target's `__metadata__` when it changes it, else None; files: a model folder's
+    other files it changes ({relative path: new bytes, None when removed}; base given as a
+    folder); aliases: the base's tied tensors, {alias: name decoded} (written through the memory
+    they share). target_digest is what pulse.digest gives for the patched state."""
+    base_version: int
+    target_version: int
+    base_digest: str
+    target_digest: str
+    signed: bool
+    changes: dict
+    whole: dict
+    added: dict
+    removed: list
+    metadata: object
+    files: dict
+    aliases: dict
+
+    def write(self, tensors):
+        """Writes the changes into a dict of tensors that holds the base (torch tensors on any
+        device, numpy arrays, pulse.Tensor), in place: index_copy_ of each tensor's changes, the
+        tensors carried whole copied in, added ones put in the dict (on the CPU), removed ones
+        (and their aliases) taken out. Not transactional: check first with pulse.decode, then
+        confirm with pulse.digest(tensors) == target_digest (CPU tensors)."""
+        for name, c in self.changes.items():
+            _scatter(name, tensors[name], c.indices, c.values)
+        for name, new in self.whole.items():
+            _copy_whole(name, tensors[name], new)
+        for name in self.removed:
+            tensors.pop(name, None)
+            for alias in [a for a, of in self.aliases.items() if of == name]:
+                tensors.pop(alias, None)
+        tensors.update(self.added)
+        return tensors
+
+
+def _flat_view(name, t):
+    torch = _state_torch_module()
+    if torch is not None and isinstance(t, torch.Tensor):
+        if not t.is_contiguous():
+            raise Error(f"tensor {name} is not contiguous; Decoded.write writes it in place")
+        return t.view(-1)
+    data = t.data if isinstance(t, Tensor) else t
+    if not isinstance(data, np.ndarray) or not data.flags.c_contiguous:
+        raise Error(f"tensor {name}: Decoded.write writes C-contiguous torch tensors, numpy arrays or pulse.Tensor")
+    return data.reshape(-1)
+
+
+def _scatter(name, t, indices, values):
+    torch = _state_torch_module()
+    flat = _flat_view(name, t)
+    if torch is not None and isinstance(flat, torch.Tensor):
+        if not isinstance(values, torch.Tensor):  # bits of a dtype this torch lacks
+            flat, values = flat.view(_torch_int(torch, flat.element_size())), torch.from_numpy(values)
+        elif values.dtype != flat.dtype and values.element_size() == flat.element_size():
+            values = values.view(flat.dtype)
+        flat.index_copy_(0, indices.to(flat.device), values.to(flat.device))
+        return
+    if isinstance(values, np.ndarray) and values.dtype != flat.dtype:
+        flat = flat.view(np.uint8).reshape(-1, values.itemsize).view(values.dtype).reshape(-1)
+    flat[indices] = values
+
+
+def _copy_whole(name, t, new):
+    torch = _state_torch_module()
+    flat = _flat_view(name, t)
+    if torch is not None and isinstance(flat, torch.Tensor):
+        src = new.reshape(-1) if isinstance(new, torch.Tensor) else torch.from_numpy(_bytes_of(new))
+        if src.dtype != flat.dtype:
+            flat, src = flat.view(torch.uint8), src.view(torch.uint8)
+        flat.copy_(src.to(flat.device))
+        return
+    flat.view(np.uint8)[:] = _bytes_of(new)
+
+
+def _bytes_of(v):
+    torch = _state_torch_module()
+    if isinstance(v, Tensor):
+        v = v.data
+    elif torch is not None and isinstance(v, torch.Tensor):
+        v = v.reshape(-1).view(torch.uint8).numpy() if v.numel() else np.zeros(0, np.uint8)
+    return np.ascontiguousarray(v).reshape(-1).view(np.uint8)
+
+
+def _torch_int(torch, width):
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+
+
+def _state_torch_module():
+    from ._state import _torch
+    return _torch()
+
+
+def _values(dtype, data, framework, like):
+    """The new values of one tensor's changes (its bytes, `data`), in the tensor's dtype."""
+    count = data.size // _ELEMENT_BYTES[dtype]
+    if framework == "torch":
+        v = value(dtype, (count,), data, "torch")
+        if not isinstance(v, Tensor):
+            return v
+    if isinstance(like, np.ndarray) and like.dtype.itemsize == _ELEMENT_BYTES[dtype]:
+        return data.view(like.dtype)  # numpy's dtype, or ml_dtypes' bfloat16
+    if dtype in NUMPY_DTYPES:
+        return data.view(NUMPY_DTYPES[dtype])
+    return data.view({1: np.uint8, 2: np.int16, 4: np.int32}[_ELEMENT_BYTES[dtype]])  # bits
+
+
+_ELEMENT_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
+                  "F8_E8M0": 1}  # the dtypes a patch codes sparsely (sync::is_sparse_dtype)
+
+
+def decode(patch, base, *, metadata=None, public_key=None, framework=None):
+    """The changes a patch makes to `base`, decoded without writing anything, as a Decoded: per
+    tensor it changes, the flat indices (int64) and new values, to scatter into tensors pulse
+    does not hold (GPU parameters: `p.view(-1).index_copy_(0, c.indices.cuda(), c.values.cuda())`,
+    an inference engine's weight loader), and the tensors it carries whole, adds and removes.
+
+    base: the receiver's state, which the patch's codings read (expclass codes each change in the
+    context of the old weight): a dict of CPU torch tensors / numpy arrays / pulse.Tensor, or a
+    .safetensors file or model folder path (read as pulse.load reads it: the state with its
+    metadata and a folder's files, as pulse-sync's patches cover it, else the tensors alone, as
+    pulse.Sender's do). metadata: a dict base's `__metadata__` when the patch's states have one (a patch
+    of pulse-sync encode on files: pulse.load(..., metadata=True)). Everything apply checks is
+    checked before anything is returned: structure, sizes, checksum, the signature (given
+    public_key, an unsigned patch is refused), the base's layout and digest, every index and
+    value, and the target state digest of base + changes; a failure raises PatchError in one line.
+    Values are torch tensors when the base holds torch tensors (or framework="torch"), else numpy."""
+    key = _key(public_key, 32, "public_key")
+    if isinstance(base, (str, os.PathLike)):
+        items, meta = _pulse.load(os.fspath(base))
+        aliases, like = {}, {}
+        framework = framework or ("torch" if _state_torch() else "numpy")
+        try:  # the state pulse-sync's patches cover: metadata and a folder's files included
+            r = _pulse.decode(items, meta if metadata is None else metadata, patch, key)
+        except PatchError as whole_state:
+            tensors = [e for e in items if not e[0].startswith(FILE_PREFIX)]
+            try:  # the tensors alone, as pulse.Sender's patches cover them
+                r = _pulse.decode(tensors, metadata or {}, patch, key)
+            except PatchError:
+                raise whole_state from None
+    else:
+        flat, aliases = synced_entries(base)
+        like = {name: (v.data if isinstance(v, Tensor) else v) for name, v in base.items()}
+        framework = framework or framework_of(base)
+        r = _pulse.decode(flat, metadata or {}, patch, key)
+    changes, whole, added, files = {}, {}, {}, {}
+    for name, dtype, shape, indices, data in r["changes"]:
+        indices = indices.view(np.int64)
+        values = _values(dtype, data, framework, like.get(name))
+        if framework == "torch":
+            import torch
+            indices = torch.from_numpy(indices)
+            if isinstance(values, np.ndarray):
+                values = torch.from_numpy(values)
+        changes[name] = Changes(indices, values, dtype, tuple(shape))
+    for out, key in ((whole, "whole"), (added, "added")):
+        for name, dtype, shape, data in r[key]:
+            if name.startswith(FILE_PREFIX):
+                files[name[len(FILE_PREFIX):]] = bytes(data)
+            else:
+                out[name] = value(dtype, shape, data, framework)
+    removed = []
+    for name in r["removed"]:
+        if name.startswith(FILE_PREFIX):
+            files.setdefault(name[len(FILE_PREFIX):], None)
+        else:
+            removed.append(name)
+    return Decoded(r["base_version"], r["target_version"], r["base_digest"], r["target_digest"], r["signed"], changes,
+                   whole, added, removed, r["metadata"], files, aliases)
 
 
 def generate_keypair():
@@ -232,45 +422,83 @@ def _other_files(folder):
 
 
 def _state_torch():
-    from ._state import _torch
-    return _torch() is not None
+    return _state_torch_module() is not None
 
 
-def _mirror_layout(state, change, framework):
-    """Mirrors a committed patch's added and removed tensors in the dict."""
+def _mirror_layout(state, change, framework, aliases):
+    """Mirrors a committed patch's added and removed tensors in the dict (a removed tensor's
+    aliases go with it)."""
     for name in change["removed"]:
         state.pop(name, None)
+        for alias in [a for a, of in aliases.items() if of == name]:
+            state.pop(alias, None)
+            del aliases[alias]
     state.update(state_from_entries(change["added"], framework))
 
 
+def _same_ties(state, aliases, who, writable=False):
+    """The state's entries to sync, refused in one line when its tied tensors are not the ones
+    seen at construction (the patches' layout would change under the peer)."""
+    flat, now = synced_entries(state, writable)
+    if now != aliases:
+        gone = sorted(set(aliases.items()) - set(now.items()))
+        new = sorted(set(now.items()) - set(aliases.items()))
+        what = (f"'{gone[0][0]}' no longer shares memory with '{gone[0][1]}'" if gone else
+                f"'{new[0][0]}' now shares memory with '{new[0][1]}'")
+        raise Error(f"{who}: tensor {what}, unlike at construction; build a new {who} for the new layout")
+    return flat
+
+
 class Sender:
-    """The trainer's side: holds the last version sent (a copy of its bytes and its digests), and
-    `patch()` after each optimizer step returns the patch from that version to the state now."""
+    """The trainer's side: holds the last version sent and its digests, and `patch()` after each
+    optimizer step returns the patch from that version to the state now.
+
+    copy=True (the default): the Sender keeps a copy of the version sent, so the trainer writes
+    the next version into the same tensors (state and copy: 2x the model). copy=False: it keeps
+    the tensors of the version sent themselves, for a trainer that makes each version as new
+    tensors (`patch(new_state)`, e.g. a checkpoint it loads or casts): the two versions, 2x, and no
+    copy. Writing a sent version in place is then refused at the next patch (it is hashed again).
+    Tensors that share memory (tied weights: both names in state_dict(), one storage) are synced
+    once, under the first name in the dict; `aliases` names the others ({alias: name synced})."""
 
     def __init__(self, state, *, version=0, values="keydiff", indices=None, compressor="zstd", level=3,
-                 signing_key=None):
+                 signing_key=None, copy=True):
         self.state = state
         self._coding = _coding(values, indices, compressor, level)
         self._key = _key(signing_key, 64, "signing_key")
-        self._sender = _pulse.Sender(entries(state), version)
+        flat, self.aliases = synced_entries(state)
+        self._sender = _pulse.Sender(flat, version, bool(copy))
+        self._sent = None if copy else flat  # copy=False: the version sent, held by reference
 
     @property
     def version(self):
         return self._sender.version
 
-    def patch(self):
-        return self._sender.patch(entries(self.state), self._coding, self._key)
+    def patch(self, state=None):
+        """The patch from the version sent to `state` (given: it becomes self.state), or to
+        self.state as it is now."""
+        if state is not None:
+            self.state = state
+        flat = _same_ties(self.state, self.aliases, "Sender")
+        patch = self._sender.patch(flat, self._sent, self._coding, self._key)
+        if self._sent is not None:
+            self._sent = flat
+        return patch
 
 
 class Receiver:
-    """The inference side: applies each patch to its state in place (transactionally, see apply)
-    and keeps the state's digests, so a patch hashes only the tensors it touches. It assumes it
-    is the only writer of the state."""
+    """The inference side: applies each patch to its state in place (transactionally, see apply).
+    Before each patch it checks that the state is still the version it last wrote (every tensor
+    hashed, on every core), so a dict that another writer changed is refused in one line instead
+    of diverging silently from the sender. Tensors that share memory (tied weights) are received
+    once, under the first name in the dict, and written through their shared memory; `aliases`
+    names the others ({alias: name received})."""
 
     def __init__(self, state, *, version=0, public_key=None):
         self.state = state
         self._key = _key(public_key, 32, "public_key")
-        self._receiver = _pulse.Receiver(entries(state), version)
+        flat, self.aliases = synced_entries(state)
+        self._receiver = _pulse.Receiver(flat, version)
 
     @property
     def version(self):
@@ -278,9 +506,10 @@ class Receiver:
 
     def apply(self, patch, *, public_key=None):
         key = _key(public_key, 32, "public_key") if public_key is not None else self._key
-        change = self._receiver.apply(entries(self.state, writable=True), patch, key)
+        flat = _same_ties(self.state, self.aliases, "Receiver", writable=True)
+        change = self._receiver.apply(flat, patch, key)
         if change["removed"] or change["added"]:
-            _mirror_layout(self.state, change, framework_of(self.state))
+            _mirror_layout(self.state, change, framework_of(self.state), self.aliases)
         return change["written"]
 
 
@@ -310,7 +539,8 @@ class Relay:
                 signing_key=None, values="keydiff", indices=None, compressor="zstd", level=3):
         """Publishes state as `version`: a patch from `previous` (the head version's weights) when
         given, an anchor every anchor_every versions, then HEAD."""
-        self._relay.publish(version, entries(state), None if previous is None else entries(previous), anchor_every,
+        previous = None if previous is None else synced_entries(previous)[0]
+        self._relay.publish(version, synced_entries(state)[0], previous, anchor_every,
                             keep_anchors, compress_anchors, _coding(values, indices, compressor, level),
                             _key(signing_key, 64, "signing_key"))
 
@@ -322,7 +552,7 @@ class Relay:
             raise ValueError("Relay.pull: give the version of `state` (pull(state, version)); without it an older "
                              "HEAD could not be refused")
         version = 0 if version is None else version
-        items, info = self._relay.pull(None if state is None else entries(state), version,
+        items, info = self._relay.pull(None if state is None else synced_entries(state)[0], version,
                                        _key(public_key, 32, "public_key"), min_version)
         framework = framework or (framework_of(state) if state else ("torch" if _state_torch() else "numpy"))
         return Pull(state=state_from_entries(items, framework), **info)

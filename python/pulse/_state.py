@@ -114,3 +114,31 @@ def framework_of(state):
 
 def state_from_entries(items, framework):
     return {name: value(dtype, shape, data, framework) for name, dtype, shape, data in items}
+
+
+def _span(buffer):
+    """(first byte address, bytes) of a numpy view of a tensor's memory."""
+    return buffer.__array_interface__["data"][0], buffer.nbytes
+
+
+def synced_entries(state, writable=False):
+    """entries(state) with each tensor synced once: a tensor that is the same memory (same bytes,
+    dtype and shape) as one earlier in the dict, as tied weights are (an embedding shared with
+    the LM head, both in state_dict()), is left out and returned as an alias of it. Tensors that
+    overlap otherwise (a view of part of another) are refused: neither can be written alone.
+    Returns (entries, {alias name: name synced})."""
+    flat = entries(state, writable)
+    spans = sorted(((*_span(e[3]), i) for i, e in enumerate(flat) if e[3].nbytes), key=lambda s: (s[0], -s[1], s[2]))
+    aliases, keep = {}, [True] * len(flat)
+    end, owner = -1, None  # the furthest-reaching span so far and its entry
+    for start, size, i in spans:
+        if start < end:
+            o = flat[owner]
+            if (start, size) != _span(o[3]) or flat[i][1:3] != o[1:3]:
+                raise _pulse.Error(f"tensors '{o[0]}' and '{flat[i][0]}' share memory without being the same tensor "
+                                   "(one is a view of part of the other); pulse syncs each tensor's bytes once: keep one")
+            aliases[flat[i][0]] = o[0]
+            keep[i] = False
+            continue
+        end, owner = start + size, i
+    return [e for e, k in zip(flat, keep) if k], aliases

@@ -26,5 +26,6 @@ PYBIND11_MODULE(_pulse, m) {
     }
   });
   pulse::python::bind_sync(m);
+  pulse::python::bind_decode(m);
   pulse::python::bind_stats(m);
 }

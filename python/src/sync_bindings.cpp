@@ -4,9 +4,13 @@
 #include <pybind11/stl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <numeric>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "bindings.hpp"
 #include "core/error.hpp"
@@ -87,11 +91,66 @@ py::dict change_dict(std::uint64_t written, StateChange&& change) {
   return out;
 }
 
-// Receives patches into a state held in Python; keeps the state's digests between patches so
-// only the tensors a patch touches are hashed again.
+// The digests of a state, its tensors hashed on every core (each tensor by one thread).
+StateDigests digests_on_every_core(const std::vector<TensorRef>& refs) {
+  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t threads = std::max<std::size_t>(1, std::min(cores, refs.size()));
+  // The largest tensors first, each to the thread with the fewest bytes so far.
+  std::vector<std::size_t> order(refs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return refs[a].bytes > refs[b].bytes; });
+  std::vector<std::vector<TensorRef>> groups(threads);
+  std::vector<std::size_t> load(threads, 0);
+  for (const std::size_t i : order) {
+    const std::size_t t = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    groups[t].push_back(refs[i]);
+    load[t] += refs[i].bytes;
+  }
+  std::vector<StateDigests> parts(threads);
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> workers;
+  for (std::size_t t = 1; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      try {
+        parts[t] = compute_digests(groups[t]);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  parts[0] = compute_digests(groups[0]);
+  for (auto& w : workers) w.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  StateDigests out;
+  std::vector<Digest> in_order;
+  for (const auto& part : parts) out.tensors.insert(part.tensors.begin(), part.tensors.end());
+  for (const auto& t : refs) in_order.push_back(out.tensors.at(t.name));
+  out.state = state_digest(refs, in_order);
+  return out;
+}
+
+// The tensors whose digest differs between two digests of a state (or that only one holds), by name.
+std::vector<std::string> changed_tensors(const StateDigests& kept, const StateDigests& now) {
+  std::vector<std::string> changed;
+  for (const auto& [name, d] : now.tensors) {
+    const auto it = kept.tensors.find(name);
+    if (it == kept.tensors.end() || it->second != d) changed.push_back(name);
+  }
+  for (const auto& [name, d] : kept.tensors)
+    if (!now.tensors.count(name)) changed.push_back(name);
+  return changed;
+}
+
+// Receives patches into a state held in Python. It keeps the digests of the version it last
+// wrote, and hashes the state before each patch: a tensor that another writer changed since
+// is named in a one-line refusal instead of the receiver diverging from the sender.
 class Receiver {
  public:
-  Receiver(const py::list& state, std::uint64_t version) : version_(version) { rehash(state); }
+  Receiver(const py::list& state, std::uint64_t version) : version_(version) {
+    const StateBuffers s = state_buffers(state, false);
+    py::gil_scoped_release release;
+    digests_ = digests_on_every_core(s.refs);
+  }
 
   py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key) {
     std::optional<PublicKey> key;
@@ -100,54 +159,78 @@ class Receiver {
     const PatchBytes patch(patch_buffer);
     std::uint64_t written = 0;
     StateChange change;
-    bool changes_layout = false;
     try {
       py::gil_scoped_release release;
+      const StateDigests now = digests_on_every_core(s.refs);
+      check_unchanged(now);
       PatchLimits limits;
       limits.max_patch_bytes = patch_bytes_limit(s.refs);
       const ParsedPatch p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
       auto tensors = s.mutables();
       StateDigests after;
-      written = apply_patch(p, tensors, limits, digests_ ? &*digests_ : nullptr, &after, {}, &change);
-      changes_layout = p.header.changes_layout;
-      digests_ = std::move(after);
+      written = apply_patch(p, tensors, limits, &now, &after, {}, &change);
+      digests_ = std::move(after);  // by name: still the dict's once Python mirrors a layout change
       version_ = p.header.target_version;
     } catch (const Error& e) {
       throw PatchError(e.what());
     }
-    if (changes_layout) digests_.reset();  // the dict changes shape: hash it whole next time
     return change_dict(written, std::move(change));
   }
 
   std::uint64_t version() const { return version_; }
 
  private:
-  void rehash(const py::list& state) {
-    const StateBuffers s = state_buffers(state, false);
-    py::gil_scoped_release release;
-    digests_ = compute_digests(s.refs);
+  // Throws unless the state holds exactly the tensors (names and bytes) this receiver last wrote;
+  // a dtype or shape changed over the same bytes is the decoder's layout check's.
+  void check_unchanged(const StateDigests& now) const {
+    const std::vector<std::string> changed = changed_tensors(digests_, now);
+    if (changed.empty()) return;
+    const std::string more = changed.size() > 1 ? " (and " + std::to_string(changed.size() - 1) + " more)" : "";
+    throw Error("Receiver: tensor '" + changed.front() + "'" + more + " changed since this receiver wrote version " +
+                std::to_string(version_) + ": another writer changed the dict, so it no longer holds that version; nothing written (undo the "
+                "change, or build a new Receiver for the state as it is now)");
   }
-  std::optional<StateDigests> digests_;
+  StateDigests digests_;
   std::uint64_t version_ = 0;
 };
 
-// Keeps the previous version's bytes and digests, so each patch hashes only the new version.
+// Keeps the previous version's digests, and its bytes: a copy (the caller then writes the next
+// version into the same tensors), or the caller's own tensors, which it hands back with the next
+// state and must not have written in between (checked: they are hashed again first).
 class Sender {
  public:
-  Sender(const py::list& state, std::uint64_t version) : version_(version) { remember(state_buffers(state, false), nullptr); }
+  Sender(const py::list& state, std::uint64_t version, bool keep_copy) : keep_copy_(keep_copy), version_(version) {
+    const StateBuffers s = state_buffers(state, false);
+    py::gil_scoped_release release;
+    if (keep_copy_) remember(s.refs);
+    digests_ = digests_on_every_core(s.refs);
+  }
 
-  py::bytes patch(const py::list& state, const Coding& coding, const std::optional<py::bytes>& signing_key) {
+  py::bytes patch(const py::list& state, const std::optional<py::list>& previous, const Coding& coding,
+                  const std::optional<py::bytes>& signing_key) {
     std::optional<SecretKey> key;
     if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
+    PULSE_CHECK(keep_copy_ || previous, "Sender: the version sent is needed");
     const StateBuffers t = state_buffers(state, false);
+    std::optional<StateBuffers> held;
+    if (!keep_copy_) held = state_buffers(*previous, false);
     std::vector<std::uint8_t> patch;
-    StateDigests after;
     {
       py::gil_scoped_release release;
-      patch = encode_patch(previous_refs(), t.refs, coding.options(version_, version_ + 1, key ? &*key : nullptr),
-                           &digests_, &after);
+      const std::vector<TensorRef> base = keep_copy_ ? previous_refs() : held->refs;
+      if (!keep_copy_) {
+        const auto changed = changed_tensors(digests_, digests_on_every_core(base));
+        PULSE_CHECK(changed.empty(), "Sender(copy=False): tensor '" + (changed.empty() ? "" : changed.front()) +
+                                         "' of version " + std::to_string(version_) +
+                                         " was written after it was sent; give each version as new tensors, or "
+                                         "use copy=True to write the next version into the same ones");
+      }
+      StateDigests after;
+      patch = encode_patch(base, t.refs, coding.options(version_, version_ + 1, key ? &*key : nullptr), &digests_,
+                           &after);
+      if (keep_copy_) remember(t.refs);
+      digests_ = std::move(after);
     }
-    remember(t, &after);
     ++version_;
     return to_bytes(patch);
   }
@@ -160,17 +243,16 @@ class Sender {
     for (std::size_t i = 0; i < refs.size(); ++i) refs[i].data = bytes_[i].data(), refs[i].bytes = bytes_[i].size();
     return refs;
   }
-  void remember(const StateBuffers& s, StateDigests* digests) {
-    py::gil_scoped_release release;
-    layout_ = s.refs;
-    bytes_.resize(s.refs.size());
-    for (std::size_t i = 0; i < s.refs.size(); ++i) {
-      bytes_[i].resize(s.refs[i].bytes);
-      std::memcpy(bytes_[i].data(), s.refs[i].data, s.refs[i].bytes);
+  void remember(const std::vector<TensorRef>& refs) {
+    layout_ = refs;
+    bytes_.resize(refs.size());
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      bytes_[i].resize(refs[i].bytes);
+      std::memcpy(bytes_[i].data(), refs[i].data, refs[i].bytes);
       layout_[i].data = nullptr;
     }
-    digests_ = digests ? std::move(*digests) : compute_digests(s.refs);
   }
+  bool keep_copy_;
   std::vector<TensorRef> layout_;
   std::vector<std::vector<std::byte>> bytes_;
   StateDigests digests_;
@@ -350,8 +432,8 @@ void bind_sync(py::module_& m) {
       .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"))
       .def_property_readonly("version", &Receiver::version);
   py::class_<Sender>(m, "Sender")
-      .def(py::init<const py::list&, std::uint64_t>())
-      .def("patch", &Sender::patch, py::arg("state"), py::arg("coding"), py::arg("signing_key"))
+      .def(py::init<const py::list&, std::uint64_t, bool>())
+      .def("patch", &Sender::patch, py::arg("state"), py::arg("previous"), py::arg("coding"), py::arg("signing_key"))
       .def_property_readonly("version", &Sender::version);
 
   py::class_<Relay>(m, "Relay")
