@@ -8,11 +8,16 @@
 #include <thread>
 #include <vector>
 
+#include <sched.h>
+
 namespace pulse::sync {
 
-// 0 means the machine's cores.
+// 0 means the cores this process may run on: its affinity mask (what Slurm's cgroup or
+// `taskset` gives it), not every core of the node.
 inline unsigned resolve_threads(unsigned threads) {
   if (threads > 0) return threads;
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof(mask), &mask) == 0 && CPU_COUNT(&mask) > 0) return unsigned(CPU_COUNT(&mask));
   const unsigned cores = std::thread::hardware_concurrency();
   return cores > 0 ? cores : 1;
 }
