@@ -3,7 +3,10 @@
 // The header implementation, compiled for this CPU (AVX2 where -march=native has it), is
 // several times faster than the generic build in the shared library.
 #define XXH_INLINE_ALL
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12 on xxhash.h's AVX-512 path
 #include <xxhash.h>
+#pragma GCC diagnostic pop
 
 #include <algorithm>
 #include <cstring>
