@@ -293,6 +293,40 @@ void alltoallv(const Communicator& comm, const T* send, const std::vector<index_
   comm.count_bytes(channel, sent, received);
 }
 
+// MPI_Gatherv on host memory: root receives every rank's n elements (any count, zero included),
+// rank r's at out[offsets[r], offsets[r + 1]) (out is resized on root; other ranks' is left
+// alone). The counts are gathered first (MPI_Gather, counted on the same channel); a rank's own
+// block is not counted. Returns the offsets on root, an empty vector elsewhere.
+template <class T>
+std::vector<index_t> gatherv(const Communicator& comm, const T* in, std::size_t n, std::vector<T>& out, int root,
+                             Channel channel = Channel::control) {
+  PULSE_CHECK(root >= 0 && root < comm.size(), "gatherv: root " + std::to_string(root) +
+                                                   " is not a rank of a communicator of size " +
+                                                   std::to_string(comm.size()));
+  const int count = detail::mpi_count(n, "gatherv");
+  const bool is_root = comm.rank() == root;
+  std::vector<int> counts(is_root ? comm.size() : 0);
+  check_mpi(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm.raw()), "MPI_Gather");
+  std::vector<index_t> offsets;
+  std::vector<int> displs;
+  if (is_root) {
+    offsets.assign(comm.size() + 1, 0);
+    for (int r = 0; r < comm.size(); ++r) offsets[r + 1] = offsets[r] + counts[r];
+    detail::mpi_count(std::size_t(offsets.back()), "gatherv");
+    for (int r = 0; r < comm.size(); ++r) displs.push_back(int(offsets[r]));
+    out.resize(std::size_t(offsets.back()));
+  }
+  check_mpi(MPI_Gatherv(in, count, mpi_type<T>(), is_root ? out.data() : nullptr, counts.data(), displs.data(),
+                        mpi_type<T>(), root, comm.raw()),
+            "MPI_Gatherv");
+  const std::uint64_t others = std::uint64_t(comm.size() - 1);
+  if (is_root)
+    comm.count_bytes(channel, 0, others * sizeof(int) + (std::uint64_t(offsets.back()) - n) * sizeof(T));
+  else
+    comm.count_bytes(channel, sizeof(int) + std::uint64_t(n) * sizeof(T), 0);
+  return offsets;
+}
+
 // Copies root's view into every rank's view; all views have the same size.
 template <class View>
 void broadcast(const Communicator& comm, const View& view, int root,
