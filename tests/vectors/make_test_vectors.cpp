@@ -76,14 +76,14 @@ Tensor make_tensor(const std::string& name, const std::string& dtype, std::vecto
   return t;
 }
 
-// Changes about 1 in 16 elements of a sparse-coded tensor: most by 1 to 3 key steps, some to
+// Changes about 1 in 5 elements of a sparse-coded tensor (enough for every model to adapt): most by 1 to 3 key steps, some to
 // any bits.
 void change(Tensor& t, std::uint64_t seed) {
   const SparseFormat f = *sparse_format(t.dtype);
   const std::uint64_t n = t.bytes.size() / f.bytes;
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint64_t r = mix(seed * 7919 + i);
-    if (r % 16 != 0) continue;
+    if (r % 5 != 0) continue;
     std::uint64_t bits = 0;
     std::memcpy(&bits, t.bytes.data() + i * f.bytes, f.bytes);
     if ((r >> 8) % 8 == 0) {
@@ -146,13 +146,15 @@ State metadata_target(const State& target, std::uint64_t seed) {
   return s;
 }
 
-// Every element of a tracked tensor never changed (1/3), or changed up or down 1 to 127
-// versions ago; the digest names this history (it is not a chain of real versions).
+// Every element of a tracked tensor never changed (1/4), or changed up or down 1 to 20 versions
+// ago (every age bucket's edges), or up to 127; the digest names this history (it is not a
+// chain of real versions).
 ChangeHistory make_history(const State& base, std::uint64_t seed) {
   std::vector<std::uint8_t> bytes = ChangeHistory(base.refs(), Digest{}).bytes();
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     const std::uint64_t r = mix(seed * 31 + i);
-    bytes[i] = r % 3 == 0 ? 0 : std::uint8_t((r & 0x80) | (1 + (r >> 8) % ChangeHistory::kMaxAge));
+    const std::uint64_t age = 1 + (r >> 8) % ((r >> 16) % 4 == 0 ? ChangeHistory::kMaxAge : 20);
+    bytes[i] = r % 4 == 0 ? 0 : std::uint8_t((r & 0x80) | age);
   }
   const std::string origin = "pulse test vector history " + std::to_string(seed);
   return ChangeHistory(base.refs(), bytes, digest_bytes(origin.data(), origin.size()));
