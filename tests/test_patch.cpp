@@ -270,7 +270,7 @@ std::vector<std::uint8_t> table_of(const DtypeSummary& s, const std::vector<std:
   return t;
 }
 
-// A part table (FORMAT.md "Parts"), to follow a crafted entry table.
+// A part table (FORMAT.md "Part table"), to follow a crafted entry table.
 std::vector<std::uint8_t> part_table_of(const std::vector<PatchPart>& parts) {
   std::vector<std::uint8_t> t;
   put_varint_to(t, parts.size());
