@@ -16,7 +16,7 @@ python3 python3-numpy python3-h5py python3-matplotlib"
 
 TEST_PACKAGES="libgtest-dev libbenchmark-dev hdf5-tools
 clang libclang-rt-14-dev
-python3-pytest python3-torch python3-zstandard
+python3-pytest python3-torch python3-zstandard python3-lz4 python3-xxhash
 pybind11-dev python3-pybind11
 slurm-wlm munge strace"
 

@@ -14,6 +14,7 @@
 #include "sync/change_history.hpp"
 #include "sync/patch.hpp"
 #include "sync/sparse_format.hpp"
+#include "sync/varint.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
@@ -269,7 +270,7 @@ std::vector<std::uint8_t> table_of(const DtypeSummary& s, const std::vector<std:
   return t;
 }
 
-// A part table (FORMAT.md "Parts"), to follow a crafted entry table.
+// A part table (FORMAT.md "Part table"), to follow a crafted entry table.
 std::vector<std::uint8_t> part_table_of(const std::vector<PatchPart>& parts) {
   std::vector<std::uint8_t> t;
   put_varint_to(t, parts.size());
@@ -1101,4 +1102,41 @@ TEST(Patch, ExpclassHistoryCorruptionsWithAValidChecksumAreRejectedOrExact) {
     }
   EXPECT_GT(rejected, 0u);
   EXPECT_GT(exact, 0u);  // the version numbers are not part of the state
+}
+
+// FORMAT.md "Accepted inputs": a non-minimal varint is read as its value; one of more than 10
+// bytes, or whose 10th byte holds more than bit 63, is refused rather than wrapped.
+TEST(Varint, NonMinimalAcceptedBeyond64BitsRefused) {
+  auto read = [](std::vector<std::uint8_t> bytes) {
+    std::size_t pos = 0;
+    const std::uint64_t v = get_varint(bytes.data(), bytes.size(), pos);
+    EXPECT_EQ(pos, bytes.size());
+    return v;
+  };
+  EXPECT_EQ(read({0x00}), 0u);
+  EXPECT_EQ(read({0x80, 0x00}), 0u);
+  EXPECT_EQ(read({0xFF, 0x80, 0x80, 0x00}), 127u);
+  std::vector<std::uint8_t> max(9, 0xFF);
+  max.push_back(0x01);
+  EXPECT_EQ(read(max), UINT64_MAX);
+  std::vector<std::uint8_t> wide(9, 0x80);
+  wide.push_back(0x02);  // 2^64: would wrap to 0
+  EXPECT_THROW(read(wide), pulse::Error);
+  std::vector<std::uint8_t> eleven(10, 0x80);
+  eleven.push_back(0x00);
+  EXPECT_THROW(read(eleven), pulse::Error);
+  EXPECT_THROW(read({0x80}), pulse::Error);
+}
+
+// FORMAT.md "Compression": a zstd stream is exactly one frame; a second frame after it (which
+// ZSTD_decompress alone would decode too) is refused.
+TEST(Compression, ZstdStreamIsExactlyOneFrame) {
+  const std::vector<std::uint8_t> raw(100, 7);
+  std::vector<std::uint8_t> coded = compress(Compressor::zstd, 3, raw);
+  EXPECT_EQ(decompress(Compressor::zstd, coded.data(), coded.size(), raw.size()), raw);
+  const std::vector<std::uint8_t> half(raw.begin(), raw.begin() + 50);
+  std::vector<std::uint8_t> two = compress(Compressor::zstd, 3, half);
+  const std::vector<std::uint8_t> second = compress(Compressor::zstd, 3, half);
+  two.insert(two.end(), second.begin(), second.end());
+  EXPECT_THROW(decompress(Compressor::zstd, two.data(), two.size(), raw.size()), pulse::Error);
 }

@@ -57,7 +57,10 @@ std::vector<std::uint8_t> decompress(Compressor c, const std::uint8_t* data, std
   }
   std::vector<std::uint8_t> out(raw_size);
   if (c == Compressor::zstd) {
-    // The frame must decode to exactly raw_size bytes into a buffer of exactly that size.
+    // Exactly one frame (FORMAT.md "Compression": no second or skippable frame), decoding to
+    // exactly raw_size bytes into a buffer of exactly that size.
+    const std::size_t frame = ZSTD_findFrameCompressedSize(data, size);
+    PULSE_CHECK(!ZSTD_isError(frame) && frame == size, "zstd stream is not exactly one zstd frame");
     const std::size_t n = ZSTD_decompress(out.data(), out.size(), data, size);
     PULSE_CHECK(!ZSTD_isError(n), std::string("corrupt zstd stream: ") + ZSTD_getErrorName(n));
     PULSE_CHECK(n == raw_size, "zstd stream decodes to " + std::to_string(n) + " bytes, header says " +

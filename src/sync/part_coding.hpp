@@ -1,5 +1,5 @@
 #pragma once
-// The coding of one part of a format-3 patch (FORMAT.md "Parts"): the sparse changes of its
+// The coding of one part of a format-3 patch (FORMAT.md "Part table"): the sparse changes of its
 // segments into the part's own index and value streams, every coder and model starting afresh
 // at the part. A segment is a contiguous element range of one tensor; its changes are coded as
 // an entry of format 2 over a tensor of the segment's elements (indices from its begin).

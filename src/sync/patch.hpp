@@ -145,7 +145,7 @@ struct PatchHeader {
   Digest history{};  // expclass-history: ChangeHistory::digest() of the sender at the base
 };
 
-// A contiguous element range of a sparse entry (FORMAT.md "Parts"), and its changes.
+// A contiguous element range of a sparse entry (FORMAT.md "Part table"), and its changes.
 struct PatchSegment {
   std::uint64_t elements = 0;
   std::uint64_t count = 0;

@@ -7,7 +7,8 @@
 # writes seed files with that set's writer and fuzzes each of its targets for FUZZ_SECONDS.
 # FUZZ_SET safetensors: parse_header, parse_safetensors_index and plan_folder (a model
 # folder's flat form). patch: parse_patch +
-# apply_patch, as the checksummed input and with the checksum rewritten over each mutated input.
+# apply_patch, as the checksummed input and with the checksum rewritten over each mutated input;
+# and round trips (random state and change -> encode -> parse -> apply == target).
 # relay: HEAD and anchor records, and relay file names. anchor: compressed relay anchors. train:
 # pulse-train's config parser, its rank checkpoint reader (also with the checksum rewritten) and
 # the LATEST record.
@@ -50,6 +51,7 @@ if(FUZZ_SET STREQUAL "safetensors")
 elseif(FUZZ_SET STREQUAL "patch")
   set(seeder fuzz_patch_seeds)
   set(fuzzers fuzz_patch_decoder fuzz_patch_decoder_rechecksummed)
+  list(APPEND fuzzers fuzz_patch_roundtrip)
   set(dict patch.dict)
 elseif(FUZZ_SET STREQUAL "relay")
   set(seeder fuzz_relay_seeds)
