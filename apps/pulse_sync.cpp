@@ -8,7 +8,7 @@
 //   pulse-sync inspect P [--json]               header and entries of a patch
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
 //   pulse-sync publish --relay DIR --version V FILE [--previous PREV] [--sign K.sec]
-//   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub]
+//   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub] [--threads N]
 // Every A, B, FILE, OUT may be a model folder (src/sync/FORMAT.md, "Model folders"); a folder is
 // written whole next to the old one and swapped in, so a failure leaves the old folder as it was.
 #include <CLI/CLI.hpp>
