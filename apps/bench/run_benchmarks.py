@@ -64,7 +64,7 @@ def main():
         subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_recorder.py"),
                         "--json", os.path.join(args.out, "recorder.json")], check=True, env=env)
     # Optional (disk and time; off by default and in CI): pulse-sync against the prime-rl-format
-    # peer on a big generated folder pair, PULSE_BENCH_BIG=llama-7b (about 1 h, 55 GB of disk) or
+    # peer on a big generated folder pair, PULSE_BENCH_BIG=llama-7b (about 36 min, 55 GB of disk) or
     # qwen2-1.5b (minutes, 13 GB); the table goes to runs/bench/big_folder.md.
     big = os.environ.get("PULSE_BENCH_BIG")
     if big:
