@@ -54,6 +54,8 @@ test-determinism: build
 test-openmp: build
 	PULSE_PYTHON=$(PYTHON) cmake/openmp-check.sh $(BUILD) $(BUILD)-omp
 
+# PULSE_BENCH_BIG=llama-7b make bench (or qwen2-1.5b) adds the big-folder benchmark against the
+# prime-rl-format peer (apps/bench/big_folder_bench.py); off by default and in CI (disk, time).
 bench: build
 	$(PYTHON) apps/bench/run_benchmarks.py --build $(BUILD) --out runs/bench
 

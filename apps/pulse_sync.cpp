@@ -8,7 +8,7 @@
 //   pulse-sync inspect P [--json]               header and entries of a patch
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
 //   pulse-sync publish --relay DIR --version V FILE [--previous PREV] [--sign K.sec]
-//   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub]
+//   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub] [--threads N]
 // Every A, B, FILE, OUT may be a model folder (src/sync/FORMAT.md, "Model folders"); a folder is
 // written whole next to the old one and swapped in, so a failure leaves the old folder as it was.
 #include <CLI/CLI.hpp>
@@ -455,6 +455,7 @@ struct RelayArgs {
   std::string relay, file, previous, out, have, sign, public_key;
   std::uint64_t version = 0, have_version = 0, min_version = 0, anchor_every = 10, keep_anchors = 2;
   bool compress_anchors = false, replace = false;
+  unsigned threads = default_apply_threads();
 };
 
 int cmd_publish(const RelayArgs& args) {
@@ -465,11 +466,18 @@ int cmd_publish(const RelayArgs& args) {
   opt.compress_anchors = args.compress_anchors;
   SecretKey key;
   opt.encode.signing_key = signing_key(args.sign, key);
-  const OpenState state = open_state(args.file);
-  std::optional<OpenState> previous;
-  if (!args.previous.empty()) previous.emplace(open_state(args.previous));
-  relay.publish(args.version, state.flat.tensors, state.flat.metadata, previous ? &previous->flat.tensors : nullptr,
-                previous ? &previous->flat.metadata : nullptr, opt);
+  // Streamed: a tensor of each state in memory at a time (and the patch), not the model.
+  const StreamedState state = StreamedState::open(args.file);
+  std::optional<StreamedState> previous;
+  if (!args.previous.empty()) previous.emplace(StreamedState::open(args.previous));
+  try {
+    relay.publish(args.version, state.tensors(), state.metadata(), previous ? &previous->tensors() : nullptr,
+                  previous ? &previous->metadata() : nullptr, opt, state.loader(),
+                  previous ? previous->loader() : TensorLoader{});
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory("publish", std::max(state.largest_tensor_bytes(), previous ? previous->largest_tensor_bytes() : 0),
+                        previous ? 2 : 1);
+  }
   std::printf("published version %llu to %s\n", static_cast<unsigned long long>(args.version), args.relay.c_str());
   return 0;
 }
@@ -479,14 +487,14 @@ int cmd_pull(const RelayArgs& args) {
   const Relay relay(args.relay);
   PublicKey key;
   if (!args.public_key.empty()) key = read_public_key(args.public_key);
-  std::optional<Checkpoint> have;
-  if (!args.have.empty()) have = load_checkpoint(args.have);
   PullOptions options;
   options.public_key = args.public_key.empty() ? nullptr : &key;
   options.min_version = args.min_version;
-  const PullResult r = relay.pull(have ? &*have : nullptr, args.have_version, options);
+  // Streamed into -o (sync/relay.hpp, pull_into): patches, anchors and the state never whole in memory.
+  const PullResult r = relay.pull_into(args.out, args.have, args.have_version, options,
+                                       replace_mode(args.out, args.have, args.replace), args.threads);
   if (!r.fallback.empty()) std::fprintf(stderr, "pulse-sync: note: fell back (%s)\n", r.fallback.c_str());
-  const bool folder = save_state(args.out, r.state, replace_mode(args.out, args.have, args.replace));
+  const bool folder = r.folder;
   std::printf("pulled version %llu (%s path, %llu patches), digest verified; wrote %s%s\n",
               static_cast<unsigned long long>(r.version), r.fast_path ? "fast" : "slow",
               static_cast<unsigned long long>(r.patches_applied), folder ? "the folder " : "", args.out.c_str());
@@ -603,6 +611,9 @@ int main(int argc, char** argv) {
       ->check(kVersionNumber);
   pull->add_option("--public-key", rel.public_key, "accept only HEAD, anchors and patches signed by this key")
       ->check(CLI::ExistingFile);
+  pull->add_option("--threads", rel.threads, "threads of each streamed apply (copy and hash ahead, decode, write behind)")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
 
   // diff, verify and inspect have a --json of their own; the other subcommands get the summary line.
   cli::JsonSummary summary(app, "pulse-sync", {"--out", "--in-place", "--public", "--secret", "--relay"});

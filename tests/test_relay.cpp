@@ -173,6 +173,41 @@ TEST(ZstdFrames, DeclaredSizeCheckedAndNotTrusted) {
   EXPECT_THROW(decompress_zstd_frame(liar.data(), liar.size(), 1000, "frame"), pulse::Error);
 }
 
+// The streamed frame (relay anchors written by publish) and the file reader in pieces (pull).
+TEST_F(TempDir, ZstdFramesWrittenAndReadInPieces) {
+  std::vector<std::uint8_t> raw(3000000);
+  for (std::size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<std::uint8_t>((i * 7 + i / 1000) % 251);
+  std::vector<std::uint8_t> frame;
+  {
+    ZstdFrameWriter writer(3, raw.size(), [&](const void* p, std::size_t n) {
+      frame.insert(frame.end(), static_cast<const std::uint8_t*>(p), static_cast<const std::uint8_t*>(p) + n);
+    });
+    for (std::size_t done = 0, piece = 1; done < raw.size(); done += piece, piece = piece * 3 + 1)
+      writer.write(raw.data() + done, std::min(piece, raw.size() - done));
+    writer.finish();
+  }
+  EXPECT_EQ(decompress_zstd_frame(frame.data(), frame.size(), raw.size(), "frame"), raw);  // declares its size
+  const auto read_file = [&](const std::vector<std::uint8_t>& bytes, std::uint64_t limit) {
+    write("f.zst", std::string(bytes.begin(), bytes.end()));
+    std::vector<std::uint8_t> out;
+    decompress_zstd_file(path("f.zst"), limit, [&](const void* p, std::size_t n) {
+      out.insert(out.end(), static_cast<const std::uint8_t*>(p), static_cast<const std::uint8_t*>(p) + n);
+    });
+    return out;
+  };
+  EXPECT_EQ(read_file(frame, raw.size()), raw);
+  EXPECT_THROW(read_file(frame, raw.size() - 1), pulse::Error);  // declares more than the limit
+  auto longer = frame;
+  longer.push_back(0);
+  EXPECT_THROW(read_file(longer, raw.size()), pulse::Error);  // bytes after the frame
+  EXPECT_THROW(read_file({frame.begin(), frame.end() - 3}, raw.size()), pulse::Error);  // cut short
+  // A writer given fewer or more bytes than it declared makes no frame.
+  ZstdFrameWriter short_writer(3, 10, [](const void*, std::size_t) {});
+  short_writer.write(raw.data(), 4);
+  EXPECT_THROW(short_writer.finish(), pulse::Error);
+  EXPECT_THROW(short_writer.write(raw.data(), 7), pulse::Error);
+}
+
 TEST_F(TempDir, SafetensorsInputTruncatedWhileInUse) {
   std::vector<std::uint16_t> w(1 << 20, 0x3F80);
   pulse::io::write_safetensors(path("w.safetensors"), {{"w", pulse::io::DType::BF16, {1 << 20}, w.data(), 2 << 20}});
@@ -277,6 +312,76 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "";
+}
+
+// publish with tensors read by loaders (pulse-sync publish's StreamedState) writes the anchors
+// and patches the in-memory publish writes, and pull_into brings a file to HEAD from either.
+TEST_F(TempDir, StreamedPublishAndPullIntoAFile) {
+  std::vector<std::uint16_t> w1(4096), w2;
+  for (std::size_t i = 0; i < w1.size(); ++i) w1[i] = static_cast<std::uint16_t>(0x3C00 + i % 512);
+  w2 = w1;
+  for (std::size_t i = 0; i < w2.size(); i += 37) w2[i] ^= 1;
+  const auto refs = [](const std::vector<std::uint16_t>& w, bool in_memory) {
+    return std::vector<TensorRef>{{"a", "BF16", {64, 32}, in_memory ? reinterpret_cast<const std::byte*>(w.data()) : nullptr, 4096},
+                                  {"b", "BF16", {2048}, in_memory ? reinterpret_cast<const std::byte*>(w.data() + 2048) : nullptr, 4096}};
+  };
+  const auto loader = [](const std::vector<std::uint16_t>& w) {
+    return TensorLoader([&w](std::size_t i) { return reinterpret_cast<const std::byte*>(w.data() + 2048 * i); });
+  };
+  const Metadata m{{"format", "pt"}};
+  for (const bool zst : {false, true}) {
+    PublishOptions o;
+    o.compress_anchors = zst;
+    o.anchor_every = 100;
+    Relay memory(path(zst ? "memory-zst" : "memory")), streamed(path(zst ? "streamed-zst" : "streamed"));
+    const auto m1 = refs(w1, true), m2 = refs(w2, true), s1 = refs(w1, false), s2 = refs(w2, false);
+    memory.publish(1, m1, m, nullptr, nullptr, o);
+    memory.publish(2, m2, m, &m1, &m, o);
+    streamed.publish(1, s1, m, nullptr, nullptr, o, loader(w1));
+    streamed.publish(2, s2, m, &s1, &m, o, loader(w2), loader(w1));
+    EXPECT_EQ(streamed.head()->state, memory.head()->state);
+    EXPECT_EQ(streamed.head()->state, state_digest(refs(w2, true), m));
+    const auto file = [](const std::string& f) { return pulse::read_regular_file(f, 1 << 20, "test"); };
+    EXPECT_EQ(file(streamed.anchor_path(1)), file(memory.anchor_path(1)));
+    EXPECT_EQ(file(streamed.patch_path(1, 2)), file(memory.patch_path(1, 2)));
+    // late joiner (anchor 1 + patch), then the fast path from version 1's file
+    const std::string late = path("late.safetensors"), fast = path("fast.safetensors");
+    const PullResult r = streamed.pull_into(late, "", 0, {}, ReplaceFolder::if_nothing_lost, 2);
+    EXPECT_FALSE(r.fast_path);
+    EXPECT_EQ(r.patches_applied, 1u);
+    const Checkpoint got = load_checkpoint(late);
+    EXPECT_EQ(state_digest(got.layout, got.metadata), streamed.head()->state);
+    save_checkpoint(path("v1.safetensors"), refs(w1, true), m);
+    const PullResult f = streamed.pull_into(fast, path("v1.safetensors"), 1, {}, ReplaceFolder::if_nothing_lost, 1);
+    EXPECT_TRUE(f.fast_path) << f.fallback;
+    EXPECT_EQ(file(fast), file(late));
+    for (const auto& entry : fs::directory_iterator(dir_))  // no scratch folder left
+      EXPECT_EQ(entry.path().filename().string().find(".pulse-pull."), std::string::npos) << entry.path();
+    fs::remove(late);
+    fs::remove(fast);
+  }
+}
+
+// A state whose bytes change between the patch and the anchor is not published past the patch.
+TEST_F(TempDir, AStateThatChangesWhilePublishedIsRefused) {
+  Relay relay(dir_.string());
+  std::vector<std::uint16_t> w1(64, 0x3F80), w2 = w1, changed;
+  w2[5] ^= 1;
+  changed = w2;
+  changed[9] ^= 1;
+  const std::vector<TensorRef> v1{{"w", "BF16", {64}, reinterpret_cast<const std::byte*>(w1.data()), 128}},
+      v2{{"w", "BF16", {64}, nullptr, 128}};
+  PublishOptions o;
+  o.anchor_every = 2;  // version 2 gets a patch and an anchor
+  relay.publish(1, v1, {}, nullptr, nullptr, o);
+  int calls = 0;  // the encoder reads w2 once, the anchor writer then reads other bytes
+  const TensorLoader shifting = [&](std::size_t) {
+    return reinterpret_cast<const std::byte*>((calls++ == 0 ? w2 : changed).data());
+  };
+  EXPECT_NE(error_of([&] { relay.publish(2, v2, {}, &v1, nullptr, o, shifting); }).find("changed while being published"),
+            std::string::npos);
+  EXPECT_EQ(relay.head()->version, 1u);
+  EXPECT_FALSE(fs::exists(relay.anchor_path(2)));
 }
 
 // Issue 27, class 1: another relay's files, signed with the same key, copied into a relay.

@@ -1,6 +1,8 @@
 """make bench: runs pulse's kernel benchmarks and the PyTorch peers on this machine in one
 invocation, writes both JSON files and prints bandwidth, triad and copy fractions and speed-up.
     python3 run_benchmarks.py --build build --out runs/bench [--sizes 16777216]
+With PULSE_BENCH_BIG=llama-7b (or qwen2-1.5b) in the environment it also runs
+apps/bench/big_folder_bench.py on a generated folder pair of that layout (off by default).
 """
 import argparse
 import json
@@ -61,6 +63,15 @@ def main():
         # the PyTorch recorder's time per step against the step it records
         subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_recorder.py"),
                         "--json", os.path.join(args.out, "recorder.json")], check=True, env=env)
+    # Optional (disk and time; off by default and in CI): pulse-sync against the prime-rl-format
+    # peer on a big generated folder pair, PULSE_BENCH_BIG=llama-7b (about 36 min, 55 GB of disk) or
+    # qwen2-1.5b (minutes, 13 GB); the table goes to runs/bench/big_folder.md.
+    big = os.environ.get("PULSE_BENCH_BIG")
+    if big:
+        with open(os.path.join(args.out, "big_folder.json"), "w") as f:
+            subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "big_folder_bench.py"),
+                            "--app", os.path.join(args.build, "apps", "pulse-sync"), "--layout", big,
+                            "--table", os.path.join(args.out, "big_folder.md")], check=True, stdout=f)
 
 
 def print_sync(ours, theirs):

@@ -372,7 +372,6 @@ std::string make_header(const std::string& path, const std::vector<TensorToWrite
     WRITE_CHECK(tensor_bytes(t.dtype, numel, bytes) && bytes == t.bytes,
                 tensor + ": " + std::to_string(t.bytes) + " bytes given, dtype and shape need " +
                     std::to_string(numel) + " x " + std::to_string(dtype_bits(t.dtype)) + " bits");
-    WRITE_CHECK(t.data || t.bytes == 0, tensor + ": no data");
     text += json_string(t.name) + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":[" + shape +
             "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]},";
     offset += bytes;
@@ -385,15 +384,21 @@ std::string make_header(const std::string& path, const std::vector<TensorToWrite
 
 }  // namespace
 
+std::string safetensors_prefix(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  const std::string header = make_header(path, tensors, metadata);  // validates everything
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[std::size_t(i)] = static_cast<char>(std::uint64_t(header.size()) >> (8 * i));
+  return out + header;
+}
+
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  const std::string header = make_header(path, tensors, metadata);  // validates everything first
-
+  const std::string prefix = safetensors_prefix(path, tensors, metadata);  // validates everything first
+  for (const auto& t : tensors)
+    WRITE_CHECK(t.data || t.bytes == 0, "tensor " + in_quotes(t.name) + ": no data");
   AtomicFile file(path);
-  unsigned char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(std::uint64_t(header.size()) >> (8 * i));
-  file.write(length, sizeof length);
-  file.write(header.data(), header.size());
+  file.write(prefix.data(), prefix.size());
   for (const auto& t : tensors) file.write(t.data, t.bytes);
   file.commit();
 }

@@ -111,4 +111,10 @@ struct TensorToWrite {
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// What write_safetensors writes before the tensors' bytes: the 8-byte header length and the
+// header, validated as there (the tensors' data is not read). For writers that stream the
+// tensors one at a time (sync/streamed_save.hpp); the file is this, then each tensor's bytes in order.
+std::string safetensors_prefix(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
+
 }  // namespace pulse::io

@@ -3,11 +3,17 @@
 #include <lz4.h>
 #include <zstd.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <memory>
 
 #include "core/error.hpp"
+#include "core/file_read.hpp"
 
 namespace pulse::sync {
 
@@ -107,6 +113,94 @@ std::vector<std::uint8_t> decompress_zstd_frame(const std::uint8_t* data, std::s
                                         std::to_string(declared));
   out.resize(produced);
   return out;
+}
+
+struct ZstdFrameWriter::Context {
+  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx{ZSTD_createCCtx(), ZSTD_freeCCtx};
+  std::vector<std::uint8_t> buffer = std::vector<std::uint8_t>(ZSTD_CStreamOutSize());
+};
+
+ZstdFrameWriter::ZstdFrameWriter(int level, std::uint64_t content_bytes, ByteSink out)
+    : context_(std::make_unique<Context>()), content_bytes_(content_bytes), out_(std::move(out)) {
+  ZSTD_CCtx* c = context_->cctx.get();
+  PULSE_CHECK(c, "zstd: out of memory");
+  PULSE_CHECK(!ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_compressionLevel, level)) &&
+                  !ZSTD_isError(ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 1)) &&
+                  !ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(c, content_bytes)),
+              "zstd: cannot set up a stream at level " + std::to_string(level));
+}
+
+ZstdFrameWriter::~ZstdFrameWriter() = default;
+
+void ZstdFrameWriter::pump(const void* data, std::size_t size, bool end) {
+  ZSTD_inBuffer in{data, size, 0};
+  for (;;) {
+    ZSTD_outBuffer o{context_->buffer.data(), context_->buffer.size(), 0};
+    const std::size_t left = ZSTD_compressStream2(context_->cctx.get(), &o, &in, end ? ZSTD_e_end : ZSTD_e_continue);
+    PULSE_CHECK(!ZSTD_isError(left), std::string("zstd compression failed: ") + ZSTD_getErrorName(left));
+    if (o.pos) out_(o.dst, o.pos);
+    if (end ? left == 0 : in.pos == in.size) return;
+  }
+}
+
+void ZstdFrameWriter::write(const void* data, std::size_t size) {
+  PULSE_CHECK(size <= content_bytes_ - written_, "internal: more bytes than the zstd frame declares");
+  written_ += size;
+  if (size) pump(data, size, false);
+}
+
+void ZstdFrameWriter::finish() {
+  PULSE_CHECK(written_ == content_bytes_, "internal: fewer bytes than the zstd frame declares");
+  pump(nullptr, 0, true);
+}
+
+std::uint64_t decompress_zstd_file(const std::string& path, std::uint64_t max_bytes, const ByteSink& out) {
+  // The frame header first (at most 18 bytes, zstd's ZSTD_FRAMEHEADERSIZE_MAX): the declared size, before
+  // anything is decoded. read_regular_file_prefix refuses what is not a regular file.
+  const FilePrefix head = read_regular_file_prefix(path, 18, "compressed checkpoint");
+  const unsigned long long declared = ZSTD_getFrameContentSize(head.bytes.data(), head.bytes.size());
+  PULSE_CHECK(declared != ZSTD_CONTENTSIZE_ERROR && declared != ZSTD_CONTENTSIZE_UNKNOWN,
+              path + " is not a zstd frame with a declared size");
+  PULSE_CHECK(declared <= max_bytes, path + " declares " + std::to_string(declared) + " bytes, more than the limit of " +
+                                         std::to_string(max_bytes));
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+  PULSE_CHECK(fd >= 0, path + ": cannot open (" + std::strerror(errno) + ")");
+  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) { ::close(*f); delete f; });
+  std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
+  PULSE_CHECK(ctx, "zstd: out of memory");
+  std::vector<std::uint8_t> input(ZSTD_DStreamInSize()), output(ZSTD_DStreamOutSize());
+  std::uint64_t offset = 0, produced = 0;
+  bool ended = false;
+  for (;;) {
+    ssize_t n = ::pread(fd, input.data(), input.size(), off_t(offset));
+    if (n < 0 && errno == EINTR) continue;
+    PULSE_CHECK(n >= 0, path + ": read failed (" + std::strerror(errno) + ")");
+    if (n == 0) break;
+    offset += std::uint64_t(n);
+    PULSE_CHECK(!ended, path + " is not exactly one zstd frame (bytes follow it)");
+    ZSTD_inBuffer in{input.data(), std::size_t(n), 0};
+    bool full = false;  // a full output may leave decoded bytes inside zstd: call again
+    while (in.pos < in.size || full) {
+      ZSTD_outBuffer o{output.data(), output.size(), 0};
+      const std::size_t rc = ZSTD_decompressStream(ctx.get(), &o, &in);
+      PULSE_CHECK(!ZSTD_isError(rc), path + ": corrupt zstd frame (" + ZSTD_getErrorName(rc) + ")");
+      produced += o.pos;
+      PULSE_CHECK(produced <= declared, path + ": the zstd frame runs past the " + std::to_string(declared) +
+                                            " bytes it declares");
+      if (o.pos) out(o.dst, o.pos);
+      full = o.pos == o.size;
+      if (rc == 0) {
+        ended = true;
+        PULSE_CHECK(in.pos == in.size, path + " is not exactly one zstd frame (bytes follow it)");
+        break;
+      }
+    }
+  }
+  PULSE_CHECK(ended, path + ": the zstd frame stops after " + std::to_string(produced) + " of the " +
+                         std::to_string(declared) + " bytes it declares");
+  PULSE_CHECK(produced == declared, path + " decodes to " + std::to_string(produced) + " bytes, it declares " +
+                                        std::to_string(declared));
+  return produced;
 }
 
 }  // namespace pulse::sync

@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <chrono>
 #include <ctime>
@@ -19,8 +22,12 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
+#include "sync/compress.hpp"
+#include "sync/file_apply.hpp"
 #include "sync/relay_lock_record.hpp"
 #include "sync/relay_names.hpp"
+#include "sync/streamed_save.hpp"
+#include "sync/streamed_state.hpp"
 
 namespace fs = std::filesystem;
 
@@ -210,9 +217,29 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
   publish(version, state, none, previous, previous ? &none : nullptr, options);
 }
 
+namespace {
+
+// A state's digests, a tensor at a time (those not in memory read by the loader).
+StateDigests digests_of(const std::vector<TensorRef>& state, const Metadata& metadata, const TensorLoader& loader) {
+  if (!loader) return compute_digests(state, metadata);
+  StateDigests out;
+  std::vector<Digest> digests;
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    TensorRef t = state[i];
+    if (!t.data && t.bytes) t.data = loader(i);
+    digests.push_back(tensor_digest(t));
+    out.tensors[t.name] = digests.back();
+  }
+  out.state = state_digest(state, digests, metadata);
+  return out;
+}
+
+}  // namespace
+
 void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, const Metadata& metadata,
                     const std::vector<TensorRef>* previous, const Metadata* previous_metadata,
-                    const PublishOptions& options) {
+                    const PublishOptions& options, const TensorLoader& state_loader,
+                    const TensorLoader& previous_loader) {
   const Metadata no_metadata;
   if (!previous_metadata) previous_metadata = &no_metadata;
   PULSE_CHECK(options.anchor_every >= 1 && options.keep_anchors >= 1, "relay: anchor_every and keep_anchors must be >= 1");
@@ -225,33 +252,40 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
   if (current) check_same_signer(*current, key);
   // The relay's id is drawn at its first publish (or the first since format 1) and kept.
   const RelayId relay_id = current && current->format >= 2 ? current->relay : new_relay_id();
-  bool wrote_patch = false;
+  std::optional<Digest> digest;  // the state's, once known
   if (current && previous && current->version + 1 == version) {
-    PULSE_CHECK(state_digest(*previous, *previous_metadata) == current->state,
+    // Hashed once here, then not again by encode.
+    const StateDigests base = digests_of(*previous, *previous_metadata, previous_loader);
+    PULSE_CHECK(base.state == current->state,
                 "relay: the previous weights given are not the relay's head version " + std::to_string(current->version));
     EncodeOptions enc = options.encode;
     enc.base_version = current->version;
     enc.target_version = version;
-    const auto patch = encode_patch(*previous, state, enc, nullptr, nullptr, *previous_metadata, metadata);
+    StateDigests target;
+    const auto patch = encode_patch(*previous, state, enc, &base, &target, *previous_metadata, metadata,
+                                    previous_loader, state_loader);
     lock.confirm();
     write_file_atomically(patch_path(current->version, version), patch.data(), patch.size());
-    wrote_patch = true;
+    digest = target.state;
   }
-  const Digest digest = state_digest(state, metadata);
-  if (!wrote_patch || version % options.anchor_every == 0 || anchor_versions().empty()) {
-    Checkpoint anchor;
-    anchor.layout = state;
-    anchor.metadata = metadata;
-    for (const auto& t : state) anchor.data.emplace_back(t.data, t.data + t.bytes);
+  if (!digest || version % options.anchor_every == 0 || anchor_versions().empty()) {
     lock.confirm();
     const std::string anchor_file = path(anchor_file_name(version, options.compress_anchors));
-    AnchorRecord record_of{relay_id, version, digest};
-    record_of.state_bytes = save_checkpoint(anchor_file, anchor, options.anchor_level);
+    AnchorRecord record_of{relay_id, version, {}};
+    // Streamed from the state, hashed as written: a state that changed since the patch was
+    // encoded from it is refused before the anchor appears.
+    record_of.state_bytes = write_streamed_checkpoint(
+        anchor_file, state, metadata, state_loader, options.anchor_level, [&](const Digest& written) {
+          PULSE_CHECK(!digest || written == *digest, "relay: the state changed while being published (its anchor is "
+                                                     "not the patch's target); HEAD not moved");
+          digest = written;
+        });
+    record_of.state = *digest;
     record_of.file_bytes = fs::file_size(anchor_file);
     const std::string record = format_anchor_record(record_of, key);
     write_file_atomically(path(anchor_record_name(version)), record.data(), record.size());
   }
-  RelayHead next{relay_id, version, digest, layout_digest(state)};
+  RelayHead next{relay_id, version, *digest, layout_digest(state)};
   if (current) next.follows = current->version;
   const std::string text = format_head(next, key);
   lock.confirm();
@@ -340,21 +374,57 @@ void follow_patches(const Relay& relay, Checkpoint& state, std::uint64_t from, c
 
 }  // namespace
 
-PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const PullOptions& options) const {
+RelayHead Relay::checked_head(std::uint64_t floor, const PullOptions& options) const {
   const auto h = head(options.public_key);
   PULSE_CHECK(h.has_value(), "relay: " + dir_ + " has no HEAD (nothing published yet)");
-  const std::uint64_t floor = std::max(options.min_version, have ? have_version : 0);
   PULSE_CHECK(h->version >= floor, "relay: HEAD names version " + std::to_string(h->version) +
                                        ", older than version " + std::to_string(floor) +
                                        " the reader holds or requires; refusing to move back");
   if (options.public_key) check_records(*h, *options.public_key);
+  return *h;
+}
+
+std::vector<std::uint64_t> Relay::anchors_up_to(std::uint64_t version) const {
+  auto anchors = anchor_versions();
+  anchors.erase(std::upper_bound(anchors.begin(), anchors.end(), version), anchors.end());
+  return anchors;
+}
+
+std::optional<AnchorRecord> Relay::checked_record(std::uint64_t v, const RelayHead& h, const PullOptions& options,
+                                                  std::uint64_t& max_state_bytes) const {
+  max_state_bytes = 0;
+  const std::string record_path = path(anchor_record_name(v));
+  std::optional<AnchorRecord> record;
+  if (options.public_key || fs::exists(record_path)) {
+    const auto bytes = read_regular_file(record_path, kMaxRelayRecordBytes, "anchor record");
+    record = parse_anchor_record(bytes.data(), bytes.size(), options.public_key, record_path);
+    PULSE_CHECK(record->version == v, "relay: " + record_path + " names version " + std::to_string(record->version));
+    PULSE_CHECK(!options.public_key || record->format >= 2,
+                "relay: " + record_path + " is of format 1 (no relay id or sizes), not used with a key");
+  }
+  // A format-2 record bounds the anchor before a byte of it is read or decoded: a small
+  // hostile .zst that declares gigabytes is refused by its size, not by its digest.
+  if (record && record->format >= 2) {
+    const std::string anchor_file = anchor_path(v);
+    PULSE_CHECK(h.format < 2 || record->relay == h.relay,
+                "relay: " + record_path + " names relay " + record->relay + ", HEAD names " + h.relay);
+    const std::uint64_t size = read_regular_file_prefix(anchor_file, 0, "anchor").file_size;
+    PULSE_CHECK(size == record->file_bytes, "relay: " + anchor_file + " is " + std::to_string(size) +
+                                                " bytes, its record names " + std::to_string(record->file_bytes));
+    max_state_bytes = record->state_bytes;
+  }
+  return record;
+}
+
+PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const PullOptions& options) const {
+  const RelayHead h = checked_head(std::max(options.min_version, have ? have_version : 0), options);
   PullResult result;
-  result.version = h->version;
+  result.version = h.version;
   if (have) {
     try {
       result.state = *have;
       for (std::size_t i = 0; i < result.state.layout.size(); ++i) result.state.layout[i].data = result.state.data[i].data();
-      follow_patches(*this, result.state, have_version, *h, options, result);
+      follow_patches(*this, result.state, have_version, h, options, result);
       result.fast_path = true;
       return result;
     } catch (const Error& e) {
@@ -362,42 +432,22 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
     }
     // Without a patch chain from the receiver's state, an anchor of another model (another
     // relay's files copied in, signed with the same key) would replace it: refused.
-    PULSE_CHECK(h->format < 2 || layout_digest(have->layout) == h->layout,
+    PULSE_CHECK(h.format < 2 || layout_digest(have->layout) == h.layout,
                 "relay: HEAD's model has another tensor layout than the state you have, and no patch chain leads "
                 "from yours (" + result.fallback + "); pull without --have to take the relay's model");
   }
-  auto anchors = anchor_versions();
-  anchors.erase(std::upper_bound(anchors.begin(), anchors.end(), h->version), anchors.end());
+  const auto anchors = anchors_up_to(h.version);
   PULSE_CHECK(!anchors.empty() || !result.fallback.empty(),
-              "relay: no anchor at or before version " + std::to_string(h->version));
+              "relay: no anchor at or before version " + std::to_string(h.version));
   for (auto it = anchors.rbegin(); it != anchors.rend(); ++it) {
     result.patches_applied = 0;
     try {
-      const std::string record_path = path(anchor_record_name(*it));
-      std::optional<AnchorRecord> record;
-      if (options.public_key || fs::exists(record_path)) {
-        const auto bytes = read_regular_file(record_path, kMaxRelayRecordBytes, "anchor record");
-        record = parse_anchor_record(bytes.data(), bytes.size(), options.public_key, record_path);
-        PULSE_CHECK(record->version == *it, "relay: " + record_path + " names version " + std::to_string(record->version));
-        PULSE_CHECK(!options.public_key || record->format >= 2,
-                    "relay: " + record_path + " is of format 1 (no relay id or sizes), not used with a key");
-      }
-      // A format-2 record bounds the anchor before a byte of it is read or decoded: a small
-      // hostile .zst that declares gigabytes is refused by its size, not by its digest.
-      const std::string anchor_file = anchor_path(*it);
       std::uint64_t max_state_bytes = 0;
-      if (record && record->format >= 2) {
-        PULSE_CHECK(h->format < 2 || record->relay == h->relay,
-                    "relay: " + record_path + " names relay " + record->relay + ", HEAD names " + h->relay);
-        const std::uint64_t size = read_regular_file_prefix(anchor_file, 0, "anchor").file_size;
-        PULSE_CHECK(size == record->file_bytes, "relay: " + anchor_file + " is " + std::to_string(size) +
-                                                    " bytes, its record names " + std::to_string(record->file_bytes));
-        max_state_bytes = record->state_bytes;
-      }
-      result.state = load_checkpoint(anchor_file, max_state_bytes);
+      const auto record = checked_record(*it, h, options, max_state_bytes);
+      result.state = load_checkpoint(anchor_path(*it), max_state_bytes);
       PULSE_CHECK(!record || state_digest(result.state.layout, result.state.metadata) == record->state,
                   "relay: " + anchor_path(*it) + " does not match the digest its record names");
-      follow_patches(*this, result.state, *it, *h, options, result);
+      follow_patches(*this, result.state, *it, h, options, result);
       result.anchor = *it;
       return result;
     } catch (const Error& e) {
@@ -408,7 +458,224 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
                          ": out of memory while loading it";
     }
   }
-  throw_error(__FILE__, __LINE__, "relay: cannot reach HEAD version " + std::to_string(h->version) + " (" +
+  throw_error(__FILE__, __LINE__, "relay: cannot reach HEAD version " + std::to_string(h.version) + " (" +
+                                      result.fallback + ")");
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// A state's layout from its headers (data null); a compressed file is loaded whole.
+std::vector<TensorRef> layout_of(const std::string& path) {
+  std::vector<TensorRef> layout = ends_with(path, ".zst") ? load_checkpoint(path).layout : StreamedState::open(path).tensors();
+  for (auto& t : layout) t.data = nullptr;
+  return layout;
+}
+
+// The scratch folder of a pull: ".<out's name>.pulse-pull.XXXXXX" next to out (the same
+// filesystem), made when first needed, flock'ed while it lives so that a later pull can tell a
+// killed puller's from a live one's (and remove it), removed with its contents at the end.
+class PullScratch {
+ public:
+  explicit PullScratch(const std::string& out) {
+    fs::path p(out);
+    if (!p.has_filename()) p = p.parent_path();
+    parent_ = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    prefix_ = "." + p.filename().string() + ".pulse-pull.";
+  }
+  ~PullScratch() {
+    if (fd_ < 0) return;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    ::close(fd_);
+  }
+  PullScratch(const PullScratch&) = delete;
+  PullScratch& operator=(const PullScratch&) = delete;
+
+  std::string path(const std::string& name) {
+    if (fd_ < 0) create();
+    return dir_ + "/" + name;
+  }
+  std::uint64_t free_bytes() {
+    struct statvfs st {};
+    return ::statvfs(path("").c_str(), &st) == 0 ? std::uint64_t(st.f_bavail) * st.f_frsize : 0;
+  }
+
+ private:
+  void create() {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(parent_, ec)) {  // killed pullers' scratch folders
+      const std::string name = entry.path().filename().string();
+      if (name.size() != prefix_.size() + 6 || name.compare(0, prefix_.size(), prefix_) != 0) continue;
+      const int fd = ::open(entry.path().c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) continue;
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0) fs::remove_all(entry.path(), ec);
+      ::close(fd);
+    }
+    std::string name = (parent_ / (prefix_ + "XXXXXX")).string();
+    PULSE_CHECK(::mkdtemp(name.data()), "pull: cannot create a scratch folder in " + parent_.string() + " (" +
+                                            std::strerror(errno) + ")");
+    dir_ = name;
+    fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    PULSE_CHECK(fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) == 0, "pull: cannot lock the scratch folder " + dir_);
+  }
+  fs::path parent_;
+  std::string prefix_, dir_;
+  int fd_ = -1;
+};
+
+// One patch from the state at base to dest (a file or folder as save_state names it): streamed
+// where the file or folder apply takes it, otherwise the base loaded whole. True for a folder.
+bool apply_step(const std::string& base, const ParsedPatch& patch, const std::string& dest, ReplaceFolder replace,
+                unsigned threads) {
+  if (fs::is_directory(base)) {
+    const OpenState headers = open_state(base, io::ShardBytes::header_only);
+    if (folder_apply_fits(headers, dest, patch)) {
+      apply_folder(headers, patch, dest, replace, threads);
+      return true;
+    }
+  } else if (!ends_with(base, ".zst")) {
+    const io::SafetensorsFile header = io::SafetensorsFile::open_header(base);
+    if (file_apply_fits(base, dest, tensor_refs(header), patch)) {
+      apply_file(base, patch, dest, threads);
+      return false;
+    }
+  }
+  Checkpoint state = load_checkpoint(base);
+  apply_to_checkpoint(patch, state);
+  return save_state(dest, state, replace);
+}
+
+struct IntoOptions {
+  const std::string& out;
+  ReplaceFolder replace;
+  unsigned threads;
+};
+
+// From the state at start (version from, a file or a folder; its digest *start_digest when
+// known) to HEAD, written to out: patch by patch, the versions between in the scratch folder.
+// The last patch must lead to HEAD's digest before it is applied; each apply verifies its base
+// and target digests.
+void follow_patches_into(const Relay& relay, const std::string& start, std::uint64_t from, const Digest* start_digest,
+                         const RelayHead& head, const PullOptions& options, const IntoOptions& into,
+                         PullScratch& scratch, PullResult& result) {
+  if (from == head.version) {  // nothing to apply: the start must be HEAD's state
+    PULSE_CHECK(!start_digest || *start_digest == head.state,
+                "relay: the state of version " + std::to_string(from) + " is not HEAD's (digest " +
+                    to_hex(*start_digest) + ", HEAD names " + to_hex(head.state) + ")");
+    if (ends_with(start, ".zst")) {
+      const Checkpoint state = load_checkpoint(start);
+      PULSE_CHECK(state_digest(state.layout, state.metadata) == head.state,
+                  "relay: the weights reached do not match HEAD's digest for version " + std::to_string(head.version));
+      result.folder = save_state(into.out, state, into.replace);
+      return;
+    }
+    const StreamedState state = StreamedState::open(start);
+    if (same_file(start, into.out)) {  // already there: checked, not written
+      std::vector<Digest> digests;
+      for (std::size_t i = 0; i < state.tensors().size(); ++i) digests.push_back(state.digest(i));
+      PULSE_CHECK(state_digest(state.tensors(), digests, state.metadata()) == head.state,
+                  "relay: the weights reached do not match HEAD's digest for version " + std::to_string(head.version));
+      result.folder = state.folder();
+      return;
+    }
+    result.folder = save_streamed_state(into.out, state, &head.state, into.replace);
+    return;
+  }
+  const bool folders = fs::is_directory(start);
+  PatchLimits limits;
+  limits.max_patch_bytes = patch_bytes_limit(layout_of(start));
+  std::string current = start;
+  bool current_in_scratch = false;
+  for (std::uint64_t u = from; u < head.version; ++u) {
+    const std::string file = relay.patch_path(u, u + 1);
+    const auto bytes = read_regular_file(file, limits.max_patch_bytes, "patch");
+    const ParsedPatch p = parse_patch(bytes.data(), bytes.size(), limits, options.public_key);
+    PULSE_CHECK(p.header.base_version == u && p.header.target_version == u + 1,
+                "relay: " + file + " holds versions " + std::to_string(p.header.base_version) + " -> " +
+                    std::to_string(p.header.target_version));
+    PULSE_CHECK(u != from || !start_digest || p.header.base_state == *start_digest,
+                "relay: " + file + " starts from another state than the one of version " + std::to_string(u) +
+                    " (digest " + to_hex(*start_digest) + ")");
+    const bool last = u + 1 == head.version;
+    PULSE_CHECK(!last || p.header.target_state == head.state,
+                "relay: " + file + " does not lead to HEAD's digest for version " + std::to_string(head.version));
+    const std::string dest = last ? into.out : scratch.path(std::to_string(u + 1) + (folders ? "" : ".safetensors"));
+    result.folder = apply_step(current, p, dest, last ? into.replace : ReplaceFolder::if_nothing_lost, into.threads);
+    std::error_code ec;
+    if (current_in_scratch) fs::remove_all(current, ec);  // disk: two versions at a time
+    current = dest;
+    current_in_scratch = !last;
+    ++result.patches_applied;
+  }
+}
+
+}  // namespace
+
+PullResult Relay::pull_into(const std::string& out, const std::string& have, std::uint64_t have_version,
+                            const PullOptions& options, ReplaceFolder replace, unsigned threads) const {
+  const RelayHead h = checked_head(std::max(options.min_version, have.empty() ? 0 : have_version), options);
+  PullResult result;
+  result.version = h.version;
+  PullScratch scratch(out);
+  const IntoOptions into{out, replace, threads};
+  if (!have.empty()) {
+    const auto have_layout = layout_of(have);
+    try {
+      follow_patches_into(*this, have, have_version, nullptr, h, options, into, scratch, result);
+      result.fast_path = true;
+      return result;
+    } catch (const Error& e) {
+      result.fallback = std::string("fast path: ") + e.what();
+    }
+    PULSE_CHECK(h.format < 2 || layout_digest(have_layout) == h.layout,
+                "relay: HEAD's model has another tensor layout than the state you have, and no patch chain leads "
+                "from yours (" + result.fallback + "); pull without --have to take the relay's model");
+  }
+  const auto anchors = anchors_up_to(h.version);
+  PULSE_CHECK(!anchors.empty() || !result.fallback.empty(),
+              "relay: no anchor at or before version " + std::to_string(h.version));
+  for (auto it = anchors.rbegin(); it != anchors.rend(); ++it) {
+    result.patches_applied = 0;
+    const std::string v = std::to_string(*it);
+    try {
+      std::uint64_t max_state_bytes = 0;
+      const auto record = checked_record(*it, h, options, max_state_bytes);
+      std::string start = anchor_path(*it);
+      if (ends_with(start, ".zst")) {  // decompressed in pieces, bounded by its record (or the disk)
+        const std::string plain = scratch.path("anchor-" + v + ".safetensors");
+        AtomicFile file(plain);
+        decompress_zstd_file(start, max_state_bytes ? max_state_bytes : scratch.free_bytes(),
+                             [&](const void* data, std::size_t size) { file.write(data, size); });
+        file.commit();
+        start = plain;
+      }
+      const Digest* expected = record ? &record->state : nullptr;
+      // A folder's anchor (its files as U8 tensors) becomes a folder first, for the folder apply.
+      if (*it != h.version && carries_files(layout_of(start))) {
+        const std::string folder = scratch.path("anchor-" + v);
+        save_streamed_state(folder, StreamedState::open(start), expected);
+        if (start != anchor_path(*it)) std::remove(start.c_str());
+        start = folder;
+      }
+      follow_patches_into(*this, start, *it, expected, h, options, into, scratch, result);
+      result.anchor = *it;
+      return result;
+    } catch (const Error& e) {
+      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + v + ": " + e.what();
+    } catch (const std::bad_alloc&) {  // a step that loads a state whole, too large for this machine
+      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + v + ": out of memory";
+    }
+  }
+  throw_error(__FILE__, __LINE__, "relay: cannot reach HEAD version " + std::to_string(h.version) + " (" +
                                       result.fallback + ")");
 }
 

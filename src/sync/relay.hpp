@@ -38,6 +38,7 @@ struct PullResult {
   std::uint64_t patches_applied = 0;
   std::uint64_t anchor = 0;    // slow path: the anchor version it started from
   std::string fallback;        // why a faster way failed, when one did ("" otherwise)
+  bool folder = false;         // pull_into: the state was written as a model folder
 };
 
 // The largest patch file a receiver holding `state` reads: per BF16 element at most a 10-byte
@@ -59,14 +60,31 @@ class Relay {
                const PublishOptions& options);
   // The same for a state with metadata (a checkpoint's __metadata__; a model folder in flat
   // form, whose anchor is one safetensors file holding its files as U8 tensors, see FORMAT.md).
+  // Tensors whose data is null are read by their state's loader (sync/streamed_state.hpp), one
+  // at a time: the patch is encoded and the anchor written (zstd streaming for .zst) holding a
+  // tensor of each state and the patch, not the model; the anchor is refused unless the digest
+  // of the bytes written is the state's.
   void publish(std::uint64_t version, const std::vector<TensorRef>& state, const Metadata& metadata,
-               const std::vector<TensorRef>* previous, const Metadata* previous_metadata, const PublishOptions& options);
+               const std::vector<TensorRef>* previous, const Metadata* previous_metadata, const PublishOptions& options,
+               const TensorLoader& state_loader = {}, const TensorLoader& previous_loader = {});
 
   // Brings a receiver to the head version: from `have` (at have_version) by patches (fast path),
   // and if that fails from the newest anchor at or before the head, then each older one (slow
   // path). The result's state digest is checked against HEAD. A receiver with `have` never moves
   // below have_version, nor below options.min_version.
   PullResult pull(const Checkpoint* have, std::uint64_t have_version, const PullOptions& options = {}) const;
+  // The same pull, written to `out` (a .safetensors file or a model folder, as save_state names
+  // it) instead of held in memory, from the receiver's checkpoint at the path `have` ("" for
+  // none): patches go through the streamed apply (sync/file_apply.hpp), anchors and unpatched
+  // states through the streamed writer (sync/streamed_save.hpp), .zst anchors are decompressed
+  // in pieces. Memory: a patch and a few tensors, not the model. The versions between the
+  // start and HEAD, and a decompressed anchor, go to a scratch folder next to out
+  // (".<name>.pulse-pull.XXXXXX", removed after; a killed puller's is removed by the next pull).
+  // out appears, or is replaced under `replace`, only with HEAD's digest verified; result.state
+  // stays empty. A patch that changes the layout, the metadata or a folder's index, and a
+  // compressed `have`, load that step's state whole.
+  PullResult pull_into(const std::string& out, const std::string& have, std::uint64_t have_version,
+                       const PullOptions& options, ReplaceFolder replace, unsigned threads) const;
 
   // The anchor file of version v that exists (plain or .zst), or the plain name if none does.
   std::string anchor_path(std::uint64_t v) const;
@@ -80,6 +98,13 @@ class Relay {
   void check_records(const RelayHead& head, const PublicKey& key) const;
   void remove_temporary_files() const;
   std::vector<std::uint64_t> anchor_versions() const;
+  // HEAD (with its checks: key, floor, records), and the anchors at or before it, newest last.
+  RelayHead checked_head(std::uint64_t floor, const PullOptions& options) const;
+  std::vector<std::uint64_t> anchors_up_to(std::uint64_t version) const;
+  // Anchor v's record (when there is one, or a key requires it), checked against HEAD, and the
+  // bound on its state's bytes that a format-2 record gives (0: none).
+  std::optional<AnchorRecord> checked_record(std::uint64_t v, const RelayHead& head, const PullOptions& options,
+                                             std::uint64_t& max_state_bytes) const;
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
   std::string dir_;
 };

@@ -6,7 +6,9 @@ below the model (the command's maximum resident set: tests/apps/peak_rss.py), on
 made; every apply writes the target byte for byte and reaches its digest); an apply that loads
 the base whole holds it once (under the model + that bound); encode runs under a `ulimit -v` of that
 bound, and under one too small for two copies of the largest tensor fails with one line that
-says how much it needs.
+says how much it needs. The relay's publish (with an anchor, plain or zstd, and with a patch)
+and pull (fast path, late joiner, a chain of patches) keep the same bound, into folders and
+files; publish and a late joiner's pull from a compressed anchor run under the same `ulimit -v`.
     test_pulse_sync_bounded.py --app build/apps/pulse-sync
 """
 import argparse
@@ -39,6 +41,52 @@ def snapshot(path):
         for name in names:
             out[os.path.relpath(os.path.join(root, name), path)] = open(os.path.join(root, name), "rb").read()
     return out
+
+
+def relay_checks(app, p, snapshot, check_peak, target_digest):
+    """publish (the first version with an anchor, plain and zstd; the next with a patch) and pull
+    (fast path from the base, late joiner from an anchor and a patch, plain and compressed
+    anchors), on folders and on single files: each within the bound, each pull the target byte
+    for byte and at its digest, no scratch folder left behind."""
+    shard = "model-00001-of-00003.safetensors"
+    for kind, a, b in (("folder", p("a"), p("b")), ("file", p("a/" + shard), p("b/" + shard))):
+        for zst in (False, True):
+            relay = p(f"relay-{kind}-{int(zst)}")
+            extra = ["--compress-anchors"] if zst else []
+            label = f"({kind}{', .zst anchors' if zst else ''})"
+            rc, out, err, rss = run(app, "publish", "--relay", relay, "--version", "1", *extra, a)
+            expect(rc == 0, f"publish 1 {label}: {err}")
+            check_peak(f"publish with an anchor {label}", rss)
+            rc, out, err, rss = run(app, "publish", "--relay", relay, "--version", "2", "--previous", a, *extra, b)
+            expect(rc == 0, f"publish 2 {label}: {err}")
+            patch_bytes = os.path.getsize(os.path.join(relay, "patch-1-2.pulse")) if rc == 0 else 0
+            expect(not [n for n in os.listdir(relay) if n.startswith("anchor-2")], f"publish 2 wrote an anchor {label}")
+            check_peak(f"publish with a patch {label}", rss, patch_bytes)
+            suffix = ".safetensors" if kind == "file" else ""
+            for how, args in (("fast path", ["--have", a, "--have-version", "1"]), ("late joiner", [])):
+                out_path = p(f"pulled-{kind}-{int(zst)}-{how.replace(' ', '-')}{suffix}")
+                rc, out, err, rss = run(app, "pull", "--relay", relay, "-o", out_path, *args)
+                expect(rc == 0 and ("fast path" in out) == (how == "fast path"), f"pull {how} {label}: {out}{err}")
+                check_peak(f"pull, {how} {label}", rss, patch_bytes)
+                expect(rc == 0 and snapshot(out_path) == snapshot(b), f"pull {how} {label} is not the target byte for byte")
+                if kind == "folder":
+                    expect(run(app, "verify", out_path, "--digest", target_digest)[0] == 0, f"pull {how} {label}: digest")
+                (shutil.rmtree if kind == "folder" else os.remove)(out_path)
+            expect(not [n for n in os.listdir(p("")) if ".pulse-pull." in n], f"a pull {label} left its scratch folder")
+            shutil.rmtree(relay)
+    # a chain of two patches from the base (versions in between go through the scratch folder),
+    # and the state at the head version pulled again (written from the anchor, nothing applied)
+    relay = p("relay-chain")
+    for v, path, prev in ((1, p("a"), None), (2, p("b"), p("a")), (3, p("a"), p("b"))):
+        rc, out, err, _ = run(app, "publish", "--relay", relay, "--version", str(v), "--anchor-every", "100",
+                              *(["--previous", prev] if prev else []), path)
+        expect(rc == 0, f"publish {v} (chain): {err}")
+    rc, out, err, rss = run(app, "pull", "--relay", relay, "-o", p("chain"), "--have", p("a"), "--have-version", "1")
+    expect(rc == 0 and "2 patches" in out, f"pull over two patches: {out}{err}")
+    check_peak("pull over two patches (folder)", rss, os.path.getsize(os.path.join(relay, "patch-1-2.pulse")))
+    expect(rc == 0 and snapshot(p("chain")) == snapshot(p("a")), "the pull over two patches is not version 3")
+    shutil.rmtree(p("chain"))
+    shutil.rmtree(relay)
 
 
 def main():
@@ -109,6 +157,8 @@ def main():
         expect(rc == 0 and run(app, "verify", p("whole"), "--digest", target_digest)[0] == 0, f"apply --no-stream: {err}")
         check_peak("apply --no-stream (loads the base)", rss, limit=model + bound())
 
+        relay_checks(app, p, snapshot, check_peak, target_digest)
+
         # Under `ulimit -v`: V, the least address space in which verify runs (the process and its
         # libraries, found by bisection), and encode in V + 3 x the largest tensor + 4 x the patch
         # works; in V + 1 x the largest it cannot hold two tensors and says so in one line.
@@ -130,6 +180,24 @@ def main():
         expect(rc != 0 and len(lines) == 1 and "out of memory" in err and "GiB" in err,
                f"encode without the memory it needs: rc {rc}, stderr {err!r}")
         expect(not os.path.exists(p("oom.pulse")), "a failed encode left its output")
+        # publish in the same space, and pull a late joiner from the compressed anchor (decompressed
+        # in pieces, written tensor by tensor). A pull that applies patches is bounded in memory
+        # above, not in address space: the streamed folder apply maps its shards (file_apply.hpp).
+        limit = high + 3 * largest + 4 * patch_bytes
+        base_digest = json.loads(run(app, "verify", p("a"), "--json")[1])["state_digest"]
+        for args, digest in ((["publish", "--relay", p("vrelay"), "--version", "1", "--compress-anchors", p("a")], None),
+                             (["pull", "--relay", p("vrelay"), "-o", p("vpulled")], base_digest),
+                             (["publish", "--relay", p("vrelay"), "--version", "2", "--previous", p("a"), p("b")], None)):
+            rc, out, err, _ = run(app, *args, address_space=limit)
+            expect(rc == 0, f"{args[0]} in {limit / MiB:.0f} MiB of address space: {err}")
+            if digest:
+                expect(run(app, "verify", p("vpulled"), "--digest", digest)[0] == 0,
+                       "the pull under ulimit -v does not reach the anchor's state")
+        rc, out, err, _ = run(app, "pull", "--relay", p("vrelay"), "-o", p("vpulled2"), address_space=high + largest // 2)
+        lines = err.strip().splitlines()
+        expect(rc != 0 and len(lines) == 1, f"pull without the memory it needs: rc {rc}, stderr {err!r}")
+        expect(not os.path.exists(p("vpulled2")), "a failed pull left its output")
+        expect(not [n for n in os.listdir(d) if ".pulse-pull." in n], "a failed pull left its scratch folder")
     if failures:
         sys.exit(f"{len(failures)} failures")
     print("ok")
