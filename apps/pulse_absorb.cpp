@@ -15,6 +15,7 @@
 
 #include "cli/conventions.hpp"
 #include "cli/json_summary.hpp"
+#include "cli/unsigned_option.hpp"
 #include "core/tensor_table.hpp"
 #include "core/version.hpp"
 #include "kernels/absorption.hpp"
@@ -154,7 +155,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", opt.steps, "optimizer steps")->check(CLI::Range(1, 1000000));
   app.add_option("--lr", opt.lr, "AdamW learning rate")->check(CLI::NonNegativeNumber);
   app.add_option("--precision", opt.precision, "mixed (FP32 master) or bf16")->check(CLI::IsMember({"mixed", "bf16"}));
-  app.add_option("--seed", opt.seed, "random seed");
+  app.add_option("--seed", opt.seed, "random seed")->check(cli::unsigned_decimal());
   app.add_option("--weight-std", opt.weight_std, "std of the initial weights")->check(CLI::PositiveNumber);
   app.add_option("--grad-std", opt.grad_std, "std of the gradients")->check(CLI::PositiveNumber);
   app.add_option("--grad-persistence", opt.grad_persistence, "share of a fixed direction in each gradient")

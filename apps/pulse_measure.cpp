@@ -40,6 +40,7 @@
 #include "cli/folder_filter.hpp"
 #include "cli/json_summary.hpp"
 #include "cli/output_path.hpp"
+#include "comm/agree.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
 #include "io/model_state.hpp"
@@ -275,15 +276,19 @@ class Measurement {
   void run() {
     stats_ = std::make_unique<io::StatsFile>(MPI_COMM_WORLD, o_.out,
                                              o_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create);
+    wrote_output_ = true;
     declare();
     const auto t0 = std::chrono::steady_clock::now();
-    auto next = std::make_unique<measure::CheckpointReader>(series_[0].second);
-    std::unique_ptr<measure::CheckpointReader> previous;
+    // Every rank opens every checkpoint; an error may be one rank's (comm/agree.hpp).
+    std::unique_ptr<measure::CheckpointReader> next, previous;
+    agree_on_error(MPI_COMM_WORLD, [&] { next = std::make_unique<measure::CheckpointReader>(series_[0].second); });
     for (std::size_t i = 0; i < series_.size(); ++i) {
       const auto row_t0 = std::chrono::steady_clock::now();
       const double cpu0 = cpu_seconds();
       std::unique_ptr<measure::CheckpointReader> current = std::move(next);
-      if (i + 1 < series_.size()) next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
+      agree_on_error(MPI_COMM_WORLD, [&] {
+        if (i + 1 < series_.size()) next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
+      });
       measure_checkpoint(i, *current, previous.get(), next.get(), row_t0, cpu0);
       previous = std::move(current);
       if (rank_ == 0 && !o_.quiet) {
@@ -296,6 +301,9 @@ class Measurement {
     }
     stats_.reset();
   }
+
+  // Whether run() created --out (a failed run's file is incomplete).
+  bool wrote_output() const { return wrote_output_; }
 
   // The run's figures (rank 0), for --json and the closing line.
   nlohmann::json figures() const {
@@ -477,52 +485,56 @@ class Measurement {
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
     std::size_t block = 0;
-    for (std::size_t u = first_unit_; u < last_unit_; ++u) {
-      if (next) next->read_ahead(tensors_, units_[u]);
-      patch_.clear();
-      for (const Piece& p : units_[u].pieces) {
-        const MeasuredTensor& t = tensors_[p.tensor];
-        const bool cast = cast_[p.tensor];
-        const std::size_t esz = compared_bytes(p.tensor), n = std::size_t(p.end - p.begin);
-        const std::byte* piece = checkpoint.data(t, p.begin, p.end);
-        if (!has_prev) continue;
-        const std::byte* piece_before = previous->data(t, p.begin, p.end);
-        const bool whole = p.begin == 0 && p.end == t.numel;
-        patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
-                          compared_dtype(p.tensor), n);
-        for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
-          const std::size_t m = std::min(kBlockElements, n - b);
-          const std::byte* now = piece + b * t.element_bytes;
-          const std::byte* before = piece_before + b * t.element_bytes;
-          if (cast) {
-            measure::cast_block(as_, now, m, cast_now_.data());
-            measure::cast_block(as_, before, m, cast_before_.data());
-            now = cast_now_.data(), before = cast_before_.data();
-          }
-          const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
-          sums[p.tensor] += std::int64_t(changed.size());
-          const auto e0 = std::chrono::steady_clock::now();
-          if (esz == 4)
-            add_changes<std::uint32_t>(changed, b, now, before);
-          else
-            add_changes<std::uint16_t>(changed, b, now, before);
-          encode_s += seconds_since(e0);
-          if (k_of_log[0] != none) sums[nt + k_of_log[0]] += std::int64_t(changed.size());  // before's block
-          if (logs_.size() == 1) continue;
-          std::memcpy(scratch_.data(), before, m * esz);
-          for (std::size_t l = 1; l < logs_.size(); ++l) {
-            logs_[l].revert(block, scratch_.data(), m, esz);  // now the checkpoint of logs_[l].base_step()
-            if (k_of_log[l] != none)
-              sums[nt + k_of_log[l]] += std::int64_t(measure::count_differing(now, scratch_.data(), m, esz));
+    // This rank's share: a file cut short or unreadable fails it here alone, so every rank
+    // agrees on the outcome before the reductions below (comm/agree.hpp).
+    agree_on_error(MPI_COMM_WORLD, [&] {
+      for (std::size_t u = first_unit_; u < last_unit_; ++u) {
+        if (next) next->read_ahead(tensors_, units_[u]);
+        patch_.clear();
+        for (const Piece& p : units_[u].pieces) {
+          const MeasuredTensor& t = tensors_[p.tensor];
+          const bool cast = cast_[p.tensor];
+          const std::size_t esz = compared_bytes(p.tensor), n = std::size_t(p.end - p.begin);
+          const std::byte* piece = checkpoint.data(t, p.begin, p.end);
+          if (!has_prev) continue;
+          const std::byte* piece_before = previous->data(t, p.begin, p.end);
+          const bool whole = p.begin == 0 && p.end == t.numel;
+          patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
+                            compared_dtype(p.tensor), n);
+          for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
+            const std::size_t m = std::min(kBlockElements, n - b);
+            const std::byte* now = piece + b * t.element_bytes;
+            const std::byte* before = piece_before + b * t.element_bytes;
+            if (cast) {
+              measure::cast_block(as_, now, m, cast_now_.data());
+              measure::cast_block(as_, before, m, cast_before_.data());
+              now = cast_now_.data(), before = cast_before_.data();
+            }
+            const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
+            sums[p.tensor] += std::int64_t(changed.size());
+            const auto e0 = std::chrono::steady_clock::now();
+            if (esz == 4)
+              add_changes<std::uint32_t>(changed, b, now, before);
+            else
+              add_changes<std::uint16_t>(changed, b, now, before);
+            encode_s += seconds_since(e0);
+            if (k_of_log[0] != none) sums[nt + k_of_log[0]] += std::int64_t(changed.size());  // before's block
+            if (logs_.size() == 1) continue;
+            std::memcpy(scratch_.data(), before, m * esz);
+            for (std::size_t l = 1; l < logs_.size(); ++l) {
+              logs_[l].revert(block, scratch_.data(), m, esz);  // now the checkpoint of logs_[l].base_step()
+              if (k_of_log[l] != none)
+                sums[nt + k_of_log[l]] += std::int64_t(measure::count_differing(now, scratch_.data(), m, esz));
+            }
           }
         }
+        if (has_prev) {
+          const auto e0 = std::chrono::steady_clock::now();
+          sums[nt + nk] += std::int64_t(patch_.bytes(o_.level));
+          encode_s += seconds_since(e0);
+        }
       }
-      if (has_prev) {
-        const auto e0 = std::chrono::steady_clock::now();
-        sums[nt + nk] += std::int64_t(patch_.bytes(o_.level));
-        encode_s += seconds_since(e0);
-      }
-    }
+    });
     const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
 
     std::vector<std::int64_t> total(sums.size(), 0);
@@ -615,6 +627,7 @@ class Measurement {
   } totals_;
   measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
+  bool wrote_output_ = false;
 };
 
 // A checkpoint file cut short while mapped (rewritten in place during the run) raises SIGBUS at
@@ -733,10 +746,20 @@ int main(int argc, char** argv) {
             summary.set("figures", m->figures());
             if (!o.quiet) std::fprintf(stderr, "pulse-measure: %s\n", m->figures_line().c_str());
           }
+        } catch (const AgreedError& e) {
+          // Met by every rank alike (comm/agree.hpp): one line, no file left that blocks the rerun.
+          const bool incomplete_output = m->wrote_output();
+          m.reset();  // closes the statistics file (rank 0), which this run's rows left incomplete
+          if (rank == 0) {
+            std::error_code ec;
+            if (incomplete_output) std::filesystem::remove(o.out, ec);
+            std::cerr << "pulse-measure: " << e.what() << "\n";
+          }
+          code = 1;
         } catch (const std::exception& e) {
-          // Output errors (an existing --out) arise on every rank alike; anything else may be
-          // one rank's, so the job is aborted rather than left waiting in a collective.
-          std::cerr << "pulse-measure: " << e.what() << "\n";
+          // One rank's error alone, while the others may wait in a collective call: only
+          // MPI_Abort ends them.
+          std::cerr << "pulse-measure: rank " << rank << ": " << e.what() << "\n";
           std::cerr.flush();
           MPI_Abort(MPI_COMM_WORLD, 1);
         }

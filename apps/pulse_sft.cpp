@@ -19,6 +19,7 @@
 
 #include "cli/conventions.hpp"
 #include "cli/json_summary.hpp"
+#include "cli/unsigned_option.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
@@ -183,7 +184,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup, "linear warm-up steps (at most steps/10)")->check(CLI::Range(1, 100000000));
   app.add_option("--weight-decay", opt.weight_decay, "AdamW weight decay on matrices and embeddings")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", opt.seed, "seed of the initial weights and the training problems");
+  app.add_option("--seed", opt.seed, "seed of the initial weights and the training problems")->check(cli::unsigned_decimal());
   app.add_option("--digits", opt.digits, "operands have up to this many digits")->check(CLI::Range(1, 18));
   app.add_option("--eval-every", opt.eval_every, "steps between evaluations")->check(CLI::Range(1, 100000000));
   app.add_option("--eval-problems", opt.eval_problems, "held-out problems per evaluation")

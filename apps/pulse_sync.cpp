@@ -24,6 +24,7 @@
 
 #include "cli/conventions.hpp"
 #include "cli/json_summary.hpp"
+#include "cli/unsigned_option.hpp"
 #include "cli/output_path.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
@@ -589,10 +590,10 @@ int main(int argc, char** argv) {
   publish->add_option("--previous", rel.previous, "the relay's head version, to write a patch from")
       ->check(kExistingState);
   publish->add_option("--anchor-every", rel.anchor_every, "a full anchor every K versions")
-      ->check(CLI::PositiveNumber)
+      ->check(cli::unsigned_decimal(1))
       ->capture_default_str();
   publish->add_option("--keep-anchors", rel.keep_anchors, "anchors to keep (and the patches they need)")
-      ->check(CLI::PositiveNumber)
+      ->check(cli::unsigned_decimal(1))
       ->capture_default_str();
   publish->add_option("--sign", rel.sign, "sign HEAD, anchor records and patches with this Ed25519 secret key file")
       ->check(CLI::ExistingFile);

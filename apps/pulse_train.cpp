@@ -25,6 +25,7 @@
 
 #include "cli/conventions.hpp"
 #include "cli/json_summary.hpp"
+#include "comm/agree.hpp"
 #include "comm/collectives.hpp"
 #include "comm/communicator.hpp"
 #include "core/atomic_file.hpp"
@@ -217,7 +218,6 @@ class Run {
   void print_progress(std::int64_t t, const StepOutcome& s) const;
   void save_checkpoint(std::int64_t t);
   void check_resumable();
-  void on_every_rank(const std::function<void()>& check) const;
   void write_final_weights() const;
   // A trainer's BF16 weights on the device (empty elsewhere).
   Kokkos::View<const bf16_bits*> trainer_weights() const {
@@ -398,24 +398,6 @@ void Run::check_resumable() {
                      (changes.empty() ? "no setting changed" : changes));
 }
 
-void Run::on_every_rank(const std::function<void()>& check) const {
-  std::string error;
-  try {
-    check();
-  } catch (const std::exception& e) {
-    error = e.what();
-    if (error.empty()) error = "unknown error";
-  }
-  // Every rank throws the message of the lowest failing rank (main prints rank 0's).
-  const int first = allreduce_value(world_, error.empty() ? world_.size() : rank_, ReduceOp::min);
-  if (first == world_.size()) return;
-  std::uint64_t length = error.size();
-  broadcast(world_, as_view(&length, 1), first, Channel::control);
-  error.resize(length);
-  broadcast(world_, as_view(error.data(), error.size()), first, Channel::control);
-  throw Error(error);
-}
-
 // The SFT warm start: rank 0 trains from scratch on a+b=c and caches the BF16 weights at --init.
 void Run::make_warm_start() {
   int ok = 1;
@@ -455,9 +437,9 @@ bool Run::open() {
       return false;
     }
   }
-  initial_ = initial_weights(c_, config_, table_);
+  agree_on_error(world_.raw(), [&] { initial_ = initial_weights(c_, config_, table_); });
   resume_step_ = 0;
-  if (c_.resume) on_every_rank([&] { check_resumable(); });
+  if (c_.resume) agree_on_error(world_.raw(), [&] { check_resumable(); });
   const io::StatsOpen mode = c_.resume ? io::StatsOpen::resume
                              : c_.overwrite ? io::StatsOpen::overwrite : io::StatsOpen::create;
   stats_ = std::make_unique<io::StatsFile>(world_.raw(), c_.out, mode, resume_step_);
@@ -541,7 +523,9 @@ int Run::train() {
       return exit_stopped_resumable;
     }
   }
-  if (rank_ == 0) write_final_weights();
+  agree_on_error(world_.raw(), [&] {
+    if (rank_ == 0) write_final_weights();
+  });
   return 0;
 }
 
@@ -617,12 +601,13 @@ void Run::step(std::int64_t t) {
     if (rank_ == 0) s.measure_s += absorb_timer.seconds();
   }
   // 5. PULSESync, every rank agreeing that the inference ranks hold the new version.
-  s.published = publisher_->publish(changes, trainer_weights(), copies_);
+  agree_on_error(world_.raw(), [&] { s.published = publisher_->publish(changes, trainer_weights(), copies_); });
   if (!trainer_) comm_s += s.published.seconds;
   s.verified = allreduce_value(world_, int(s.published.sync.verified), ReduceOp::min);
   s.apply_s = allreduce_value(world_, s.published.sync.apply_seconds, ReduceOp::max);
   s.verify_s = allreduce_value(world_, s.published.sync.verify_seconds, ReduceOp::max);
-  PULSE_CHECK(s.verified, "step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
+  if (!s.verified)
+    throw AgreedError("step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
   s.version = publisher_->version();
   // 6. Held-out greedy pass@1.
   s.pass1 = evaluate(t);
@@ -710,11 +695,14 @@ int main(int argc, char** argv) {
         code = 1;
       }
       if (code < 0) {
-        // Caught while `run` is alive: its destructor would close the HDF5 file, a collective
-        // call the other ranks never join, so a one-rank error must abort before unwinding.
+        // An error of one rank alone, while the others may wait in a collective call, can only
+        // end in MPI_Abort; the input errors of a run are agreed on, every rank throwing them.
         try {
           code = run->train();
           if (rank == 0) summary.set("results", run->results());
+        } catch (const AgreedError& e) {  // met by every rank alike (comm/agree.hpp): one line, then finalize
+          if (rank == 0) std::cerr << "pulse-train: " << e.what() << "\n";
+          code = 1;
         } catch (const std::exception& e) {
           std::cerr << "pulse-train: rank " << rank << ": " << e.what() << "\n";
           std::cerr.flush();

@@ -3,7 +3,9 @@
 // a safetensors input truncated while in use (a SIGBUS with a memory map), and metadata carried
 // through publish and pull.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -449,6 +451,51 @@ TEST_F(TempDir, AHostileCompressedAnchorIsRefusedByItsRecordAndTheNextOneServes)
   EXPECT_THROW(load_checkpoint(relay.anchor_path(2), record.state_bytes - 1), pulse::Error);
   EXPECT_EQ(load_checkpoint(relay.anchor_path(2), record.state_bytes).layout.size(), 2u);
   EXPECT_EQ(r.state.data, last.data);
+}
+
+// Issue 27, class 2: an anchor that does not fit in memory (std::bad_alloc while it is decoded)
+// is passed over like a corrupt one, and the pull falls back to the next anchor. In a child
+// process under an address-space limit of 192 MiB above what it uses: the newest anchor of an
+// unsigned relay, its record removed (nothing bounds it but the machine's memory), decodes to
+// 256 MiB, which the decoder's growing buffer cannot reach there.
+TEST_F(TempDir, AnAnchorTooLargeForMemoryFallsBackToTheNextOne) {
+  Model m({"w.0", "w.1"}, 0x3F80);
+  const Checkpoint last = publish_series(dir_.string(), m, 5, nullptr, true);  // anchors 0, 2, 4
+  Relay relay(dir_.string());
+  {
+    const std::vector<std::uint8_t> zeros(256u << 20);
+    const auto big = compress(Compressor::zstd, 1, zeros);
+    std::ofstream(relay.anchor_path(4), std::ios::binary | std::ios::trunc)
+        .write(reinterpret_cast<const char*>(big.data()), std::streamsize(big.size()));
+  }
+  ASSERT_TRUE(fs::remove(path(anchor_record_name(4))));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // exit status: 0 fell back as expected, 1 did not, 2 threw, 3 no limit set
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t limit = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(192) << 20);
+    const rlimit cap{limit, limit};
+    if (pages <= 0 || setrlimit(RLIMIT_AS, &cap) != 0) _exit(3);
+    try {
+      const PullResult r = relay.pull(nullptr, 0);
+      const bool ok = r.version == 5 && r.anchor == 2 && r.state.data == last.data &&
+                      r.fallback.find("anchor 4: out of memory") != std::string::npos;
+      if (!ok) std::fprintf(stderr, "anchor %llu, fallback: %s\n", (unsigned long long)r.anchor, r.fallback.c_str());
+      _exit(ok ? 0 : 1);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pull: %s\n", e.what());
+      _exit(2);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // Without the limit the 256 MiB are decoded, and refused as what they are (not a checkpoint).
+  const PullResult unlimited = relay.pull(nullptr, 0);
+  EXPECT_EQ(unlimited.anchor, 2u);
+  EXPECT_EQ(unlimited.fallback.find("out of memory"), std::string::npos) << unlimited.fallback;
 }
 
 // Issue 27, class 6: folders (and links) with relay file names are not the relay's: a publish

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "core/agreed_error.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 
@@ -224,7 +225,7 @@ struct StatsFile::Impl {
     MPI_Bcast(&length, 1, MPI_INT, first, comm);
     message.resize(length);
     MPI_Bcast(message.data(), length, MPI_CHAR, first, comm);
-    throw Error(message);
+    throw AgreedError(message);
   }
   // Runs `action` on rank 0 (the only rank holding the file); its error is thrown on every rank.
   template <class Action>

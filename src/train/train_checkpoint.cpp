@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "comm/agree.hpp"
 #include "comm/collectives.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
@@ -34,22 +35,19 @@ void save_checkpoint_collective(const Communicator& world, const std::string& di
     remove_abandoned_temp_files(dir, is_checkpoint_file);  // of writers killed in earlier runs
   }
   world.barrier();
-  // A failure on any rank must stop every rank before LATEST moves.
-  int failed = 0;
-  std::string error;
-  try {
-    write_rank_checkpoint(rank_file(dir, world.rank(), step), step, state);
-  } catch (const std::exception& e) {
-    failed = 1, error = e.what();
-  }
-  const int any_failed = allreduce_value(world, failed, ReduceOp::max);
-  PULSE_CHECK(!failed, "checkpoint: " + error);
-  PULSE_CHECK(any_failed == 0, "checkpoint: another rank failed to write its part in '" + dir + "'");
-  if (world.rank() == 0) {
+  // A failure on any rank stops every rank before LATEST moves, with that rank's message.
+  agree_on_error(world.raw(), [&] {
+    try {
+      write_rank_checkpoint(rank_file(dir, world.rank(), step), step, state);
+    } catch (const std::exception& e) {
+      throw Error("checkpoint: " + std::string(e.what()));
+    }
+  });
+  agree_on_error(world.raw(), [&] {  // and a barrier: LATEST has moved on every rank's return
+    if (world.rank() != 0) return;
     const std::string text = format_latest({step, world.size()});
     write_file_atomically(dir + "/LATEST", text.data(), text.size());
-  }
-  world.barrier();
+  });
   // Older checkpoints of this rank go once LATEST has moved past them.
   const std::regex mine("rank-" + std::to_string(world.rank()) + "-step-([0-9]+)\\.safetensors");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

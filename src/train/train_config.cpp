@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "cli/unsigned_option.hpp"
 #include "core/error.hpp"
 
 namespace pulse {
@@ -19,17 +19,6 @@ namespace {
 // Reads --config files as CLI11's TOML reader does, then makes their relative paths relative to
 // the file's folder. CLI11 applies a config value only to options the command line left unset,
 // so paths typed on the command line stay relative to the working folder.
-// A 64-bit unsigned option in plain decimal digits: CLI11 would wrap "-1" to 2^64-1 and
-// saturate 2^64.
-const CLI::Validator kUnsignedDecimal(
-    [](std::string& text) {
-      std::uint64_t value = 0;
-      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-      const bool ok = !text.empty() && text[0] != '-' && error == std::errc() && end == text.data() + text.size();
-      return ok ? std::string() : "'" + text + "' is not an integer from 0 to 2^64-1";
-    },
-    "UINT");
-
 class ConfigFileReader : public CLI::ConfigTOML {
  public:
   explicit ConfigFileReader(const CLI::Option* config_option) : config_option_(config_option) {}
@@ -76,7 +65,7 @@ void add_train_options(CLI::App& app, TrainConfig& c) {
   app.add_option("--model", c.model, "GPT preset")->check(CLI::IsMember({"tiny", "small", "base"}));
   app.add_option("--init", c.init, "BF16 weights to start from: a safetensors file (e.g. pulse-sft's model.safetensors) or a Hugging Face folder");
   app.add_option("--sft-steps", c.sft_steps, "when --init does not exist, make it by this many SFT steps first (then cached)");
-  app.add_option("--seed", c.seed, "seed of initial weights, problems and sampling")->check(kUnsignedDecimal);
+  app.add_option("--seed", c.seed, "seed of initial weights, problems and sampling")->check(cli::unsigned_decimal());
   app.add_option("--digits", c.digits, "addition operands have up to this many digits");
   app.add_option("--steps", c.steps, "GRPO optimizer steps");
   app.add_option("--lr", c.lr, "AdamW learning rate after warm-up");

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "comm/agree.hpp"
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
@@ -66,7 +67,10 @@ WeightSync::WeightSync(const Communicator& sync, const TensorTable& table, const
 
 void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weights) {
   replay_until_ = 0;
-  if (!relay_dir_.empty() && is_sender()) {
+  // The sender's relay errors (another run's relay, an unwritable folder) reach every receiver,
+  // which would otherwise wait in the broadcast below.
+  agree_on_error(sync_.raw(), [&] {
+    if (relay_dir_.empty() || !is_sender()) return;
     // Temporary files of a killed publisher: the next publish removes them under the relay's lock.
     sync::Relay relay(relay_dir_);
     const auto head = relay.head();
@@ -82,7 +86,7 @@ void WeightSync::bootstrap(std::uint64_t version, std::vector<bf16_bits>& weight
       options.keep_anchors = keep_anchors_;
       relay.publish(version, bf16_tensor_refs(table_, weights), nullptr, options);
     }
-  }
+  });
   broadcast(sync_, as_view(&replay_until_, 1), 0, Channel::control);
   // The replay is recovery: an uninterrupted run's receivers read these versions from the relay,
   // so its patches go over a communicator of its own, which no step's statistics count.
@@ -128,7 +132,10 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
   std::uint64_t size = 0;
   const bool replaying = !relay_dir_.empty() && version <= replay_until_;
   const bool over_mpi = relay_dir_.empty() || replaying;
-  if (is_sender()) {
+  // The sender's errors (a relay that refuses the version) reach every receiver, which would
+  // otherwise wait in the broadcast below.
+  agree_on_error(sync_.raw(), [&] {
+    if (!is_sender()) return;
     PULSE_CHECK(previous != nullptr, "weight sync: the sender needs the previous version");
     Kokkos::Timer timer;
     // Over MPI the smallest coding, against the change history; with a relay the relay's own
@@ -173,13 +180,15 @@ SyncStepStats WeightSync::step(std::uint64_t version, const std::vector<bf16_bit
     digests_ = target;
     stats.state = target.state;
     size = over_mpi ? patch.size() : version;
-  }
+  });
   // MPI: the patch itself; relay: only the news that the version is published.
   broadcast(sync_, as_view(&size, 1), 0, Channel::control);
   if (over_mpi) {
     if (!is_sender()) patch.resize(size);
     broadcast(replaying ? *replay_ : sync_, as_view(patch.data(), patch.size()), 0, Channel::patches);
   }
+  // A receiver's error (a corrupt patch, a relay that fails it) has no collective call left
+  // here to miss: pulse-train agrees on it over every rank after the step's publication.
   if (is_sender()) return stats;
 
   Kokkos::Timer timer;

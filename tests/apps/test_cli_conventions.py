@@ -33,6 +33,16 @@ DEFAULTS = {
 }
 
 
+# Per app: a 64-bit unsigned option (what precedes it, the option, the least value it takes).
+# CLI11 alone wraps -1 to 2^64-1 and saturates 2^64 and beyond.
+UNSIGNED = {
+    "pulse-sync": (["publish"], "--anchor-every", 1),
+    "pulse-train": ([], "--seed", 0),
+    "pulse-sft": ([], "--seed", 0),
+    "pulse-absorb": ([], "--seed", 0),
+}
+
+
 def one_line_error(r):
     return r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
 
@@ -49,6 +59,15 @@ def check_app(name, app, pulse_version):
     r = run(app, *before, "--zzzzzzzz")
     expect(one_line_error(r) and "--zzzzzzzz: unknown option" in r.stderr and "did you mean" not in r.stderr,
            f"{name}: nothing close to --zzzzzzzz must be suggested: '{r.stderr}'")
+
+    if name in UNSIGNED:
+        before, option, least = UNSIGNED[name]
+        for value in ("-1", str(2**64), str(2**64 + 1), "1e3", str(least - 1) if least else ""):
+            if not value:
+                continue
+            r = run(app, *before, option, value)
+            expect(one_line_error(r) and f"'{value}' is not an integer from {least} to 2^64-1" in r.stderr,
+                   f"{name} {option} {value}: {r.returncode} '{r.stderr.strip()}'")
 
     args, option, default = DEFAULTS[name]
     r = run(app, *args)

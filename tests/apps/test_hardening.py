@@ -268,6 +268,18 @@ def check_keygen_keeps_keys(sync, d):
     os.chmod(p("k.sec"), 0o644)
     r = run(sync, "publish", "--relay", p("relay"), "--version", "0", p("a.safetensors"), "--sign", p("k.sec"))
     expect(r.returncode == 0 and "readable by other users" in text(r.stderr), f"a world-readable secret key: {show(r)}")
+    # Group-readable is warned of too, in one line naming the file and its mode; 0600 is not.
+    checkpoint(p("b.safetensors"), 15)
+    for mode, warned in ((0o640, True), (0o600, False)):
+        os.chmod(p("k.sec"), mode)
+        r = run(sync, "encode", "--base", p("a.safetensors"), "--target", p("b.safetensors"), "-o", p("ab-signed.pulse"),
+                "--sign", p("k.sec"))
+        lines = text(r.stderr).strip().splitlines()
+        expect(r.returncode == 0 and os.path.exists(p("ab-signed.pulse")), f"encode --sign, key mode {mode:o}: {show(r)}")
+        expect((lines == [f"pulse: warning: secret key {p('k.sec')} is readable by other users (mode {mode:04o}); "
+                          "chmod 600 it"]) if warned else lines == [],
+               f"encode --sign, key mode {mode:o}: stderr {lines}")
+        os.remove(p("ab-signed.pulse"))
 
 
 def check_killed_writers(sync, d):

@@ -3,7 +3,7 @@
 # configures and builds every fuzz target and seed writer once, in parallel (test_fuzz_build, the
 # fixture the others need);
 #   cmake -DFUZZ_SOURCE_DIR=... -DBUILD_DIR=... -DWORK_DIR=... [-DFUZZ_SECONDS=20]
-#         -DFUZZ_SET=safetensors|patch|relay|anchor|train -P run_fuzz_smoke.cmake
+#         -DFUZZ_SET=safetensors|patch|relay|anchor|train|apply|stats -P run_fuzz_smoke.cmake
 # writes seed files with that set's writer and fuzzes each of its targets for FUZZ_SECONDS.
 # FUZZ_SET safetensors: parse_header, parse_safetensors_index and plan_folder (a model
 # folder's flat form). patch: parse_patch +
@@ -11,7 +11,8 @@
 # and round trips (random state and change -> encode -> parse -> apply == target).
 # relay: HEAD and anchor records, and relay file names. anchor: compressed relay anchors. train:
 # pulse-train's config parser, its rank checkpoint reader (also with the checksum rewritten) and
-# the LATEST record.
+# the LATEST record. apply: the streamed file-to-file apply of encoded, then damaged, patches
+# and base files. stats: the statistics file as --resume reads it (files up to 4 KiB of input).
 function(require)
   foreach(var ${ARGN})
     if(NOT DEFINED ${var})
@@ -65,8 +66,16 @@ elseif(FUZZ_SET STREQUAL "train")
   set(seeder fuzz_train_seeds)
   set(fuzzers fuzz_train_config fuzz_train_checkpoint fuzz_train_checkpoint_rechecksummed fuzz_latest_record)
   set(dict train.dict)
+elseif(FUZZ_SET STREQUAL "apply")
+  set(seeder fuzz_apply_seeds)
+  set(fuzzers fuzz_file_apply)
+  set(dict patch.dict)
+elseif(FUZZ_SET STREQUAL "stats")
+  set(seeder fuzz_stats_seeds)
+  set(fuzzers fuzz_stats_file)
+  set(dict train.dict)
 else()
-  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is build, safetensors, patch, relay, anchor or train, not '${FUZZ_SET}'")
+  message(FATAL_ERROR "run_fuzz_smoke.cmake: FUZZ_SET is build, safetensors, patch, relay, anchor, train, apply or stats, not '${FUZZ_SET}'")
 endif()
 
 set(build "${BUILD_DIR}")
@@ -79,6 +88,8 @@ foreach(fuzzer IN LISTS fuzzers)
   set(corpus "${WORK_DIR}/corpus-${fuzzer}")
   file(REMOVE_RECURSE "${corpus}")
   file(MAKE_DIRECTORY "${corpus}")
+  # Targets that write files (apply, stats) write them under TMPDIR: the work folder.
+  set(ENV{TMPDIR} "${WORK_DIR}")
   step(${fuzzer} "${build}/${fuzzer}" "${corpus}" "${WORK_DIR}/seeds"
        -dict=${FUZZ_SOURCE_DIR}/${dict} -max_len=4096 -max_total_time=${FUZZ_SECONDS}
        -artifact_prefix=${WORK_DIR}/${fuzzer}- -print_final_stats=1)
