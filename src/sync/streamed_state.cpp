@@ -109,8 +109,12 @@ Digest StreamedState::digest(std::size_t i) const {
 }
 
 TensorLoader StreamedState::loader() const {
-  auto buffer = std::make_shared<ByteBuffer>();
-  return [this, buffer](std::size_t i) { return read(i, *buffer); };
+  return [this](std::size_t i, std::uint64_t offset, std::size_t bytes, std::byte* out) {
+    PULSE_CHECK(offset <= tensors()[i].bytes && bytes <= tensors()[i].bytes - offset,
+                "internal: a piece beyond tensor '" + tensors()[i].name + "'");
+    if (tensors()[i].data) std::memcpy(out, tensors()[i].data + offset, bytes);
+    else read_range(i, offset, bytes, out);
+  };
 }
 
 std::uint64_t StreamedState::largest_tensor_bytes() const {
