@@ -285,7 +285,8 @@ int cmd_encode(const EncodeArgs& args) {
     patch = encode_patch(base, target, opt, nullptr, nullptr, base_state.metadata(), target_state.metadata(),
                          base_state.loader(), target_state.loader());
   } catch (const std::bad_alloc&) {
-    throw_out_of_memory("encode", std::max(base_state.largest_tensor_bytes(), target_state.largest_tensor_bytes()), 2);
+    throw_out_of_memory("encode", std::max(encode_unit_bytes(base, opt), encode_unit_bytes(target, opt)),
+                        2 * resolve_threads(opt.threads), "a segment of each state per thread");
   }
   const double seconds = seconds_since(t0);
   write_file_atomically(args.out, patch.data(), patch.size());

@@ -66,8 +66,14 @@ class StreamedState {
   std::vector<int> fds_;         // one per shard
 };
 
-// When a streamed command cannot get the memory it needs: one line saying how much (need, the
-// largest tensor `copies` times plus the patch) and the way out.
-[[noreturn]] void throw_out_of_memory(const std::string& command, std::uint64_t largest_tensor_bytes, unsigned copies);
+// When a streamed command cannot get the memory it needs: one line saying how much (need, `unit`
+// bytes `copies` times plus the patch; unit: "the largest tensor", or what it names) and the way out.
+[[noreturn]] void throw_out_of_memory(const std::string& command, std::uint64_t unit_bytes, unsigned copies,
+                                      const std::string& unit = "the largest tensor");
+// What encode_patch holds of streamed states per thread: the larger of a segment
+// (options.part_elements elements, of the widest sparse dtype it meets) and a piece of a tensor
+// not coded sparsely, or the tensor itself when smaller. It holds two of them (one of each
+// state) per thread.
+std::uint64_t encode_unit_bytes(const std::vector<TensorRef>& state, const EncodeOptions& options);
 
 }  // namespace pulse::sync
