@@ -116,14 +116,44 @@ void print_summary(const std::vector<DtypeSummary>& summary) {
 
 // The comparison of two checkpoints as one JSON object: the tensors in B's order (after those
 // removed), each with its counts or what happened to it, the totals per dtype, and the metadata.
-// Streamed: a piece of a tensor of each checkpoint in memory at a time.
-nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path) {
+// Streamed: tensors compared on the threads, each a piece of a tensor of each checkpoint in
+// memory at a time.
+nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path, unsigned threads) {
   const StreamedState a_state = StreamedState::open(a_path), b_state = StreamedState::open(b_path);
   const auto &a = a_state.tensors(), &b = b_state.tensors();
-  ByteBuffer a_buffer, b_buffer;
   std::map<std::string, const TensorRef*> a_by_name, b_by_name;
   for (const auto& t : a) a_by_name[t.name] = &t;
   for (const auto& t : b) b_by_name[t.name] = &t;
+  // Per tensor of B kept from A: whether its bytes differ, and how many elements.
+  struct Compared {
+    const TensorRef* a = nullptr;
+    bool differs = false;
+    std::uint64_t changed = 0;
+  };
+  std::vector<Compared> compared(b.size());
+  for (std::size_t j = 0; j < b.size(); ++j) {
+    const auto it = a_by_name.find(b[j].name);
+    if (it != a_by_name.end() && it->second->dtype == b[j].dtype && it->second->shape == b[j].shape)
+      compared[j].a = it->second;
+  }
+  parallel_for(threads, b.size(), [&](std::size_t j) {
+    Compared& c = compared[j];
+    if (!c.a) return;
+    const TensorRef &t = *c.a, &u = b[j];
+    const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
+    // In pieces (whole elements each): two of them in memory, whatever the tensor's size.
+    const std::size_t width = bits % 8 == 0 ? bits / 8 : 1;  // packed below a byte: compared as bytes
+    thread_local ByteBuffer a_buffer, b_buffer;
+    for (std::uint64_t offset = 0; offset < t.bytes; offset += StreamedState::kPieceBytes) {
+      const std::size_t length = std::size_t(std::min<std::uint64_t>(StreamedState::kPieceBytes, t.bytes - offset));
+      const std::byte* t_data = a_state.read_piece(std::size_t(&t - a.data()), offset, length, a_buffer);
+      const std::byte* u_data = b_state.read_piece(j, offset, length, b_buffer);
+      if (std::memcmp(t_data, u_data, length) == 0) continue;
+      c.differs = true;
+      for (std::size_t i = 0; i < length / width; ++i)
+        c.changed += std::memcmp(t_data + width * i, u_data + width * i, width) != 0;
+    }
+  });
   struct Totals {
     std::uint64_t elements = 0, changed = 0, differing_tensors = 0;
   };
@@ -131,38 +161,27 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
   nlohmann::json tensors = nlohmann::json::array();
   for (const auto& t : a)
     if (!b_by_name.count(t.name)) tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"status", "removed"}});
-  for (const auto& u : b) {
-    const auto it = a_by_name.find(u.name);
-    if (it == a_by_name.end() || it->second->dtype != u.dtype || it->second->shape != u.shape) {
-      tensors.push_back({{"name", u.name}, {"dtype", u.dtype}, {"status", it == a_by_name.end() ? "added" : "re-declared"}});
+  for (std::size_t j = 0; j < b.size(); ++j) {
+    const TensorRef& u = b[j];
+    const Compared& c = compared[j];
+    if (!c.a) {
+      const bool added = !a_by_name.count(u.name);
+      tensors.push_back({{"name", u.name}, {"dtype", u.dtype}, {"status", added ? "added" : "re-declared"}});
       continue;
     }
-    const TensorRef& t = *it->second;
+    const TensorRef& t = *c.a;
     const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
     Totals& totals = by_dtype[t.dtype];
-    // In pieces (whole elements each): two of them in memory, whatever the tensor's size.
-    const std::size_t width = bits % 8 == 0 ? bits / 8 : 1;  // packed below a byte: compared as bytes
-    bool differs = false;
-    std::uint64_t changed = 0;
-    for (std::uint64_t offset = 0; offset < t.bytes; offset += StreamedState::kPieceBytes) {
-      const std::size_t length = std::size_t(std::min<std::uint64_t>(StreamedState::kPieceBytes, t.bytes - offset));
-      const std::byte* t_data = a_state.read_piece(std::size_t(&t - a.data()), offset, length, a_buffer);
-      const std::byte* u_data = b_state.read_piece(std::size_t(&u - b.data()), offset, length, b_buffer);
-      if (std::memcmp(t_data, u_data, length) == 0) continue;
-      differs = true;
-      for (std::size_t i = 0; i < length / width; ++i)
-        changed += std::memcmp(t_data + width * i, u_data + width * i, width) != 0;
-    }
-    totals.differing_tensors += differs;
+    totals.differing_tensors += c.differs;
     if (bits % 8 != 0) {
-      tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"differs", differs}});
+      tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"differs", c.differs}});
       continue;
     }
-    const std::size_t n = t.bytes / width;
+    const std::size_t n = t.bytes / (bits / 8);
     totals.elements += n;
-    totals.changed += changed;
-    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"elements", n}, {"changed", changed},
-                       {"sparsity_percent", sparsity_percent(changed, n)}});
+    totals.changed += c.changed;
+    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"elements", n}, {"changed", c.changed},
+                       {"sparsity_percent", sparsity_percent(c.changed, n)}});
   }
   nlohmann::json totals = nlohmann::json::object();
   for (const auto& [dtype, t] : by_dtype) {
@@ -178,8 +197,8 @@ nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_
           {"metadata_changed", a_state.metadata() != b_state.metadata()}};
 }
 
-int cmd_diff(const std::string& a_path, const std::string& b_path, bool json) {
-  const nlohmann::json d = diff_checkpoints(a_path, b_path);
+int cmd_diff(const std::string& a_path, const std::string& b_path, bool json, unsigned threads) {
+  const nlohmann::json d = diff_checkpoints(a_path, b_path, threads);
   if (json) {
     std::printf("%s\n", cli::json_text(d).c_str());
     return 0;
@@ -267,7 +286,8 @@ int cmd_encode(const EncodeArgs& args) {
     patch = encode_patch(base, target, opt, nullptr, nullptr, base_state.metadata(), target_state.metadata(),
                          base_state.loader(), target_state.loader());
   } catch (const std::bad_alloc&) {
-    throw_out_of_memory("encode", std::max(base_state.largest_tensor_bytes(), target_state.largest_tensor_bytes()), 2);
+    throw_out_of_memory("encode", std::max(encode_unit_bytes(base, opt), encode_unit_bytes(target, opt)),
+                        2 * resolve_threads(opt.threads), "a segment of each state per thread");
   }
   const double seconds = seconds_since(t0);
   write_file_atomically(args.out, patch.data(), patch.size());
@@ -293,6 +313,7 @@ int cmd_encode(const EncodeArgs& args) {
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
               const std::string& public_key_path, bool stream, unsigned threads, bool replace) {
   cli::refuse_output_over_inputs(out, "apply: the output", {patch_path, public_key_path});
+  if (threads == 0) threads = default_apply_threads();
   PublicKey key;
   if (!public_key_path.empty()) key = read_public_key(public_key_path);
   struct stat st {};
@@ -334,7 +355,7 @@ int cmd_apply(const std::string& base, const std::string& patch_path, const std:
   } else {
     if (!state) state.emplace(load_checkpoint(base));
     const auto t0 = std::chrono::steady_clock::now();
-    apply_to_checkpoint(patch, *state);
+    apply_to_checkpoint(patch, *state, threads);
     seconds = seconds_since(t0);
     folder = save_state(out, *state, replace_mode(out, base, replace));
   }
@@ -515,6 +536,8 @@ int main(int argc, char** argv) {
   diff->add_option("B", b, "newer checkpoint")->required()->check(kExistingState);
   bool json = false;
   diff->add_flag("--json", json, "print one JSON object instead of the table");
+  unsigned diff_threads = 0;
+  diff->add_option("--threads", diff_threads, "threads comparing the tensors (0: the cores)")->capture_default_str();
 
   EncodeArgs enc;
   auto* encode = app.add_subcommand("encode", "write the patch from --base to --target");
@@ -555,9 +578,11 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   bool replace = false;
   apply->add_flag("--replace", replace, "replace an existing model folder at -o even if files in it would be deleted");
-  unsigned apply_threads = default_apply_threads();
-  apply->add_option("--threads", apply_threads, "threads of a streamed apply, file or folder (copy and hash ahead, decode, write behind)")
-      ->check(CLI::Range(1u, 256u))
+  unsigned apply_threads = 0;
+  apply->add_option("--threads", apply_threads,
+                    "threads decoding the patch's parts, copying, hashing and writing (0: the cores; the output does "
+                    "not depend on it)")
+      ->check(CLI::Range(0u, 1024u))
       ->capture_default_str();
   bool no_stream = false;  // hidden: the load-whole path, for apps/bench/stream_apply_bench.py
   apply->add_flag("--no-stream", no_stream, "load the base whole even for a file-to-file apply")->group("");
@@ -625,7 +650,7 @@ int main(int argc, char** argv) {
   }
   Kokkos::ScopeGuard kokkos;
   try {
-    if (*diff) return cmd_diff(a, b, json);
+    if (*diff) return cmd_diff(a, b, json, diff_threads);
     if (*encode) return summary.print(cmd_encode(enc));
     if (*apply) {
       if (in_place.empty()) {

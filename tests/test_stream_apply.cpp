@@ -2,7 +2,9 @@
 // target file byte for byte (raw, keydiff and expclass patches; a tensor of several chunks,
 // tensors unchanged, carried whole and empty; file order unlike name order), and a patch that
 // fails in the middle of the stream or a base that is not the patch's leaves no output, an
-// existing output as it was and no temporary file. Also DigestStream and FlushBehind, which it uses.
+// existing output as it was and no temporary file. With many small parts (spanning tensors and
+// cut inside them), encode (in memory and streamed) and apply (file to file, in place, folder to
+// folder) give the same bytes on 1, 2 and 3 threads. Also DigestStream and FlushBehind, which it uses.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,8 +18,10 @@
 #include "core/error.hpp"
 #include "core/flush_behind.hpp"
 #include "io/safetensors.hpp"
+#include "sync/checkpoint.hpp"
 #include "sync/file_apply.hpp"
 #include "sync/patch.hpp"
+#include "sync/streamed_state.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
@@ -152,6 +156,63 @@ TEST_F(StreamApply, InPlaceGivesTheTarget) {
   fs::copy_file(path("base.safetensors"), path("model.safetensors"));
   apply_file(path("model.safetensors"), patch, path("model.safetensors"), 2);
   EXPECT_EQ(read(path("model.safetensors")), read(path("target.safetensors")));
+}
+
+// Parts of 4096 elements: a.big in 1280 parts, b.mid in 10 (its last with c.f32's first ...).
+// The bytes at 2 and 3 threads are those at 1; the streamed encode's are the in-memory one's;
+// every apply gives the target, file and folder alike.
+TEST_F(StreamApply, ManyPartsGiveTheSameBytesOnEveryThreadCount) {
+  // The folders: the tensors in two shards, an index and a config file.
+  auto folder = [&](const std::string& name, const std::vector<Tensor>& s) {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d);
+    std::vector<Tensor> first(s.begin(), s.begin() + 3), second(s.begin() + 3, s.end());
+    write((d / "model-00001-of-00002.safetensors").string(), first);
+    write((d / "model-00002-of-00002.safetensors").string(), second);
+    std::string map;
+    for (std::size_t i = 0; i < s.size(); ++i)
+      map += (i ? ", \"" : "\"") + s[i].name + "\": \"model-0000" + (i < 3 ? "1" : "2") + "-of-00002.safetensors\"";
+    std::ofstream(d / "model.safetensors.index.json") << "{\"metadata\": {}, \"weight_map\": {" + map + "}}";
+    std::ofstream(d / "config.json") << "{\"hidden_size\": 3}";
+    return d.string();
+  };
+  const std::string base_dir = folder("base_dir", base_), target_dir = folder("target_dir", target_);
+  const OpenState base_whole = open_state(base_dir), target_whole = open_state(target_dir);
+  const StreamedState base_streamed = StreamedState::open(base_dir), target_streamed = StreamedState::open(target_dir);
+  EncodeOptions raw;
+  raw.values = ValueCoding::raw;
+  for (EncodeOptions options : {raw, EncodeOptions{}, exponent_class_options()}) {
+    options.part_elements = 4096;
+    const std::string coding = value_coding_name(options.values);
+    options.threads = 1;
+    const auto file_patch = encode(options);
+    const auto folder_patch = encode_patch(base_whole.flat.tensors, target_whole.flat.tensors, options, nullptr, nullptr,
+                                           base_whole.flat.metadata, target_whole.flat.metadata);
+    const ParsedPatch parsed = parse_patch(file_patch.data(), file_patch.size());
+    ASSERT_GT(parsed.parts.size(), 1000u) << coding;
+    const ParsedPatch folder_parsed = parse_patch(folder_patch.data(), folder_patch.size());
+    for (unsigned threads : {1u, 2u, 3u}) {
+      const std::string at = coding + ", threads " + std::to_string(threads);
+      options.threads = threads;
+      EXPECT_EQ(encode(options), file_patch) << at;
+      EXPECT_EQ(encode_patch(base_streamed.tensors(), target_streamed.tensors(), options, nullptr, nullptr,
+                             base_streamed.metadata(), target_streamed.metadata(), base_streamed.loader(),
+                             target_streamed.loader()),
+                folder_patch)
+          << at;
+      apply_file(path("base.safetensors"), parsed, path("out.safetensors"), threads);
+      EXPECT_EQ(read(path("out.safetensors")), read(path("target.safetensors"))) << at;
+      fs::copy_file(path("base.safetensors"), path("model.safetensors"), fs::copy_options::overwrite_existing);
+      apply_file(path("model.safetensors"), parsed, path("model.safetensors"), threads);
+      EXPECT_EQ(read(path("model.safetensors")), read(path("target.safetensors"))) << at;
+      const std::string out_dir = (dir_ / "out_dir").string();
+      apply_folder(open_state(base_dir, io::ShardBytes::header_only), folder_parsed, out_dir,
+                   ReplaceFolder::any_model, threads);
+      for (const char* file : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                               "model.safetensors.index.json", "config.json"})
+        EXPECT_EQ(read(out_dir + "/" + file), read(target_dir + "/" + file)) << at << ", " << file;
+    }
+  }
 }
 
 // The last byte of the keydiff value stream (uncompressed) made a varint that runs past the

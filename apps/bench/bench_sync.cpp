@@ -358,6 +358,60 @@ void BM_Apply(benchmark::State& state) {
   state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
 }
 
+// 2^28 elements cut into tensors of Qwen2-1.5B's layout in its order (the embedding, 151936 x
+// 1536, then layer 0's q, k, v, o, gate, up, down projections, the last cut short): many parts,
+// some spanning tensors, as a real model's.
+std::vector<TensorRef> qwen_layout(const std::vector<bf16_bits>& bits) {
+  const std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes = {
+      {"model.embed_tokens.weight", {151936, 1536}},      {"model.layers.0.self_attn.q_proj.weight", {1536, 1536}},
+      {"model.layers.0.self_attn.k_proj.weight", {256, 1536}}, {"model.layers.0.self_attn.v_proj.weight", {256, 1536}},
+      {"model.layers.0.self_attn.o_proj.weight", {1536, 1536}}, {"model.layers.0.mlp.gate_proj.weight", {8960, 1536}},
+      {"model.layers.0.mlp.up_proj.weight", {8960, 1536}},    {"model.layers.0.mlp.down_proj.weight", {1536, 8960}}};
+  std::vector<TensorRef> out;
+  std::size_t at = 0;
+  for (const auto& [name, shape] : shapes) {
+    std::size_t n = std::size_t(shape[0] * shape[1]);
+    std::vector<std::int64_t> s = shape;
+    if (at + n > bits.size()) n = bits.size() - at, s = {std::int64_t(n)};
+    out.push_back({name, "BF16", s, reinterpret_cast<const std::byte*>(bits.data() + at), 2 * n});
+    if ((at += n) == bits.size()) break;
+  }
+  return out;
+}
+
+// Encode and apply at 1 and 2 threads (issue 26: 2 threads >= 1.8x), in memory, both states
+// hashed (no digests known: the first encode and apply of a run). Time: wall; CPU: the process's.
+void BM_EncodeThreads(benchmark::State& state) {
+  const Step& s = step_at(1 << 28, 0.99);
+  EncodeOptions options = coding(state.range(0));
+  options.threads = unsigned(state.range(1));
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    Kokkos::Timer timer;
+    bytes = encode_patch(qwen_layout(s.base), qwen_layout(s.target), options).size();
+    state.SetIterationTime(timer.seconds());
+  }
+  state.SetBytesProcessed(std::int64_t(4 * s.base.size()) * state.iterations());
+  state.counters["patch_bytes"] = double(bytes);
+}
+
+void BM_ApplyThreads(benchmark::State& state) {
+  const Step& s = step_at(1 << 28, 0.99);
+  const auto patch = encode_patch(qwen_layout(s.base), qwen_layout(s.target), coding(state.range(0)));
+  std::vector<bf16_bits> receiver(s.base.size());
+  for (auto _ : state) {
+    std::memcpy(receiver.data(), s.base.data(), 2 * receiver.size());  // untimed: reset to the base version
+    std::vector<MutableTensor> m;
+    for (const TensorRef& t : qwen_layout(receiver)) m.push_back({t.name, t.dtype, t.shape, const_cast<std::byte*>(t.data), t.bytes});
+    Kokkos::Timer timer;
+    apply_patch(parse_patch(patch.data(), patch.size()), m, {}, nullptr, nullptr, {}, nullptr, nullptr,
+                unsigned(state.range(1)));
+    state.SetIterationTime(timer.seconds());
+  }
+  if (std::memcmp(receiver.data(), s.target.data(), 2 * receiver.size()) != 0) state.SkipWithError("apply is not bit-exact");
+  state.SetBytesProcessed(std::int64_t(2 * s.base.size()) * state.iterations());
+}
+
 BENCHMARK(BM_PatchSize)->Arg(990)->Arg(999)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeBF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF16)->Iterations(1)->Unit(benchmark::kMillisecond);
@@ -366,6 +420,9 @@ BENCHMARK(BM_PatchSizeF32)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Encode)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EncodeChanges)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Apply)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseManualTime()->Unit(benchmark::kMillisecond);
+// Arguments: coding (0 default, 2 expclass), threads.
+BENCHMARK(BM_EncodeThreads)->ArgsProduct({{0, 2}, {1, 2}})->UseManualTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ApplyThreads)->ArgsProduct({{0, 2}, {1, 2}})->UseManualTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -18,6 +18,7 @@ stderr (and to --table).
 make bench` runs it, plain `make bench` does not.
 """
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -54,6 +55,14 @@ def thread_flags(app):
     return out
 
 
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def run_app(app, d, digest, threads, file_digest, with_verify=True):
     p = lambda name: os.path.join(d, name)
     flags = thread_flags(app)
@@ -80,6 +89,7 @@ def run_app(app, d, digest, threads, file_digest, with_verify=True):
                      "--values", values)
         if r["rc"] == 0:
             r["patch_bytes"] = os.path.getsize(patch)
+            r["patch_sha256"] = file_sha256(patch)  # the same at every thread count (checked in main)
         record(f"encode_{values}", r)
         if r["rc"] != 0:
             continue
@@ -206,6 +216,10 @@ def main():
             if not args.no_peer:
                 group["peer"] = run_peer(args.app, d, digest, n)
             out["runs"][str(n)] = group
+        for values in ("keydiff", "expclass"):
+            sums = {g["pulse"].get(f"encode_{values}", {}).get("patch_sha256") for g in out["runs"].values()}
+            if len(sums) != 1 or None in sums:
+                sys.exit(f"big_folder_bench: {values} patches differ across thread counts (or failed)")
         if args.baseline_app:
             out["baseline"] = run_app(args.baseline_app, d, digest, 1, file_digest)
         print(json.dumps(out, indent=1))

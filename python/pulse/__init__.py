@@ -22,11 +22,21 @@ __all__ = ["Error", "PatchError", "Tensor", "diff", "encode", "apply", "decode",
            "generate_keypair", "Sender", "Receiver", "Relay", "Decoded", "Changes"]
 
 
-def _coding(values, indices, compressor, level):
+def _coding(values, indices, compressor, level, threads=0):
     # expclass codes positions and values together: its index coding goes with it unless named.
     if indices is None:
         indices = "expclass" if values == "expclass" else "gap-varint"
-    return _pulse.Coding(values, indices, compressor, level)
+    return _pulse.Coding(values, indices, compressor, level, _threads(threads))
+
+
+def _threads(threads):
+    """threads= of encode, apply, decode, Sender and Receiver: the patch's parts coded or decoded
+    at once (0 or None: every core). The bytes and the result do not depend on it."""
+    if threads is None:
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise Error(f"threads must be a count >= 0 (0: every core), not {threads!r}")
+    return threads
 
 
 def _key(key, size, what):
@@ -50,19 +60,20 @@ def diff(base, target):
 
 
 def encode(base, target, *, base_version, target_version, values="keydiff", indices=None,
-           compressor="zstd", level=3, signing_key=None):
-    """The patch from base to target as bytes (the same bytes `pulse-sync encode` writes). Tensors
-    that share memory (tied weights) are synced once, under their first name."""
+           compressor="zstd", level=3, signing_key=None, threads=0):
+    """The patch from base to target as bytes (the same bytes `pulse-sync encode` writes, at any
+    `threads`: the parts coded at once, 0 for every core). Tensors that share memory (tied
+    weights) are synced once, under their first name."""
     return _pulse.encode(synced_entries(base)[0], synced_entries(target)[0], base_version, target_version,
-                         _coding(values, indices, compressor, level), _key(signing_key, 64, "signing_key"))
+                         _coding(values, indices, compressor, level, threads), _key(signing_key, 64, "signing_key"))
 
 
-def apply(state, patch, *, public_key=None):
+def apply(state, patch, *, public_key=None, threads=0):
     """Applies a patch to state in place. Transactional: everything is checked before the first
     write and the target digest after it; on any failure PatchError says why in one line and the
     tensors are unchanged. Tensors the patch adds or removes are added to or removed from the dict.
-    Returns the patch's target version."""
-    receiver = Receiver(state)
+    Returns the patch's target version. threads: the parts decoded at once (0: every core)."""
+    receiver = Receiver(state, threads=threads)
     receiver.apply(patch, public_key=public_key)
     return receiver.version
 
@@ -206,7 +217,7 @@ _ELEMENT_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E5M2": 1, "F8
                   "F8_E8M0": 1}  # the dtypes a patch codes sparsely (sync::is_sparse_dtype)
 
 
-def decode(patch, base, *, metadata=None, public_key=None, framework=None):
+def decode(patch, base, *, metadata=None, public_key=None, framework=None, threads=0):
     """The changes a patch makes to `base`, decoded without writing anything, as a Decoded: per
     tensor it changes, the flat indices (int64) and new values, to scatter into tensors pulse
     does not hold (GPU parameters: `p.view(-1).index_copy_(0, c.indices.cuda(), c.values.cuda())`,
@@ -228,18 +239,18 @@ def decode(patch, base, *, metadata=None, public_key=None, framework=None):
         aliases, like = {}, {}
         framework = framework or ("torch" if _state_torch() else "numpy")
         try:  # the state pulse-sync's patches cover: metadata and a folder's files included
-            r = _pulse.decode(items, meta if metadata is None else metadata, patch, key)
+            r = _pulse.decode(items, meta if metadata is None else metadata, patch, key, _threads(threads))
         except PatchError as whole_state:
             tensors = [e for e in items if not e[0].startswith(FILE_PREFIX)]
             try:  # the tensors alone, as pulse.Sender's patches cover them
-                r = _pulse.decode(tensors, metadata or {}, patch, key)
+                r = _pulse.decode(tensors, metadata or {}, patch, key, _threads(threads))
             except PatchError:
                 raise whole_state from None
     else:
         flat, aliases = synced_entries(base)
         like = {name: (v.data if isinstance(v, Tensor) else v) for name, v in base.items()}
         framework = framework or framework_of(base)
-        r = _pulse.decode(flat, metadata or {}, patch, key)
+        r = _pulse.decode(flat, metadata or {}, patch, key, _threads(threads))
     changes, whole, added, files = {}, {}, {}, {}
     for name, dtype, shape, indices, data in r["changes"]:
         indices = indices.view(np.int64)
@@ -462,9 +473,9 @@ class Sender:
     once, under the first name in the dict; `aliases` names the others ({alias: name synced})."""
 
     def __init__(self, state, *, version=0, values="keydiff", indices=None, compressor="zstd", level=3,
-                 signing_key=None, copy=True):
+                 signing_key=None, copy=True, threads=0):
         self.state = state
-        self._coding = _coding(values, indices, compressor, level)
+        self._coding = _coding(values, indices, compressor, level, threads)
         self._key = _key(signing_key, 64, "signing_key")
         flat, self.aliases = synced_entries(state)
         self._sender = _pulse.Sender(flat, version, bool(copy))
@@ -494,11 +505,11 @@ class Receiver:
     once, under the first name in the dict, and written through their shared memory; `aliases`
     names the others ({alias: name received})."""
 
-    def __init__(self, state, *, version=0, public_key=None):
+    def __init__(self, state, *, version=0, public_key=None, threads=0):
         self.state = state
         self._key = _key(public_key, 32, "public_key")
         flat, self.aliases = synced_entries(state)
-        self._receiver = _pulse.Receiver(flat, version)
+        self._receiver = _pulse.Receiver(flat, version, _threads(threads))
 
     @property
     def version(self):

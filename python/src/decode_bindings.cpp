@@ -39,7 +39,7 @@ struct Decoded {
 };
 
 py::dict decode(const py::list& base, const std::map<std::string, std::string>& metadata,
-                const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key) {
+                const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key, unsigned threads) {
   std::optional<PublicKey> key;
   if (public_key) {
     const std::string s = *public_key;
@@ -58,8 +58,8 @@ py::dict decode(const py::list& base, const std::map<std::string, std::string>& 
     limits.max_patch_bytes = patch_bytes_limit(s.refs);
     p = parse_patch(static_cast<const std::uint8_t*>(patch_info.ptr), std::size_t(patch_info.size * patch_info.itemsize),
                     limits, key ? &*key : nullptr);
-    PatchDecoder decoder(p, s.refs, /*hash_targets=*/true);
-    const StateDigests before = compute_digests(s.refs, metadata);
+    PatchDecoder decoder(p, s.refs, /*hash_targets=*/true, nullptr, threads);
+    const StateDigests before = compute_digests(s.refs, metadata, threads);
     decoder.check_base(before.state);
     std::vector<TensorRef> target_refs;
     std::vector<Digest> after;
@@ -115,7 +115,8 @@ py::dict decode(const py::list& base, const std::map<std::string, std::string>& 
 }  // namespace
 
 void bind_decode(py::module_& m) {
-  m.def("decode", &decode, py::arg("base"), py::arg("metadata"), py::arg("patch"), py::arg("public_key"));
+  m.def("decode", &decode, py::arg("base"), py::arg("metadata"), py::arg("patch"), py::arg("public_key"),
+        py::arg("threads") = 0);
 }
 
 }  // namespace pulse::python

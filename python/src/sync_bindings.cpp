@@ -39,6 +39,7 @@ Key key_from_bytes(const py::bytes& b, const char* what) {
 struct Coding {
   std::string values, indices, compressor;
   int level;
+  unsigned threads = 0;  // parts coded at once; 0: the cores
   EncodeOptions options(std::uint64_t base_version, std::uint64_t target_version, const SecretKey* key) const {
     EncodeOptions o;
     o.values = parse_value_coding(values);
@@ -48,6 +49,7 @@ struct Coding {
     o.base_version = base_version;
     o.target_version = target_version;
     o.signing_key = key;
+    o.threads = threads;
     return o;
   }
 };
@@ -91,43 +93,8 @@ py::dict change_dict(std::uint64_t written, StateChange&& change) {
   return out;
 }
 
-// The digests of a state, its tensors hashed on every core (each tensor by one thread).
-StateDigests digests_on_every_core(const std::vector<TensorRef>& refs) {
-  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t threads = std::max<std::size_t>(1, std::min(cores, refs.size()));
-  // The largest tensors first, each to the thread with the fewest bytes so far.
-  std::vector<std::size_t> order(refs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return refs[a].bytes > refs[b].bytes; });
-  std::vector<std::vector<TensorRef>> groups(threads);
-  std::vector<std::size_t> load(threads, 0);
-  for (const std::size_t i : order) {
-    const std::size_t t = std::size_t(std::min_element(load.begin(), load.end()) - load.begin());
-    groups[t].push_back(refs[i]);
-    load[t] += refs[i].bytes;
-  }
-  std::vector<StateDigests> parts(threads);
-  std::vector<std::exception_ptr> errors(threads);
-  std::vector<std::thread> workers;
-  for (std::size_t t = 1; t < threads; ++t)
-    workers.emplace_back([&, t] {
-      try {
-        parts[t] = compute_digests(groups[t]);
-      } catch (...) {
-        errors[t] = std::current_exception();
-      }
-    });
-  parts[0] = compute_digests(groups[0]);
-  for (auto& w : workers) w.join();
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
-  StateDigests out;
-  std::vector<Digest> in_order;
-  for (const auto& part : parts) out.tensors.insert(part.tensors.begin(), part.tensors.end());
-  for (const auto& t : refs) in_order.push_back(out.tensors.at(t.name));
-  out.state = state_digest(refs, in_order);
-  return out;
-}
+// The digests of a state, hashed on `threads` threads (0: the cores), by ranges of blocks.
+StateDigests digests_on(const std::vector<TensorRef>& refs, unsigned threads) { return compute_digests(refs, {}, threads); }
 
 // The tensors whose digest differs between two digests of a state (or that only one holds), by name.
 std::vector<std::string> changed_tensors(const StateDigests& kept, const StateDigests& now) {
@@ -146,10 +113,10 @@ std::vector<std::string> changed_tensors(const StateDigests& kept, const StateDi
 // is named in a one-line refusal instead of the receiver diverging from the sender.
 class Receiver {
  public:
-  Receiver(const py::list& state, std::uint64_t version) : version_(version) {
+  Receiver(const py::list& state, std::uint64_t version, unsigned threads) : version_(version), threads_(threads) {
     const StateBuffers s = state_buffers(state, false);
     py::gil_scoped_release release;
-    digests_ = digests_on_every_core(s.refs);
+    digests_ = digests_on(s.refs, threads_);
   }
 
   py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key) {
@@ -161,14 +128,14 @@ class Receiver {
     StateChange change;
     try {
       py::gil_scoped_release release;
-      const StateDigests now = digests_on_every_core(s.refs);
+      const StateDigests now = digests_on(s.refs, threads_);
       check_unchanged(now);
       PatchLimits limits;
       limits.max_patch_bytes = patch_bytes_limit(s.refs);
       const ParsedPatch p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
       auto tensors = s.mutables();
       StateDigests after;
-      written = apply_patch(p, tensors, limits, &now, &after, {}, &change);
+      written = apply_patch(p, tensors, limits, &now, &after, {}, &change, nullptr, threads_);
       digests_ = std::move(after);  // by name: still the dict's once Python mirrors a layout change
       version_ = p.header.target_version;
     } catch (const Error& e) {
@@ -192,6 +159,7 @@ class Receiver {
   }
   StateDigests digests_;
   std::uint64_t version_ = 0;
+  unsigned threads_ = 0;  // 0: the cores
 };
 
 // Keeps the previous version's digests, and its bytes: a copy (the caller then writes the next
@@ -203,7 +171,7 @@ class Sender {
     const StateBuffers s = state_buffers(state, false);
     py::gil_scoped_release release;
     if (keep_copy_) remember(s.refs);
-    digests_ = digests_on_every_core(s.refs);
+    digests_ = digests_on(s.refs, 0);
   }
 
   py::bytes patch(const py::list& state, const std::optional<py::list>& previous, const Coding& coding,
@@ -219,7 +187,7 @@ class Sender {
       py::gil_scoped_release release;
       const std::vector<TensorRef> base = keep_copy_ ? previous_refs() : held->refs;
       if (!keep_copy_) {
-        const auto changed = changed_tensors(digests_, digests_on_every_core(base));
+        const auto changed = changed_tensors(digests_, digests_on(base, coding.threads));
         PULSE_CHECK(changed.empty(), "Sender(copy=False): tensor '" + (changed.empty() ? "" : changed.front()) +
                                          "' of version " + std::to_string(version_) +
                                          " was written after it was sent; give each version as new tensors, or "
@@ -383,8 +351,10 @@ py::dict inspect(const py::buffer& patch_buffer) {
 
 void bind_sync(py::module_& m) {
   py::class_<Coding>(m, "Coding")
-      .def(py::init<std::string, std::string, std::string, int>(), py::arg("values"), py::arg("indices"),
-           py::arg("compressor"), py::arg("level"));
+      .def(py::init([](std::string values, std::string indices, std::string compressor, int level, unsigned threads) {
+             return Coding{std::move(values), std::move(indices), std::move(compressor), level, threads};
+           }),
+           py::arg("values"), py::arg("indices"), py::arg("compressor"), py::arg("level"), py::arg("threads") = 0);
 
   m.def("encode", &encode, py::arg("base"), py::arg("target"), py::arg("base_version"), py::arg("target_version"),
         py::arg("coding"), py::arg("signing_key"));
@@ -428,7 +398,8 @@ void bind_sync(py::module_& m) {
   });
 
   py::class_<Receiver>(m, "Receiver")
-      .def(py::init<const py::list&, std::uint64_t>())
+      .def(py::init<const py::list&, std::uint64_t, unsigned>(), py::arg("state"), py::arg("version"),
+           py::arg("threads") = 0)
       .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"))
       .def_property_readonly("version", &Receiver::version);
   py::class_<Sender>(m, "Sender")

@@ -32,10 +32,11 @@ std::vector<MutableTensor> Checkpoint::mutables() {
   return out;
 }
 
-std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint) {
+std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint, unsigned threads) {
   auto tensors = checkpoint.mutables();
   StateChange change;
-  const std::uint64_t written = apply_patch(patch, tensors, {}, nullptr, nullptr, checkpoint.metadata, &change);
+  const std::uint64_t written =
+      apply_patch(patch, tensors, {}, nullptr, nullptr, checkpoint.metadata, &change, nullptr, threads);
   for (const auto& name : change.removed)
     for (std::size_t i = 0; i < checkpoint.layout.size(); ++i)
       if (checkpoint.layout[i].name == name) {

@@ -38,8 +38,9 @@ struct Checkpoint {
 };
 
 // Applies a patch to a whole checkpoint: its tensors' bytes, its layout (added and removed
-// tensors, added ones at the end) and its metadata; transactional as apply_patch.
-std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint);
+// tensors, added ones at the end) and its metadata; transactional as apply_patch, on `threads`
+// threads (0: the cores).
+std::uint64_t apply_to_checkpoint(const ParsedPatch& patch, Checkpoint& checkpoint, unsigned threads = 0);
 
 // A .safetensors file or a model folder; a path ending in ".zst" holds a zstd-compressed
 // safetensors file (relay anchors may be). Each tensor is read into its own buffer: memory

@@ -8,6 +8,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -117,7 +118,8 @@ class WorkQueue {
   }
   // Waits for a task submitted earlier, running queued tasks meanwhile: on a busy machine a
   // worker may not get a core soon, and the caller would otherwise sit idle.
-  void wait(std::future<void>& done) {
+  template <class Future>
+  void wait(Future& done) {
     while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
       std::packaged_task<void()> job;
       {
@@ -201,7 +203,7 @@ bool file_apply_fits(const std::string& base, const std::string& out, const std:
 unsigned default_apply_threads() {
   cpu_set_t cpus;
   const int usable = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  return unsigned(std::clamp(usable, 1, 4));
+  return unsigned(std::max(usable, 1));
 }
 
 namespace {
@@ -362,29 +364,73 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
     }
   };
 
-  std::uint64_t written = 0;
+  // The tasks, in order of entry: copy a tensor (ahead); decode a part once the tensors it lies
+  // in are copied; write an entry (hash the base, write the patched bytes, hash them) on the
+  // thread that decodes the last part it lies in, or, for an entry in no part, once copied.
+  const std::size_t entries = by_name.size(), parts = decoder.parts();
+  std::vector<DecodedEntry> decoded(entries);
+  std::unique_ptr<std::atomic<std::size_t>[]> parts_left(new std::atomic<std::size_t>[entries]);
+  for (std::size_t k = 0; k < entries; ++k) parts_left[k] = 0;
+  std::vector<std::vector<std::size_t>> part_entries(parts);
+  std::vector<char> in_parts(entries, 0);
+  for (std::size_t p = 0; p < parts; ++p) {
+    part_entries[p] = decoder.part_entries(p);
+    for (std::size_t k : part_entries[p]) ++parts_left[k], in_parts[k] = 1;
+  }
+  std::atomic<std::uint64_t> written{0};
+  auto write_entry = [&](std::size_t k) {
+    DecodedEntry e = std::move(decoded[k]);  // its changes are freed once written
+    written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
+    hash_base_and_write(e);
+  };
   {
     WorkQueue queue(threads - 1);
-    std::deque<std::future<void>> copying, writes;
-    std::size_t next_copy = 0;
+    std::vector<std::shared_future<void>> copies_done(entries);
+    std::deque<std::future<void>> tasks;
+    auto copied_entry = [&](std::size_t k) {
+      std::shared_future<void> done = copies_done[k];
+      queue.wait(done);
+    };
+    std::size_t next_copy = 0, started = 0, next_part = 0;  // started: entries in parts set up below it
+    auto copy_until = [&](std::size_t last) {
+      for (; next_copy < entries && next_copy <= last; ++next_copy)
+        copies_done[next_copy] = queue.submit([&copy, t = by_name[next_copy]] { copy(t); }).share();
+    };
     try {
-      for (std::size_t k = 0; k < by_name.size(); ++k) {
-        for (; next_copy < by_name.size() && next_copy <= k + threads; ++next_copy)
-          copying.push_back(queue.submit([&copy, t = by_name[next_copy]] { copy(t); }));
-        queue.wait(copying.front());  // by_name[k] is copied
-        copying.pop_front();
-        DecodedEntry e = decoder.next();
-        written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
-        writes.push_back(queue.submit([&hash_base_and_write, e = std::move(e)] { hash_base_and_write(e); }));
-        // Bounds the decoded changes held: those of the tensors being written.
-        for (; writes.size() > threads; writes.pop_front()) queue.wait(writes.front());
+      for (std::size_t k = 0; k < entries; ++k) {
+        copy_until(k + threads);
+        if (!in_parts[k]) {
+          decoded[k] = decoder.start(k);
+          tasks.push_back(queue.submit([&, k] {
+            copied_entry(k);
+            write_entry(k);
+          }));
+        }
+        for (; next_part < parts && part_entries[next_part].front() == k; ++next_part) {
+          const std::vector<std::size_t>& in = part_entries[next_part];
+          copy_until(in.back() + threads);
+          for (std::size_t j : in)
+            if (j >= started) decoded[j] = decoder.start(j), started = j + 1;
+          tasks.push_back(queue.submit([&, p = next_part] {
+            for (std::size_t j : part_entries[p]) copied_entry(j);
+            decoder.decode_part(p, decoded);
+            for (std::size_t j : part_entries[p])
+              if (--parts_left[j] == 0) write_entry(j);
+          }));
+        }
+        // Bounds the decoded changes held: those of the parts and entries in flight.
+        for (; tasks.size() > 2 * std::size_t(threads); tasks.pop_front()) queue.wait(tasks.front());
       }
+      wait_all(queue, tasks);
       decoder.finish();
-      wait_all(queue, writes);
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
-      wait_all(queue, copying, true);
-      wait_all(queue, writes, true);
+      wait_all(queue, tasks, true);
+      for (auto& done : copies_done)
+        if (done.valid()) try {
+            queue.wait(done);
+          } catch (...) {
+          }
       // A corrupt patch, or a base that is not the patch's: the base's digest tells which.
       bool base_known = true;
       try {

@@ -1,17 +1,17 @@
 #pragma once
 // Applying a patch from one .safetensors file to another without loading the model, tensor by
-// tensor in a pipeline: each tensor's bytes are copied from the base into the output's
-// temporary file (copy_file_range, in the kernel); the patch's entry for it is decoded against
-// that copy (mapped read-only); its patched bytes are written back in chunks, hashed (base and
-// target) in the pass that builds them, and their writeback to disk is started at once; a
-// thread flushes the finished parts behind the writers (core/flush_behind.hpp), so the disk
-// works while later tensors are decoded; the file is renamed over the output once the base and
-// target digests verify. Copying ahead and hashing and writing behind run on worker threads;
-// decoding runs in order on the calling thread (the patch's streams are sequential). Memory
-// holds the patch, the decoded changes of the tensors in flight and a chunk buffer per thread,
-// not the model (each tensor's mapped pages are released once it is written); the output keeps
-// the base's header bytes (tensor order, padding) exactly. A model folder's shards go through
-// the same pipeline at once (apply_folder, below).
+// tensor in a pipeline on `threads` threads: each tensor's bytes are copied from the base into
+// the output's temporary file (copy_file_range, in the kernel); the patch's parts are decoded
+// against that copy (mapped read-only), each on a thread, as soon as the tensors they lie in are
+// copied; the thread that decodes the last part of a tensor writes its patched bytes back in
+// chunks, hashed (base and target) in the pass that builds them, and starts their writeback to
+// disk at once; a thread flushes the finished parts behind the writers (core/flush_behind.hpp),
+// so the disk works while later parts are decoded; the file is renamed over the output once the
+// base and target digests verify. Memory holds the patch, the decoded changes of the tensors in
+// flight (those of at most 2 x threads parts) and a chunk buffer per thread, not the model (each
+// tensor's mapped pages are released once it is written); the output keeps the base's header
+// bytes (tensor order, padding) exactly. A model folder's shards go through the same pipeline
+// at once (apply_folder, below). The output's bytes do not depend on the thread count.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,8 +28,7 @@ namespace pulse::sync {
 bool file_apply_fits(const std::string& base, const std::string& out, const std::vector<TensorRef>& base_layout,
                      const ParsedPatch& patch);
 
-// The default thread count of apply_file: the cores this process may use, at most 4 (the
-// decoder is one thread; more than three helpers find nothing left to do).
+// The default thread count of apply_file: the cores this process may use.
 unsigned default_apply_threads();
 
 // Applies patch to the file base, writing out atomically: on any failure (a corrupt patch, a

@@ -9,6 +9,7 @@
 // sparse changes in place, their old values kept), verifies the target state digest, and on any
 // failure writes the old values back.
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -194,15 +195,17 @@ struct StateDigests {
 // Hashed on `threads` threads (0: the machine's cores).
 StateDigests compute_digests(const std::vector<TensorRef>& state, const Metadata& metadata = {}, unsigned threads = 0);
 
-// Reads the bytes of a tensor that is not in memory (TensorRef::data null, bytes > 0), given
-// its index in its state, into a buffer the loader owns; they stay valid until its next call.
-using TensorLoader = std::function<const std::byte*(std::size_t index)>;
+// Reads bytes [offset, offset + bytes) of a tensor that is not in memory (TensorRef::data
+// null, bytes > 0), given its index in its state, into out. Called from several threads at once.
+using TensorLoader = std::function<void(std::size_t index, std::uint64_t offset, std::size_t bytes, std::byte* out)>;
 
 // Any two states: tensors present in both with equal dtype and shape are coded against the
 // base; the others are removed or added (carried whole); a changed metadata travels whole.
 // With base_digests the base is not hashed again; target_digests, when given, receives the
-// target's. A state whose tensors are not in memory comes with its loader: encode then holds
-// one tensor of each state at a time (sync/streamed_state.hpp), and the patch.
+// target's. A state whose tensors are not in memory comes with its loader: encode then holds,
+// per thread, one segment of each state (options.part_elements elements at most: 32 MiB of BF16
+// by default) or an 8 MiB piece of a tensor not coded sparsely, and the patch
+// (sync/streamed_state.hpp). The parts are coded on options.threads threads in any case.
 std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target,
                                        const EncodeOptions& options, const StateDigests* base_digests = nullptr,
                                        StateDigests* target_digests = nullptr, const Metadata& base_metadata = {},
@@ -333,7 +336,18 @@ class PatchDecoder {
   // next_in_place does; each entry's digest is `known` (the base tensor's digest, by receiver
   // tensor) updated over the blocks it touches. On an exception nothing stays written.
   std::vector<DecodedEntry> decode_all_in_place(std::vector<MutableTensor>& state, const std::vector<Digest>& known);
-  // Throws unless every entry was decoded and the streams hold no other bytes.
+  // Part by part, for receivers that decode parts on threads of their own and write each entry
+  // once all the parts it lies in are decoded (sync/file_apply.cpp). A part's segments lie in
+  // the entries part_entries(p) (increasing); start(k) sets up entry k (once, before a part
+  // decodes into it); decode_part(p, entries) decodes part p into entries[k] for each of its
+  // entries k (entries: one per entry, indexed by entry). Distinct parts may be decoded at once,
+  // each exactly once; decode_part reads the base's bytes of the part's tensors and writes none.
+  std::size_t parts() const { return parts_.size(); }
+  std::vector<std::size_t> part_entries(std::size_t p) const;
+  DecodedEntry start(std::size_t k) const { return start_entry(k); }
+  void decode_part(std::size_t p, std::vector<DecodedEntry>& entries);
+  // Throws unless every entry (or, with decode_part, every part) was decoded and the streams
+  // hold no other bytes.
   void finish() const;
   // Throw the receiver's errors for a base state or target state digest that is not the patch's.
   void check_base(const Digest& base_state) const;
@@ -351,9 +365,11 @@ class PatchDecoder {
     std::size_t entry, part;
     std::uint64_t begin, elements, count, first_change;
   };
-  DecodedEntry start_entry(std::size_t k);
+  DecodedEntry start_entry(std::size_t k) const;
   // Decodes a segment's changes into the entry's lists, against the base's bytes.
   void decode_segment(const Segment& s, DecodedEntry& w);
+  std::vector<std::size_t> part_first_;  // per part: its first segment (parts + 1)
+  std::atomic<std::size_t> parts_decoded_{0};
   const ParsedPatch& patch_;
   const std::vector<TensorRef>& base_;
   std::vector<TensorLayout> base_layout_;

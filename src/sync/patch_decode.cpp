@@ -196,6 +196,9 @@ PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef
     index_raw_[p] = decompress(h.compressor, patch.index_stream + index_at[p], pp.index.coded, pp.index.raw);
     value_raw_[p] = decompress(h.compressor, patch.value_stream + value_at[p], pp.value.coded, pp.value.raw);
   });
+  part_first_.assign(patch.parts.size() + 1, segments_.size());
+  for (std::size_t s = segments_.size(); s-- > 0;) part_first_[segments_[s].part] = s;
+  for (std::size_t p = patch.parts.size(); p-- > 0;) part_first_[p] = std::min(part_first_[p], part_first_[p + 1]);
   parts_.reserve(patch.parts.size());
   for (std::size_t p = 0; p < patch.parts.size(); ++p) {
     std::uint64_t changes = 0;
@@ -206,7 +209,7 @@ PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef
 
 PatchDecoder::~PatchDecoder() = default;
 
-DecodedEntry PatchDecoder::start_entry(std::size_t k) {
+DecodedEntry PatchDecoder::start_entry(std::size_t k) const {
   const PatchEntry& e = patch_.entries[k];
   const Target& target = targets_[k];
   DecodedEntry w;
@@ -304,9 +307,7 @@ std::vector<DecodedEntry> PatchDecoder::decode_all_in_place(std::vector<MutableT
   // in, add the new blocks' sums. Parts touch distinct blocks (segments start on block bounds).
   std::vector<BlockDigest> old_sums(segments_.size()), new_sums(segments_.size());
   std::vector<char> swapped(segments_.size(), 0);
-  std::vector<std::size_t> part_first(parts_.size() + 1, segments_.size());
-  for (std::size_t s = segments_.size(); s-- > 0;) part_first[segments_[s].part] = s;
-  for (std::size_t p = parts_.size(); p-- > 0;) part_first[p] = std::min(part_first[p], part_first[p + 1]);
+  const std::vector<std::size_t>& part_first = part_first_;
   try {
     parallel_for(threads_, parts_.size(), [&](std::size_t p) {
       for (std::size_t s = part_first[p]; s < part_first[p + 1]; ++s) {
@@ -352,8 +353,22 @@ std::vector<DecodedEntry> PatchDecoder::decode_all_in_place(std::vector<MutableT
   return plan;
 }
 
+std::vector<std::size_t> PatchDecoder::part_entries(std::size_t p) const {
+  std::vector<std::size_t> out;
+  for (std::size_t s = part_first_[p]; s < part_first_[p + 1]; ++s)
+    if (out.empty() || out.back() != segments_[s].entry) out.push_back(segments_[s].entry);
+  return out;
+}
+
+void PatchDecoder::decode_part(std::size_t p, std::vector<DecodedEntry>& entries) {
+  PULSE_CHECK(next_ == 0 && !decoded_all_, "PatchDecoder::decode_part after next()");
+  for (std::size_t s = part_first_[p]; s < part_first_[p + 1]; ++s) decode_segment(segments_[s], entries[segments_[s].entry]);
+  parts_decoded_.fetch_add(1);
+}
+
 void PatchDecoder::finish() const {
-  PULSE_CHECK(next_ == targets_.size(), "PatchDecoder::finish before the last entry");
+  PULSE_CHECK(next_ == targets_.size() || (next_ == 0 && parts_decoded_.load() == parts_.size()),
+              "PatchDecoder::finish before the last entry");
   for (const PartDecoder& p : parts_) p.check_consumed();
 }
 

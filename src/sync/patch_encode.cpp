@@ -166,33 +166,40 @@ std::vector<std::vector<ScannedSegment>> code_parts(const std::vector<Range>& ra
   return scanned;
 }
 
-// A tensor's bytes: in memory, or read by the state's loader.
-const std::byte* bytes_of(const std::vector<TensorRef>& state, const TensorRef& t, const TensorLoader& loader) {
-  if (t.data || t.bytes == 0) return t.data;
-  PULSE_CHECK(loader, "internal: tensor '" + t.name + "' is not in memory and its state has no loader");
-  return loader(std::size_t(&t - state.data()));
-}
-
-// A state's tensors by index, through its loader when not in memory; the loader is asked again
-// only for another tensor (callers go through the tensors in order).
-class TensorBytes {
+// A state's tensors: in memory, or read in pieces by its loader (from any thread).
+class StateBytes {
  public:
-  TensorBytes(const std::vector<TensorRef>& state, const TensorLoader& loader) : state_(state), loader_(loader) {}
-  const std::byte* operator()(const TensorRef& t) {
-    if (t.data || t.bytes == 0) return t.data;
-    if (&t != last_) {
-      last_data_ = bytes_of(state_, t, loader_);
-      last_ = &t;
-    }
-    return last_data_;
+  StateBytes(const std::vector<TensorRef>& state, const TensorLoader& loader) : state_(state), loader_(loader) {}
+  // Bytes [offset, offset + bytes) of t: in place, or read into buffer.
+  const std::byte* piece(const TensorRef& t, std::uint64_t offset, std::size_t bytes,
+                         std::vector<std::byte>& buffer) const {
+    if (t.data || t.bytes == 0) return t.data + offset;
+    PULSE_CHECK(loader_, "internal: tensor '" + t.name + "' is not in memory and its state has no loader");
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    loader_(std::size_t(&t - state_.data()), offset, bytes, buffer.data());
+    return buffer.data();
   }
+  // The tensor's digest: hashed in place on the threads, or piece by piece.
+  Digest digest(const TensorRef& t, unsigned threads) const {
+    if (t.data || t.bytes == 0) return tensor_digest(t, threads);
+    std::vector<std::byte> buffer;
+    BlockDigest sum;
+    for (std::uint64_t at = 0; at < t.bytes; at += kPieceBytes) {
+      const std::size_t n = std::size_t(std::min<std::uint64_t>(kPieceBytes, t.bytes - at));
+      sum.add(piece(t, at, n, buffer), n, at);
+    }
+    return sum.digest();
+  }
+  // A tensor not in memory is read this much at a time where it is not coded in segments.
+  static constexpr std::size_t kPieceBytes = std::size_t(8) << 20;
 
  private:
   const std::vector<TensorRef>& state_;
   const TensorLoader& loader_;
-  const TensorRef* last_ = nullptr;
-  const std::byte* last_data_ = nullptr;
 };
+
+// Each thread's buffers for the segments of a state not in memory (a segment of each state).
+thread_local std::vector<std::byte> base_segment, target_segment;
 
 // Fills the sparse entries' counts (and gap-fixed widths) from the parts' segments.
 void count_entries(const std::vector<std::size_t>& entry_of_range, const std::vector<std::vector<SegmentPlan>>& plan,
@@ -216,8 +223,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   const auto base_by_name = by_name(base, "base"), target_by_name = by_name(target, "target");
   check_sizes(base);
   check_sizes(target);
-  // A state read through a loader holds one tensor at a time: one thread, in order.
-  const unsigned threads = base_loader || target_loader ? 1 : resolve_threads(options.threads);
+  const unsigned threads = resolve_threads(options.threads);
   // The layout change: base tensors the target lacks or re-declares, target tensors the base
   // lacks or declares otherwise.
   PatchContent c;
@@ -238,7 +244,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   std::vector<Range> ranges;
   std::vector<std::size_t> entry_of_range;
   std::vector<std::pair<const TensorRef*, const TensorRef*>> range_tensors;  // base, target
-  TensorBytes base_bytes(base, base_loader), target_bytes(target, target_loader);
+  const StateBytes base_bytes(base, base_loader), target_bytes(target, target_loader);
   for (const auto& [name, tp] : target_by_name) {
     const TensorRef& t = *tp;
     const auto it = base_by_name.find(name);
@@ -254,18 +260,24 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
       entry_of_range.push_back(c.entries.size());
       range_tensors.push_back({b, &t});
     } else {
-      const std::byte* target_data = target_bytes(t);
-      if (b) {
-        const std::byte* base_data = base_bytes(*b);
-        base_digest_of[name] = base_digests ? known_digest(*base_digests, name)
-                                            : tensor_digest({b->name, b->dtype, b->shape, base_data, b->bytes}, threads);
-        if (std::memcmp(base_data, target_data, t.bytes) != 0) e.kind = EntryKind::whole;
-      } else {
-        e.kind = EntryKind::whole;
+      // Carried whole unless equal to the base: compared (and kept) piece by piece.
+      if (b && !base_digests) base_digest_of[name] = base_bytes.digest(*b, threads);
+      if (b && base_digests) base_digest_of[name] = known_digest(*base_digests, name);
+      target_digest_of[name] = target_bytes.digest(t, threads);
+      const std::size_t kept = c.whole_stream.size();
+      const bool in_memory = t.data || t.bytes == 0;
+      bool differs = !b;
+      std::vector<std::byte> base_piece, target_piece;
+      for (std::uint64_t at = 0; at < t.bytes && !(differs && in_memory); at += StateBytes::kPieceBytes) {
+        const std::size_t n = std::size_t(std::min<std::uint64_t>(StateBytes::kPieceBytes, t.bytes - at));
+        const auto* p = reinterpret_cast<const std::uint8_t*>(target_bytes.piece(t, at, n, target_piece));
+        differs = differs || std::memcmp(base_bytes.piece(*b, at, n, base_piece), p, n) != 0;
+        if (!in_memory) c.whole_stream.insert(c.whole_stream.end(), p, p + n);  // kept if it differs
       }
-      target_digest_of[name] = tensor_digest({t.name, t.dtype, t.shape, target_data, t.bytes}, threads);
-      if (e.kind == EntryKind::whole) {
-        const auto* p = reinterpret_cast<const std::uint8_t*>(target_data);
+      if (differs) e.kind = EntryKind::whole;
+      if (!differs) c.whole_stream.resize(kept);
+      if (differs && in_memory) {
+        const auto* p = reinterpret_cast<const std::uint8_t*>(t.data);
         c.whole_stream.insert(c.whole_stream.end(), p, p + t.bytes);
       }
     }
@@ -279,8 +291,10 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   const Scan scan = [&](const SegmentPlan& seg, ScannedSegment& out) {
     const auto [b, t] = range_tensors[seg.range];
     const unsigned w = ranges[seg.range].format.bytes;
-    scan_changes(ranges[seg.range].format, base_bytes(*b) + w * seg.begin, target_bytes(*t) + w * seg.begin,
-                 seg.elements, w * seg.begin, !base_digests, rank, out);
+    const std::size_t n = w * seg.elements;
+    scan_changes(ranges[seg.range].format, base_bytes.piece(*b, w * seg.begin, n, base_segment),
+                 target_bytes.piece(*t, w * seg.begin, n, target_segment), seg.elements, w * seg.begin, !base_digests,
+                 rank, out);
   };
   std::vector<unsigned> widths;
   const auto scanned = code_parts(ranges, plan, options, scan, threads, c.parts, widths);
@@ -302,9 +316,7 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
     std::vector<Digest> in_base_order;
     for (const auto& t : base) {
       const auto it = base_digest_of.find(t.name);
-      in_base_order.push_back(it != base_digest_of.end()
-                                  ? it->second
-                                  : tensor_digest({t.name, t.dtype, t.shape, base_bytes(t), t.bytes}, threads));
+      in_base_order.push_back(it != base_digest_of.end() ? it->second : base_bytes.digest(t, threads));
     }
     c.base_state = state_digest(base, in_base_order, base_metadata);
   }
@@ -317,6 +329,8 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   }
   c.base_layout = layout_digest(base);
   if (base_metadata != target_metadata) c.target_metadata = &target_metadata;
+  std::vector<std::byte>().swap(base_segment);  // the other threads' went with them
+  std::vector<std::byte>().swap(target_segment);
   return write_patch(options, c);
 }
 

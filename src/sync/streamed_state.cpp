@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "sync/sparse_format.hpp"
 
 namespace pulse::sync {
 
@@ -109,8 +110,12 @@ Digest StreamedState::digest(std::size_t i) const {
 }
 
 TensorLoader StreamedState::loader() const {
-  auto buffer = std::make_shared<ByteBuffer>();
-  return [this, buffer](std::size_t i) { return read(i, *buffer); };
+  return [this](std::size_t i, std::uint64_t offset, std::size_t bytes, std::byte* out) {
+    PULSE_CHECK(offset <= tensors()[i].bytes && bytes <= tensors()[i].bytes - offset,
+                "internal: a piece beyond tensor '" + tensors()[i].name + "'");
+    if (tensors()[i].data) std::memcpy(out, tensors()[i].data + offset, bytes);
+    else read_range(i, offset, bytes, out);
+  };
 }
 
 std::uint64_t StreamedState::largest_tensor_bytes() const {
@@ -119,14 +124,25 @@ std::uint64_t StreamedState::largest_tensor_bytes() const {
   return largest;
 }
 
-void throw_out_of_memory(const std::string& command, std::uint64_t largest_tensor_bytes, unsigned copies) {
+void throw_out_of_memory(const std::string& command, std::uint64_t unit_bytes, unsigned copies, const std::string& unit) {
   char text[512];
   std::snprintf(text, sizeof text,
-                "%s: out of memory: it needs about %.2f GiB at once (%u x the largest tensor, %.2f GiB) plus the "
+                "%s: out of memory: it needs about %.2f GiB at once (%u x %s, %.2f GiB) plus the "
                 "patch; free that much memory (or raise ulimit -v)",
-                command.c_str(), double(copies) * double(largest_tensor_bytes) / double(1ull << 30), copies,
-                double(largest_tensor_bytes) / double(1ull << 30));
+                command.c_str(), double(copies) * double(unit_bytes) / double(1ull << 30), copies, unit.c_str(),
+                double(unit_bytes) / double(1ull << 30));
   throw Error(text);
+}
+
+std::uint64_t encode_unit_bytes(const std::vector<TensorRef>& state, const EncodeOptions& options) {
+  std::uint64_t unit = 0;
+  for (const TensorRef& t : state) {
+    const auto format = sparse_format(t.dtype);
+    const std::uint64_t most = format ? patch_segment_elements(options, format->bytes) * format->bytes
+                                      : std::uint64_t(StreamedState::kPieceBytes);
+    unit = std::max(unit, std::min<std::uint64_t>(t.bytes, most));
+  }
+  return unit;
 }
 
 }  // namespace pulse::sync

@@ -1,9 +1,8 @@
 #pragma once
 // A model state (a .safetensors file or a model folder, in flat form: sync/model_folder.hpp)
 // whose shard tensors are read from their files one at a time, when asked, never all at once:
-// pulse-sync's encode holds a tensor of each state and the patch, diff and verify 8 MiB pieces,
-// not the model. Only
-// the headers and the folder's other files (config, tokenizer, index) are read at open.
+// pulse-sync's encode holds a segment of each state per thread and the patch, diff and verify
+// 8 MiB pieces per thread, not the model. Only the headers and the folder's other files (config, tokenizer, index) are read at open.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,7 +48,7 @@ class StreamedState {
   Digest digest(std::size_t i) const;
   // What read_piece's callers read at a time: 8 MiB, a multiple of every element width.
   static constexpr std::size_t kPieceBytes = std::size_t(8) << 20;
-  // A loader for encode_patch that reads into its own buffer.
+  // A loader for encode_patch (pread: any thread, any piece).
   TensorLoader loader() const;
   // The largest tensor, in bytes (what a streamed command holds of a state at once).
   std::uint64_t largest_tensor_bytes() const;
@@ -67,8 +66,14 @@ class StreamedState {
   std::vector<int> fds_;         // one per shard
 };
 
-// When a streamed command cannot get the memory it needs: one line saying how much (need, the
-// largest tensor `copies` times plus the patch) and the way out.
-[[noreturn]] void throw_out_of_memory(const std::string& command, std::uint64_t largest_tensor_bytes, unsigned copies);
+// When a streamed command cannot get the memory it needs: one line saying how much (need, `unit`
+// bytes `copies` times plus the patch; unit: "the largest tensor", or what it names) and the way out.
+[[noreturn]] void throw_out_of_memory(const std::string& command, std::uint64_t unit_bytes, unsigned copies,
+                                      const std::string& unit = "the largest tensor");
+// What encode_patch holds of streamed states per thread: the larger of a segment
+// (options.part_elements elements, of the widest sparse dtype it meets) and a piece of a tensor
+// not coded sparsely, or the tensor itself when smaller. It holds two of them (one of each
+// state) per thread.
+std::uint64_t encode_unit_bytes(const std::vector<TensorRef>& state, const EncodeOptions& options);
 
 }  // namespace pulse::sync

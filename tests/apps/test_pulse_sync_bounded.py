@@ -160,8 +160,10 @@ def main():
         relay_checks(app, p, snapshot, check_peak, target_digest)
 
         # Under `ulimit -v`: V, the least address space in which verify runs (the process and its
-        # libraries, found by bisection), and encode in V + 3 x the largest tensor + 4 x the patch
-        # works; in V + 1 x the largest it cannot hold two tensors and says so in one line.
+        # libraries, found by bisection), and encode on one thread in V + 3 x the largest tensor
+        # + 4 x the patch works; in V + 1 x the largest it cannot hold two segments (a 2^24-element
+        # segment of each state: the largest tensor here is 2 segments) and says so in one line.
+        # (On more threads each holds its own segments, and its malloc arena takes address space.)
         low, high = 8 * MiB, 2048 * MiB
         while high - low > 4 * MiB:
             mid = (low + high) // 2
@@ -171,10 +173,10 @@ def main():
                 low = mid
         patch_bytes = os.path.getsize(p("keydiff-folder.pulse"))
         print(f"verify runs in {high / MiB:.0f} MiB of address space", flush=True)
-        rc, out, err, _ = run(app, "encode", "--base", p("a"), "--target", p("b"), "-o", p("limited.pulse"),
+        rc, out, err, _ = run(app, "encode", "--threads", "1", "--base", p("a"), "--target", p("b"), "-o", p("limited.pulse"),
                               address_space=high + 3 * largest + 4 * patch_bytes)
         expect(rc == 0, f"encode in {(high + 3 * largest + 4 * patch_bytes) / MiB:.0f} MiB of address space: {err}")
-        rc, out, err, _ = run(app, "encode", "--base", p("a"), "--target", p("b"), "-o", p("oom.pulse"),
+        rc, out, err, _ = run(app, "encode", "--threads", "1", "--base", p("a"), "--target", p("b"), "-o", p("oom.pulse"),
                               address_space=high + largest)
         lines = err.strip().splitlines()
         expect(rc != 0 and len(lines) == 1 and "out of memory" in err and "GiB" in err,

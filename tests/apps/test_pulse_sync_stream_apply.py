@@ -2,7 +2,7 @@
 into the output tensor by tensor and patched there, sync/file_apply.hpp): the output is
 byte-identical to the load-whole path's (--no-stream) for keydiff and expclass patches, on one
 thread or several (--threads), in place too; it keeps the base's header bytes; and a corrupt
-patch, a wrong base, a truncated base, a failing write or --threads 0 leave no output, an
+patch, a wrong base, a truncated base, a failing write or --threads -1 leave no output, an
 existing output untouched and no temporary file (tests/test_stream_apply.cpp: mid-stream).
     test_pulse_sync_stream_apply.py --app build/apps/pulse-sync
 """
@@ -148,8 +148,12 @@ def main():
             leftovers = [f for f in os.listdir(d) if ".tmp." in f]
             expect(not leftovers, f"{what}: temporary files left: {leftovers}")
 
-        r = run(app, "apply", "--threads", 0, "--base", p("base.safetensors"), "--patch", p("keydiff.pulse"), "-o", p("absent.safetensors"))
-        expect(one_line_error(r) and not os.path.exists(p("absent.safetensors")), f"--threads 0 must be refused: {r.stderr}")
+        r = run(app, "apply", "--threads", -1, "--base", p("base.safetensors"), "--patch", p("keydiff.pulse"), "-o", p("absent.safetensors"))
+        expect(one_line_error(r) and not os.path.exists(p("absent.safetensors")), f"--threads -1 must be refused: {r.stderr}")
+        # --threads 0: the cores, the same output as one thread.
+        r = run(app, "apply", "--threads", 0, "--base", p("base.safetensors"), "--patch", p("keydiff.pulse"), "-o", p("t0.safetensors"))
+        expect(r.returncode == 0 and read_bytes(p("t0.safetensors")) == read_bytes(p("t1-keydiff.safetensors")),
+               f"--threads 0 (the cores): {r.stderr}")
 
         # Patches that change the layout or the metadata take the load-whole path and still apply.
         grown = target + [("added", "F32", np.array([5.0], np.float32))]

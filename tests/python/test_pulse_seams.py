@@ -324,6 +324,40 @@ def test_sender_without_copy_new_tensors_each_version(values):
     assert "\n" not in str(e.value) and sender.version == 5
 
 
+@pytest.mark.parametrize("values", ["keydiff", "expclass"])
+def test_threads_give_the_same_bytes_and_states(values):
+    """threads=1, 2, 3: the same patch bytes (encode and Sender), the same applied state (apply and
+    Receiver) and the same decoded changes; a tensor of 41M elements is 3 parts of 2^24."""
+    g = torch.Generator().manual_seed(30)
+    base = {"big": (torch.randn(5000, 8192, generator=g) * 0.02).bfloat16(), "small": torch.randn(100, generator=g),
+            "step": torch.arange(4)}
+    target = clone(base)
+    b = target["big"].view(-1).view(torch.int16)
+    hit = torch.rand(b.numel(), generator=g) < 0.01
+    b[hit] += 1
+    target["small"][3] += 1.0
+    target["step"][0] = 7
+    patches = [pulse.encode(base, target, base_version=0, target_version=1, values=values, threads=n) for n in (1, 2, 3)]
+    assert patches[0] == patches[1] == patches[2]
+    sent = [pulse.Sender(clone(base), values=values, threads=n).patch(clone(target)) for n in (1, 2, 3)]
+    assert sent[0] == sent[1] == sent[2]
+    for n in (1, 2, 3):
+        state = clone(base)
+        assert pulse.apply(state, patches[0], threads=n) == 1
+        assert all(np.array_equal(bits(state[k]), bits(target[k])) for k in target)
+        state = clone(base)
+        pulse.Receiver(state, threads=n).apply(sent[0])
+        assert all(np.array_equal(bits(state[k]), bits(target[k])) for k in target)
+    one, two = pulse.decode(patches[0], base, threads=1), pulse.decode(patches[0], base, threads=2)
+    assert sorted(one.changes) == sorted(two.changes) == ["big", "small"]
+    for name in one.changes:
+        assert np.array_equal(bits(one.changes[name].indices), bits(two.changes[name].indices))
+        assert np.array_equal(bits(one.changes[name].values), bits(two.changes[name].values))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(pulse.Error):
+            pulse.encode(base, target, base_version=0, target_version=1, threads=bad)
+
+
 def test_sender_receiver_peak_memory_at_most_twice_the_model():
     """Sender: the state and one copy of the version sent (2x the model), or the version sent and
     the new one (copy=False), plus the interpreter; Receiver and decode: the state (1x).
