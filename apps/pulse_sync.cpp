@@ -7,7 +7,7 @@
 //   pulse-sync verify FILE [--digest D] [--json] print or check the state digest
 //   pulse-sync inspect P [--json]               header and entries of a patch
 //   pulse-sync keygen --public K.pub --secret K.sec [--force]
-//   pulse-sync publish --relay DIR --version V FILE [--previous PREV] [--sign K.sec]
+//   pulse-sync publish --relay DIR --version V FILE [--previous PREV] [--sign K.sec] [--threads N]
 //   pulse-sync pull --relay DIR -o OUT [--have FILE --have-version V] [--min-version V] [--public-key K.pub] [--threads N]
 // Every A, B, FILE, OUT may be a model folder (src/sync/FORMAT.md, "Model folders"); a folder is
 // written whole next to the old one and swapped in, so a failure leaves the old folder as it was.
@@ -477,7 +477,7 @@ struct RelayArgs {
   std::string relay, file, previous, out, have, sign, public_key;
   std::uint64_t version = 0, have_version = 0, min_version = 0, anchor_every = 10, keep_anchors = 2;
   bool compress_anchors = false, replace = false;
-  unsigned threads = default_apply_threads();
+  unsigned threads = 0;  // 0: the cores
 };
 
 int cmd_publish(const RelayArgs& args) {
@@ -486,6 +486,7 @@ int cmd_publish(const RelayArgs& args) {
   opt.anchor_every = args.anchor_every;
   opt.keep_anchors = args.keep_anchors;
   opt.compress_anchors = args.compress_anchors;
+  opt.encode.threads = args.threads;
   SecretKey key;
   opt.encode.signing_key = signing_key(args.sign, key);
   // Streamed: a tensor of each state in memory at a time (and the patch), not the model.
@@ -497,8 +498,10 @@ int cmd_publish(const RelayArgs& args) {
                   previous ? &previous->metadata() : nullptr, opt, state.loader(),
                   previous ? previous->loader() : TensorLoader{});
   } catch (const std::bad_alloc&) {
-    throw_out_of_memory("publish", std::max(state.largest_tensor_bytes(), previous ? previous->largest_tensor_bytes() : 0),
-                        previous ? 2 : 1);
+    if (!previous) throw_out_of_memory("publish", StreamedState::kPieceBytes, 1, "a piece of a tensor");
+    throw_out_of_memory("publish", std::max(encode_unit_bytes(state.tensors(), opt.encode),
+                                            encode_unit_bytes(previous->tensors(), opt.encode)),
+                        2 * resolve_threads(opt.encode.threads), "a segment of each state per thread");
   }
   std::printf("published version %llu to %s\n", static_cast<unsigned long long>(args.version), args.relay.c_str());
   return 0;
@@ -514,7 +517,7 @@ int cmd_pull(const RelayArgs& args) {
   options.min_version = args.min_version;
   // Streamed into -o (sync/relay.hpp, pull_into): patches, anchors and the state never whole in memory.
   const PullResult r = relay.pull_into(args.out, args.have, args.have_version, options,
-                                       replace_mode(args.out, args.have, args.replace), args.threads);
+                                       replace_mode(args.out, args.have, args.replace), resolve_threads(args.threads));
   if (!r.fallback.empty()) std::fprintf(stderr, "pulse-sync: note: fell back (%s)\n", r.fallback.c_str());
   const bool folder = r.folder;
   std::printf("pulled version %llu (%s path, %llu patches), digest verified; wrote %s%s\n",
@@ -623,6 +626,9 @@ int main(int argc, char** argv) {
   publish->add_option("--sign", rel.sign, "sign HEAD, anchor records and patches with this Ed25519 secret key file")
       ->check(CLI::ExistingFile);
   publish->add_flag("--compress-anchors", rel.compress_anchors, "write anchors zstd-compressed (.safetensors.zst)");
+  publish->add_option("--threads", rel.threads, "threads coding the patch's parts (0: the cores; the bytes do not depend on it)")
+      ->check(CLI::Range(0u, 256u))
+      ->capture_default_str();
 
   auto* pull = app.add_subcommand("pull", "bring a checkpoint to the relay's head version");
   pull->add_option("--relay", rel.relay, "relay folder")->required()->check(CLI::ExistingDirectory);
@@ -637,8 +643,8 @@ int main(int argc, char** argv) {
       ->check(kVersionNumber);
   pull->add_option("--public-key", rel.public_key, "accept only HEAD, anchors and patches signed by this key")
       ->check(CLI::ExistingFile);
-  pull->add_option("--threads", rel.threads, "threads of each streamed apply (copy and hash ahead, decode, write behind)")
-      ->check(CLI::Range(1u, 256u))
+  pull->add_option("--threads", rel.threads, "threads of each streamed apply (0: the cores; the output does not depend on it)")
+      ->check(CLI::Range(0u, 256u))
       ->capture_default_str();
 
   // diff, verify and inspect have a --json of their own; the other subcommands get the summary line.

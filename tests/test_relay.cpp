@@ -2,6 +2,7 @@
 // HEAD and anchor records, bounded regular-file reads, zstd frames that lie about their size,
 // a safetensors input truncated while in use (a SIGBUS with a memory map), and metadata carried
 // through publish and pull.
+#include <cstring>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -328,7 +329,9 @@ TEST_F(TempDir, StreamedPublishAndPullIntoAFile) {
                                   {"b", "BF16", {2048}, in_memory ? reinterpret_cast<const std::byte*>(w.data() + 2048) : nullptr, 4096}};
   };
   const auto loader = [](const std::vector<std::uint16_t>& w) {
-    return TensorLoader([&w](std::size_t i) { return reinterpret_cast<const std::byte*>(w.data() + 2048 * i); });
+    return TensorLoader([&w](std::size_t i, std::uint64_t offset, std::size_t bytes, std::byte* out) {
+      std::memcpy(out, reinterpret_cast<const std::byte*>(w.data() + 2048 * i) + offset, bytes);
+    });
   };
   const Metadata m{{"format", "pt"}};
   for (const bool zst : {false, true}) {
@@ -377,8 +380,8 @@ TEST_F(TempDir, AStateThatChangesWhilePublishedIsRefused) {
   o.anchor_every = 2;  // version 2 gets a patch and an anchor
   relay.publish(1, v1, {}, nullptr, nullptr, o);
   int calls = 0;  // the encoder reads w2 once, the anchor writer then reads other bytes
-  const TensorLoader shifting = [&](std::size_t) {
-    return reinterpret_cast<const std::byte*>((calls++ == 0 ? w2 : changed).data());
+  const TensorLoader shifting = [&](std::size_t, std::uint64_t offset, std::size_t bytes, std::byte* out) {
+    std::memcpy(out, reinterpret_cast<const std::byte*>((calls++ == 0 ? w2 : changed).data()) + offset, bytes);
   };
   EXPECT_NE(error_of([&] { relay.publish(2, v2, {}, &v1, nullptr, o, shifting); }).find("changed while being published"),
             std::string::npos);

@@ -25,6 +25,7 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
+#include "sync/parallel.hpp"
 #include "core/flush_behind.hpp"
 #include "io/folder_swap.hpp"
 #include "io/safetensors.hpp"
@@ -200,11 +201,7 @@ bool file_apply_fits(const std::string& base, const std::string& out, const std:
   return std::none_of(base_layout.begin(), base_layout.end(), [](const TensorRef& t) { return is_file_tensor(t.name); });
 }
 
-unsigned default_apply_threads() {
-  cpu_set_t cpus;
-  const int usable = ::sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  return unsigned(std::max(usable, 1));
-}
+unsigned default_apply_threads() { return resolve_threads(0); }
 
 namespace {
 

@@ -224,11 +224,10 @@ StateDigests digests_of(const std::vector<TensorRef>& state, const Metadata& met
   if (!loader) return compute_digests(state, metadata);
   StateDigests out;
   std::vector<Digest> digests;
+  ByteBuffer buffer;
   for (std::size_t i = 0; i < state.size(); ++i) {
-    TensorRef t = state[i];
-    if (!t.data && t.bytes) t.data = loader(i);
-    digests.push_back(tensor_digest(t));
-    out.tensors[t.name] = digests.back();
+    digests.push_back(for_each_piece(state, loader, i, buffer, [](const std::byte*, std::size_t) {}));
+    out.tensors[state[i].name] = digests.back();
   }
   out.state = state_digest(state, digests, metadata);
   return out;

@@ -38,14 +38,6 @@ std::vector<std::size_t> all_of(std::size_t n) {
   return out;
 }
 
-// Tensor i's bytes: in memory, or through the loader (valid until its next call).
-const std::byte* bytes_of(const std::vector<TensorRef>& tensors, const TensorLoader& loader, std::size_t i) {
-  const TensorRef& t = tensors[i];
-  if (t.data || t.bytes == 0) return t.data;
-  PULSE_CHECK(loader, "internal: tensor '" + t.name + "' is neither in memory nor loadable");
-  return loader(i);
-}
-
 }  // namespace
 
 std::uint64_t write_streamed_checkpoint(const std::string& path, const std::vector<TensorRef>& tensors,
@@ -61,12 +53,9 @@ std::uint64_t write_streamed_checkpoint(const std::string& path, const std::vect
   const auto write = [&](const void* data, std::size_t size) { zstd ? zstd->write(data, size) : file.write(data, size); };
   write(prefix.data(), prefix.size());
   std::vector<Digest> digests;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const TensorRef& t = tensors[i];
-    const std::byte* data = bytes_of(tensors, loader, i);
-    digests.push_back(tensor_digest({t.name, t.dtype, t.shape, data, t.bytes}));
-    write(data, t.bytes);
-  }
+  ByteBuffer buffer;
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    digests.push_back(for_each_piece(tensors, loader, i, buffer, write));
   if (zstd) zstd->finish();
   check(state_digest(tensors, digests, metadata));
   file.commit();
@@ -112,17 +101,16 @@ bool save_streamed_state(const std::string& path, const StreamedState& state, co
   }
   io::replace_folder(path, [&](const std::string& folder_path) {
     std::map<std::string, Digest> digest_of;  // by name: of the bytes written
+    ByteBuffer buffer;
     for (const ShardPlan& shard : plan.shards) {
       const std::string file_path = (fs::path(folder_path) / shard.file).string();
       const std::string prefix = io::safetensors_prefix(file_path, to_write(tensors, shard.tensors), shard.metadata);
       AtomicFile file(file_path);
       file.write(prefix.data(), prefix.size());
-      for (std::size_t i : shard.tensors) {
-        const TensorRef& t = tensors[i];
-        const std::byte* data = bytes_of(tensors, loader, i);
-        digest_of[t.name] = tensor_digest({t.name, t.dtype, t.shape, data, t.bytes});
-        file.write(data, t.bytes);
-      }
+      for (std::size_t i : shard.tensors)
+        digest_of[tensors[i].name] = for_each_piece(tensors, loader, i, buffer, [&](const std::byte* data, std::size_t n) {
+          file.write(data, n);
+        });
       file.commit();
     }
     for (const auto& [rel, i] : plan.files) {

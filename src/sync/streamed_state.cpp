@@ -118,6 +118,27 @@ TensorLoader StreamedState::loader() const {
   };
 }
 
+Digest for_each_piece(const std::vector<TensorRef>& tensors, const TensorLoader& loader, std::size_t i,
+                      ByteBuffer& buffer, const std::function<void(const std::byte*, std::size_t)>& piece) {
+  const TensorRef& t = tensors[i];
+  BlockDigest digest;
+  if (t.data || t.bytes == 0) {
+    digest.add(t.data, t.bytes, 0);
+    piece(t.data, t.bytes);
+    return digest.digest();
+  }
+  PULSE_CHECK(loader, "internal: tensor '" + t.name + "' is neither in memory nor loadable");
+  // kPieceBytes is a multiple of the digest block, so each piece adds at a block boundary.
+  std::byte* data = buffer.reserve(std::min<std::uint64_t>(t.bytes, StreamedState::kPieceBytes));
+  for (std::uint64_t done = 0; done < t.bytes; done += StreamedState::kPieceBytes) {
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(StreamedState::kPieceBytes, t.bytes - done));
+    loader(i, done, n, data);
+    digest.add(data, n, done);
+    piece(data, n);
+  }
+  return digest.digest();
+}
+
 std::uint64_t StreamedState::largest_tensor_bytes() const {
   std::uint64_t largest = 0;
   for (const auto& t : tensors()) largest = std::max<std::uint64_t>(largest, t.bytes);

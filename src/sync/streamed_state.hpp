@@ -5,6 +5,7 @@
 // 8 MiB pieces per thread, not the model. Only the headers and the folder's other files (config, tokenizer, index) are read at open.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,11 @@ class StreamedState {
   std::vector<Source> sources_;  // one per tensor
   std::vector<int> fds_;         // one per shard
 };
+
+// Passes tensors[i]'s bytes to piece(data, bytes) in order: at once when in memory, else read
+// through the loader in StreamedState::kPieceBytes pieces into buffer. Returns their digest.
+Digest for_each_piece(const std::vector<TensorRef>& tensors, const TensorLoader& loader, std::size_t i,
+                      ByteBuffer& buffer, const std::function<void(const std::byte*, std::size_t)>& piece);
 
 // When a streamed command cannot get the memory it needs: one line saying how much (need, `unit`
 // bytes `copies` times plus the patch; unit: "the largest tensor", or what it names) and the way out.

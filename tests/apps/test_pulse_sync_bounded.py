@@ -187,9 +187,9 @@ def main():
         # above, not in address space: the streamed folder apply maps its shards (file_apply.hpp).
         limit = high + 3 * largest + 4 * patch_bytes
         base_digest = json.loads(run(app, "verify", p("a"), "--json")[1])["state_digest"]
-        for args, digest in ((["publish", "--relay", p("vrelay"), "--version", "1", "--compress-anchors", p("a")], None),
+        for args, digest in ((["publish", "--threads", "1", "--relay", p("vrelay"), "--version", "1", "--compress-anchors", p("a")], None),
                              (["pull", "--relay", p("vrelay"), "-o", p("vpulled")], base_digest),
-                             (["publish", "--relay", p("vrelay"), "--version", "2", "--previous", p("a"), p("b")], None)):
+                             (["publish", "--threads", "1", "--relay", p("vrelay"), "--version", "2", "--previous", p("a"), p("b")], None)):
             rc, out, err, _ = run(app, *args, address_space=limit)
             expect(rc == 0, f"{args[0]} in {limit / MiB:.0f} MiB of address space: {err}")
             if digest:
