@@ -81,6 +81,10 @@ def run_app(app, d, digest, threads, file_digest, with_verify=True):
             (shutil.rmtree if os.path.isdir(p(name)) else os.remove)(p(name)) if os.path.exists(p(name)) else None
 
     if with_verify:
+        # What an apply into a folder is held against: a durable copy of the base folder.
+        fresh("copy")
+        record("durable_copy", measured("sh", "-c", f"cp -r '{p('base')}' '{p('copy')}' && sync"))
+        fresh("copy")
         record("verify", measured(app, "verify", p("base")))
         record("diff", measured(app, "diff", p("base"), p("target"), "--json"))
     for values in ("keydiff", "expclass"):
@@ -229,7 +233,7 @@ def main():
                 f.write(table(out) + "\n")
     finally:
         if not args.keep:
-            for name in ("base", "target", "out", "work", "relay"):
+            for name in ("base", "target", "out", "work", "relay", "copy"):
                 shutil.rmtree(os.path.join(d, name), ignore_errors=True)
             for name in ("keydiff.pulse", "expclass.pulse", "out.safetensors", "peer.patch"):
                 if os.path.exists(os.path.join(d, name)):
