@@ -13,6 +13,7 @@
 #include "kernels/bf16.hpp"
 #include "sync/change_history.hpp"
 #include "sync/patch.hpp"
+#include "support/owned_state.hpp"
 #include "sync/sparse_format.hpp"
 #include "sync/varint.hpp"
 
@@ -21,24 +22,10 @@ using namespace pulse::sync;
 
 namespace {
 
-struct OwnedTensor {
-  std::string name, dtype;
-  std::vector<std::int64_t> shape;
-  std::vector<std::byte> bytes;
-};
-using State = std::vector<OwnedTensor>;
-
-std::vector<TensorRef> refs(const State& s) {
-  std::vector<TensorRef> out;
-  for (const auto& t : s) out.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
-  return out;
-}
-
-std::vector<MutableTensor> mutables(State& s) {
-  std::vector<MutableTensor> out;
-  for (auto& t : s) out.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
-  return out;
-}
+using test::OwnedTensor;
+using test::State;
+using test::refs;
+using test::mutables;
 
 OwnedTensor bf16_tensor(const std::string& name, const std::vector<bf16_bits>& bits) {
   OwnedTensor t{name, "BF16", {std::int64_t(bits.size())}, std::vector<std::byte>(2 * bits.size())};

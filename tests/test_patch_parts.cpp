@@ -13,30 +13,17 @@
 #include "core/error.hpp"
 #include "sync/change_history.hpp"
 #include "sync/patch.hpp"
+#include "support/owned_state.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
 
 namespace {
 
-struct OwnedTensor {
-  std::string name, dtype;
-  std::vector<std::int64_t> shape;
-  std::vector<std::byte> bytes;
-};
-using State = std::vector<OwnedTensor>;
-
-std::vector<TensorRef> refs(const State& s) {
-  std::vector<TensorRef> out;
-  for (const auto& t : s) out.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
-  return out;
-}
-
-std::vector<MutableTensor> mutables(State& s) {
-  std::vector<MutableTensor> out;
-  for (auto& t : s) out.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
-  return out;
-}
+using test::OwnedTensor;
+using test::State;
+using test::refs;
+using test::mutables;
 
 OwnedTensor random_tensor(std::mt19937_64& rng, const std::string& name, const std::string& dtype, std::size_t n) {
   const std::size_t w = dtype == "F32" ? 4 : dtype == "F8_E4M3" ? 1 : 2;
