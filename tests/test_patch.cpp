@@ -14,7 +14,7 @@
 #include "sync/change_history.hpp"
 #include "sync/patch.hpp"
 #include "sync/sparse_format.hpp"
-#include "sync/varint.hpp"
+#include "coding/varint.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;

@@ -27,7 +27,7 @@
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "patch_fuzz_state.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "sync/file_apply.hpp"
 #include "sync/patch.hpp"
 
