@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "kernels/bf16.hpp"
+#include "sync/sparse_format.hpp"
 #include "patch_fuzz_state.hpp"
 #include "sync/patch.hpp"
 
@@ -36,7 +36,9 @@ FuzzState map_bf16(const FuzzState& base, const std::function<std::uint16_t(std:
 }
 
 std::uint16_t nudge(std::uint16_t b, int steps) {
-  return pulse::bf16_from_key(static_cast<std::uint16_t>(pulse::bf16_key(b) + steps));
+  // BF16's monotone key, as the patch format sees it (the seeds need no Kokkos).
+  const auto bf16 = *pulse::sync::sparse_format("BF16");
+  return static_cast<std::uint16_t>(bf16.from_key((bf16.key(b) + std::uint64_t(std::int64_t(steps))) & bf16.mask()));
 }
 
 // A seed is only useful if the fuzz target accepts it: it must apply to the fixed state.
