@@ -2,8 +2,6 @@
 // folder given as argument: target variants (no change, ~1 %, 50 % and 100 % of the BF16
 // elements changed, NaN payloads, +-0 flips, a changed F32 tensor) in every value coding x
 // index coding x compressor (expclass included), and one signed patch.
-#include <Kokkos_Core.hpp>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -13,9 +11,9 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "sync/sparse_format.hpp"
 #include "patch_fuzz_state.hpp"
 #include "sync/patch.hpp"
+#include "sync/sparse_format.hpp"
 
 namespace {
 
@@ -67,7 +65,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s FOLDER\n", argv[0]);
     return 2;
   }
-  Kokkos::ScopeGuard kokkos(argc, argv);  // encode_patch runs the compaction kernel
   const std::string dir = argv[1];
   try {
     const FuzzState base = pulse_fuzz::base_state();
