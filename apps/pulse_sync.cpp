@@ -34,11 +34,11 @@
 #include "sync/checkpoint.hpp"
 #include "sync/codec_choice.hpp"
 #include "sync/file_apply.hpp"
-#include "sync/parallel.hpp"
+#include "coding/parallel.hpp"
 #include "sync/patch.hpp"
 #include "sync/relay.hpp"
 #include "sync/relay_names.hpp"
-#include "sync/signing.hpp"
+#include "coding/signing.hpp"
 #include "sync/streamed_state.hpp"
 
 using namespace pulse;

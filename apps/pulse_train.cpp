@@ -43,7 +43,7 @@
 #include "rl/sft_trainer.hpp"
 #include "rl/task.hpp"
 #include "rl/tokenizer.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "train/generator.hpp"
 #include "train/publisher.hpp"
 #include "train/sparsity_meter.hpp"

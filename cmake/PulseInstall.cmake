@@ -3,7 +3,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS pulse EXPORT pulseTargets
+install(TARGETS pulse ${PULSE_LAYERS} EXPORT pulseTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY kernels DESTINATION include/pulse FILES_MATCHING PATTERN "*.hpp")

@@ -14,7 +14,7 @@
 #include "sync/codec_choice.hpp"
 #include "sync/exponent_class_coding.hpp"
 #include "sync/patch.hpp"
-#include "sync/range_coder.hpp"
+#include "coding/range_coder.hpp"
 #include "sync/sparse_format.hpp"
 
 using namespace pulse;

@@ -15,7 +15,7 @@
 #include "sync/patch.hpp"
 #include "support/owned_state.hpp"
 #include "sync/sparse_format.hpp"
-#include "sync/varint.hpp"
+#include "coding/varint.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;

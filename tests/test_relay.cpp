@@ -20,7 +20,7 @@
 #include "core/error.hpp"
 #include "core/file_read.hpp"
 #include "io/safetensors.hpp"
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 #include "sync/relay.hpp"
 #include "sync/relay_names.hpp"
 #include "sync/relay_record.hpp"

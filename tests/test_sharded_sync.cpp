@@ -14,8 +14,8 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
-#include "sync/sharded_receiver.hpp"
-#include "sync/sharded_sender.hpp"
+#include "shard/sharded_receiver.hpp"
+#include "shard/sharded_sender.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;

@@ -12,7 +12,7 @@
 #include "comm/collectives.hpp"
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
 #include "train/weight_sync.hpp"

@@ -17,7 +17,7 @@
 #include "model/gpt.hpp"
 #include "rl/task.hpp"
 #include "rl/tokenizer.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "train/generator.hpp"
 #include "train/publisher.hpp"
 

@@ -9,7 +9,7 @@
 
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "train/changed_list.hpp"
 #include "train/weight_sync.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "sync/change_history.hpp"
 #include "sync/checkpoint.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "sync/patch.hpp"
 
 #ifndef PULSE_VECTORS_DIR

@@ -18,7 +18,7 @@
 #include "state.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/relay.hpp"
-#include "sync/signing.hpp"
+#include "coding/signing.hpp"
 
 namespace py = pybind11;
 using namespace pulse::sync;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/types.hpp"
+#include "core/index.hpp"
 
 namespace pulse {
 

@@ -2,9 +2,9 @@
 
 #include "core/error.hpp"
 #include "kernels/bf16.hpp"
-#include "sync/compress.hpp"
-#include "sync/index_coding.hpp"
-#include "sync/varint.hpp"
+#include "coding/compress.hpp"
+#include "coding/index_coding.hpp"
+#include "coding/varint.hpp"
 
 namespace pulse::loco {
 

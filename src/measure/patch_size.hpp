@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "sync/patch.hpp"
-#include "sync/varint.hpp"
+#include "coding/varint.hpp"
 
 namespace pulse::measure {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 
 namespace pulse::sync {
 

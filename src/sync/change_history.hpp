@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "sync/sparse_format.hpp"
 
 namespace pulse::sync {

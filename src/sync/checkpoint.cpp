@@ -13,7 +13,7 @@
 #include "core/error.hpp"
 #include "core/file_read.hpp"
 #include "io/folder_swap.hpp"
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 #include "sync/compressed_checkpoint.hpp"
 #include "sync/streamed_state.hpp"
 

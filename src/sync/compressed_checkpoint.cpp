@@ -1,6 +1,6 @@
 #include "sync/compressed_checkpoint.hpp"
 
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 
 namespace pulse::sync {
 

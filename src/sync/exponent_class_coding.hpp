@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/types.hpp"
+#include "core/index.hpp"
 #include "sync/change_history.hpp"
-#include "sync/range_coder.hpp"
+#include "coding/range_coder.hpp"
 #include "sync/sparse_format.hpp"
 
 namespace pulse::sync {

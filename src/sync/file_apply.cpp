@@ -25,7 +25,7 @@
 
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
-#include "sync/parallel.hpp"
+#include "coding/parallel.hpp"
 #include "core/flush_behind.hpp"
 #include "io/folder_swap.hpp"
 #include "io/safetensors.hpp"

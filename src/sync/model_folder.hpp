@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "io/model_state.hpp"
-#include "sync/digest.hpp"  // TensorRef; no Kokkos, so the fuzz target builds without it
+#include "coding/digest.hpp"  // TensorRef; no Kokkos, so the fuzz target builds without it
 
 namespace pulse::sync {
 

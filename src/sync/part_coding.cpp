@@ -5,7 +5,7 @@
 #include "core/error.hpp"
 #include "sync/exponent_class_coding.hpp"
 #include "sync/patch.hpp"
-#include "sync/varint.hpp"
+#include "coding/varint.hpp"
 
 namespace pulse::sync {
 

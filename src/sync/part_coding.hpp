@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/types.hpp"
-#include "sync/compress.hpp"
-#include "sync/index_coding.hpp"
+#include "core/index.hpp"
+#include "coding/compress.hpp"
+#include "coding/index_coding.hpp"
 #include "sync/sparse_format.hpp"
 
 namespace pulse::sync {

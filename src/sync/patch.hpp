@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "sync/compress.hpp"
-#include "sync/digest.hpp"
-#include "sync/index_coding.hpp"
+#include "coding/compress.hpp"
+#include "coding/digest.hpp"
+#include "coding/index_coding.hpp"
 #include "sync/part_coding.hpp"
-#include "sync/signing.hpp"
+#include "coding/signing.hpp"
 
 namespace pulse::sync {
 

@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "sync/change_history.hpp"
 #include "sync/exponent_class_coding.hpp"
-#include "sync/parallel.hpp"
+#include "coding/parallel.hpp"
 #include "sync/patch.hpp"
 #include "sync/patch_table.hpp"
 

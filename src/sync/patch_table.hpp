@@ -10,7 +10,7 @@
 
 #include "core/error.hpp"
 #include "sync/patch.hpp"
-#include "sync/varint.hpp"
+#include "coding/varint.hpp"
 
 namespace pulse::sync::patch_bytes {
 

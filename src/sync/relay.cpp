@@ -22,7 +22,7 @@
 #include "core/atomic_file.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 #include "sync/file_apply.hpp"
 #include "sync/relay_lock_record.hpp"
 #include "sync/relay_names.hpp"

@@ -10,8 +10,8 @@
 #include <optional>
 #include <string>
 
-#include "sync/digest.hpp"
-#include "sync/signing.hpp"
+#include "coding/digest.hpp"
+#include "coding/signing.hpp"
 
 namespace pulse::sync {
 

@@ -9,7 +9,7 @@
 #include "core/error.hpp"
 #include "io/folder_swap.hpp"
 #include "io/safetensors.hpp"
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 #include "sync/model_folder.hpp"
 #include "sync/streamed_state.hpp"
 

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "core/error.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 
 namespace pulse {
 

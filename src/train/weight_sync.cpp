@@ -9,7 +9,7 @@
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
 #include "core/file_read.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "train/changed_list.hpp"
 
 namespace pulse {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 #include "sync/compressed_checkpoint.hpp"
 
 namespace {

@@ -15,7 +15,6 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include <Kokkos_Core.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -27,7 +26,7 @@
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "patch_fuzz_state.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "sync/file_apply.hpp"
 #include "sync/patch.hpp"
 
@@ -84,11 +83,6 @@ Digest digest_of_file(const std::string& path) {
 }
 
 }  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  Kokkos::initialize();  // encode_patch runs the compaction kernel
-  return 0;
-}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const FuzzState base = pulse_fuzz::base_state();

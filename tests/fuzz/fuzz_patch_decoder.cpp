@@ -16,7 +16,7 @@
 #include "core/error.hpp"
 #include "patch_fuzz_state.hpp"
 #include "sync/change_history.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "sync/patch.hpp"
 
 namespace {

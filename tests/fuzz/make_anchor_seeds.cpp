@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -15,7 +15,7 @@
 
 #include "sync/change_history.hpp"
 #include "sync/patch.hpp"
-#include "sync/signing.hpp"
+#include "coding/signing.hpp"
 
 namespace pulse_fuzz {
 

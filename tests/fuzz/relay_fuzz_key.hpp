@@ -3,7 +3,7 @@
 // mutations start from records that reach every check after the signature.
 #include <sodium.h>
 
-#include "sync/signing.hpp"
+#include "coding/signing.hpp"
 
 namespace pulse_fuzz {
 

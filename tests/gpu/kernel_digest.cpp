@@ -22,7 +22,7 @@
 #include "kernels/gate.hpp"
 #include "kernels/host_copy.hpp"
 #include "kernels/sparsity.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "sync/patch.hpp"
 
 using namespace pulse;

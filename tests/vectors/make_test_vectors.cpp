@@ -15,7 +15,7 @@
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "sync/change_history.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 #include "sync/patch.hpp"
 
 namespace {

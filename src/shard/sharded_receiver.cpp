@@ -1,15 +1,15 @@
-#include "sync/sharded_receiver.hpp"
+#include "shard/sharded_receiver.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 
 #include "core/error.hpp"
-#include "sync/compress.hpp"
-#include "sync/parallel.hpp"
+#include "coding/compress.hpp"
+#include "coding/parallel.hpp"
 #include "sync/part_coding.hpp"
 #include "sync/patch_table.hpp"
-#include "sync/sharded_sums.hpp"
+#include "shard/sharded_sums.hpp"
 #include "sync/sparse_format.hpp"
 
 namespace pulse::sync {

@@ -1,4 +1,4 @@
-#include "sync/sharded_sums.hpp"
+#include "shard/sharded_sums.hpp"
 
 #include <mpi.h>
 

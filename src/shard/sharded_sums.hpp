@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 
 namespace pulse::sync {
 

@@ -1,4 +1,4 @@
-#include "sync/sharded_sender.hpp"
+#include "shard/sharded_sender.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -6,9 +6,9 @@
 
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
-#include "sync/sharded_sums.hpp"
+#include "shard/sharded_sums.hpp"
 #include "sync/sparse_format.hpp"
-#include "sync/varint.hpp"
+#include "coding/varint.hpp"
 
 namespace pulse::sync {
 

@@ -1,9 +1,9 @@
-#include "sync/index_coding.hpp"
+#include "coding/index_coding.hpp"
 
 #include <algorithm>
 
 #include "core/error.hpp"
-#include "sync/varint.hpp"
+#include "coding/varint.hpp"
 
 namespace pulse::sync {
 

@@ -1,4 +1,4 @@
-#include "sync/digest.hpp"
+#include "coding/digest.hpp"
 
 // The header implementation, compiled for this CPU (AVX2 where -march=native has it), is
 // several times faster than the generic build in the shared library.
@@ -13,7 +13,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
-#include "sync/parallel.hpp"
+#include "coding/parallel.hpp"
 
 namespace pulse::sync {
 

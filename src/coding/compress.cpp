@@ -1,4 +1,4 @@
-#include "sync/compress.hpp"
+#include "coding/compress.hpp"
 
 #include <lz4.h>
 #include <zstd.h>

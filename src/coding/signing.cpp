@@ -1,4 +1,4 @@
-#include "sync/signing.hpp"
+#include "coding/signing.hpp"
 
 #include <fcntl.h>
 #include <stdio.h>  // renameat2 (glibc >= 2.28)

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/types.hpp"
+#include "core/index.hpp"
 
 namespace pulse::sync {
 

@@ -1,4 +1,4 @@
-#include "sync/range_coder.hpp"
+#include "coding/range_coder.hpp"
 
 #include <string>
 
