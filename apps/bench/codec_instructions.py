@@ -26,7 +26,7 @@ LOOPS = [  # name, benchmark, functions counted
 def count(binary, benchmark, functions):
     with tempfile.TemporaryDirectory() as tmp:
         out, result = os.path.join(tmp, "callgrind.out"), os.path.join(tmp, "result.json")
-        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+        command = ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out}"]
         command += [f"--toggle-collect={f}" for f in functions]
         command += [binary, f"--benchmark_filter=^{benchmark}$", "--benchmark_min_time=0",
                     f"--benchmark_out={result}", "--benchmark_out_format=json"]
