@@ -412,6 +412,72 @@ void BM_ApplyThreads(benchmark::State& state) {
   state.SetBytesProcessed(std::int64_t(2 * s.base.size()) * state.iterations());
 }
 
+// Per core (issue 30): each codec loop on one thread, in steady state (digests known), beside
+// the loops that bound it, measured in the same binary: a read of both versions (what encode
+// must read), xxh3 of the target and its block digest (what apply's check hashes). Bytes: one
+// version's (2n), as BM_Encode. Time: CPU time of the thread.
+//   pulse-bench-sync --benchmark_filter=BM_Core
+void BM_CoreReadBoth(benchmark::State& state) {
+  const Step& s = step_at(std::size_t(state.range(0)), 0.99);
+  const std::size_t words = s.base.size() / 4;
+  for (auto _ : state) {
+    std::uint64_t sum = 0;  // both versions' 8-byte words, each read once
+    for (std::size_t i = 0; i < words; ++i) {
+      std::uint64_t a, b;
+      std::memcpy(&a, s.base.data() + 4 * i, 8);
+      std::memcpy(&b, s.target.data() + 4 * i, 8);
+      sum += a ^ b;
+    }
+    benchmark::DoNotOptimize(sum);
+  }
+  state.SetBytesProcessed(std::int64_t(2 * s.base.size()) * state.iterations());
+}
+
+void BM_CoreXxh3(benchmark::State& state) {
+  const Step& s = step_at(std::size_t(state.range(0)), 0.99);
+  for (auto _ : state) benchmark::DoNotOptimize(digest_bytes(s.target.data(), 2 * s.target.size()));
+  state.SetBytesProcessed(std::int64_t(2 * s.base.size()) * state.iterations());
+}
+
+void BM_CoreBlockDigest(benchmark::State& state) {
+  const Step& s = step_at(std::size_t(state.range(0)), 0.99);
+  for (auto _ : state) benchmark::DoNotOptimize(tensor_digest(as_state(s.target)[0], 1));
+  state.SetBytesProcessed(std::int64_t(2 * s.base.size()) * state.iterations());
+}
+
+void BM_CoreEncode(benchmark::State& state) {
+  const std::size_t n = std::size_t(state.range(0));
+  const Step& s = step_at(n, state.range(1) / 1000.0);
+  const StateDigests base_digests = compute_digests(as_state(s.base));
+  EncodeOptions options = coding(state.range(2));
+  options.threads = 1;
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    StateDigests target_digests;
+    bytes = encode_patch(as_state(s.base), as_state(s.target), options, &base_digests, &target_digests).size();
+  }
+  state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
+  state.counters["patch_bytes"] = double(bytes);
+}
+
+void BM_CoreApply(benchmark::State& state) {
+  const std::size_t n = std::size_t(state.range(0));
+  const Step& s = step_at(n, state.range(1) / 1000.0);
+  const auto patch = encode_patch(as_state(s.base), as_state(s.target), coding(state.range(2)));
+  const StateDigests base_digests = compute_digests(as_state(s.base));
+  std::vector<bf16_bits> receiver(n);
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::memcpy(receiver.data(), s.base.data(), 2 * n);  // reset to the base version
+    state.ResumeTiming();
+    std::vector<MutableTensor> m{{"weight", "BF16", {std::int64_t(n)}, reinterpret_cast<std::byte*>(receiver.data()), 2 * n}};
+    StateDigests target_digests;
+    apply_patch(parse_patch(patch.data(), patch.size()), m, {}, &base_digests, &target_digests, {}, nullptr, nullptr, 1);
+  }
+  if (std::memcmp(receiver.data(), s.target.data(), 2 * n) != 0) state.SkipWithError("apply is not bit-exact");
+  state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
+}
+
 BENCHMARK(BM_PatchSize)->Arg(990)->Arg(999)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeBF16)->Iterations(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_PatchSizeF16)->Iterations(1)->Unit(benchmark::kMillisecond);
@@ -423,6 +489,14 @@ BENCHMARK(BM_Apply)->ArgsProduct({{1 << 28, 1 << 24}, {990, 999}, {0, 2}})->UseM
 // Arguments: coding (0 default, 2 expclass), threads.
 BENCHMARK(BM_EncodeThreads)->ArgsProduct({{0, 2}, {1, 2}})->UseManualTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ApplyThreads)->ArgsProduct({{0, 2}, {1, 2}})->UseManualTime()->MeasureProcessCPUTime()->Unit(benchmark::kMillisecond);
+
+// Arguments: elements (2^26: beyond the caches; 2^18 for callgrind: instructions per element), then sparsity in
+// thousandths and coding (0 default keydiff, 2 expclass).
+BENCHMARK(BM_CoreReadBoth)->Arg(1 << 26)->Arg(1 << 18)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CoreXxh3)->Arg(1 << 26)->Arg(1 << 18)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CoreBlockDigest)->Arg(1 << 26)->Arg(1 << 18)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CoreEncode)->ArgsProduct({{1 << 26, 1 << 18}, {990}, {0, 2}})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CoreApply)->ArgsProduct({{1 << 26, 1 << 18}, {990}, {0, 2}})->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -26,28 +26,56 @@ void RangeEncoder::shift_low() {
   low_ = (low_ & 0x00FFFFFFu) << 8;
 }
 
-void RangeEncoder::encode_even(std::uint64_t value, int bits) {
-  // Up to 8 bits at a time: the range keeps at least 2^16 of precision.
-  while (bits > 0) {
-    const int take = std::min(bits, 8);
-    bits -= take;
-    range_ >>= take;
-    low_ += std::uint64_t(range_) * ((value >> bits) & ((1u << take) - 1));
-    while (range_ < kRangeTop) {
-      range_ <<= 8;
-      shift_low();
+// The coding state in locals for a run of decisions (as the decoder's Cursor): the compiler
+// keeps it in registers, written back only where a byte leaves (shift_low).
+struct RangeEncoder::Run {
+  RangeEncoder& e;
+  std::uint64_t low;
+  std::uint32_t range;
+  explicit Run(RangeEncoder& coder) : e(coder), low(coder.low_), range(coder.range_) {}
+  ~Run() {
+    e.low_ = low;
+    e.range_ = range;
+  }
+  void normalize() {
+    while (range < kRangeTop) {
+      range <<= 8;
+      e.low_ = low;
+      e.shift_low();
+      low = e.low_;
     }
   }
-}
+  void bit(BitModel& model, int bit) {
+    const std::uint32_t bound = (range >> BitModel::kProbBits) * model.p0;
+    const std::uint32_t one = 0u - std::uint32_t(bit != 0);
+    low += bound & one;
+    range = (bound & ~one) | ((range - bound) & one);
+    model.adapt(bit);
+    normalize();
+  }
+  void even(std::uint64_t value, int bits) {
+    // Up to 8 bits at a time: the range keeps at least 2^16 of precision.
+    while (bits > 0) {
+      const int take = std::min(bits, 8);
+      bits -= take;
+      range >>= take;
+      low += std::uint64_t(range) * ((value >> bits) & ((1u << take) - 1));
+      normalize();
+    }
+  }
+};
+
+void RangeEncoder::encode_even(std::uint64_t value, int bits) { Run(*this).even(value, bits); }
 
 void RangeEncoder::encode_integer(IntegerModel& model, std::uint64_t value) {
   const std::uint64_t x = value + 1;
   const int length = bit_length(x) - 1;  // bits below the leading one
-  for (int j = 0; j < length; ++j) encode(model.length[std::min(j, IntegerModel::kContexts - 1)], 1);
-  encode(model.length[std::min(length, IntegerModel::kContexts - 1)], 0);
+  Run run(*this);
+  for (int j = 0; j < length; ++j) run.bit(model.length[std::min(j, IntegerModel::kContexts - 1)], 1);
+  run.bit(model.length[std::min(length, IntegerModel::kContexts - 1)], 0);
   if (length == 0) return;
-  encode(model.top[std::min(length, IntegerModel::kContexts - 1)], int((x >> (length - 1)) & 1));
-  encode_even(x, length - 1);
+  run.bit(model.top[std::min(length, IntegerModel::kContexts - 1)], int((x >> (length - 1)) & 1));
+  run.even(x, length - 1);
 }
 
 std::vector<std::uint8_t> RangeEncoder::finish() {

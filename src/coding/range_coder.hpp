@@ -51,6 +51,7 @@ class RangeEncoder {
   std::vector<std::uint8_t> finish();
 
  private:
+  struct Run;
   void shift_low();
   std::uint64_t low_ = 0;
   std::uint32_t range_ = 0xFFFFFFFFu;

@@ -1,6 +1,7 @@
 #include "sync/part_coding.hpp"
 
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "sync/exponent_class_coding.hpp"
@@ -80,17 +81,30 @@ void PartDecoder::decode(const SparseFormat& format, const std::byte* old_data, 
       for (std::uint64_t c = 0; c < count; ++c) new_values[c * format.bytes + plane] = value_raw[value_pos_++];
     return;
   }
+  if (format.bytes == 1) decode_keydiff<1>(format, old_data, count, indices, new_values, context);
+  if (format.bytes == 2) decode_keydiff<2>(format, old_data, count, indices, new_values, context);
+  if (format.bytes == 4) decode_keydiff<4>(format, old_data, count, indices, new_values, context);
+}
+
+// Width W known: the loads and stores of a value are moves, not calls.
+template <unsigned W>
+void PartDecoder::decode_keydiff(const SparseFormat& format, const std::byte* old_data, std::uint64_t count,
+                                 const std::uint64_t* indices, std::uint8_t* new_values, const std::string& context) {
+  using T = std::conditional_t<W == 1, std::uint8_t, std::conditional_t<W == 2, std::uint16_t, std::uint32_t>>;
+  const std::uint8_t* value_raw = value_stream_->data();
   const std::int64_t limit = std::int64_t(format.mask());
   for (std::uint64_t c = 0; c < count; ++c) {
     // The old values are scattered: ask for them a few changes ahead.
-    if (c + kPrefetchAhead < count) __builtin_prefetch(old_data + format.bytes * indices[c + kPrefetchAhead]);
+    if (c + kPrefetchAhead < count) __builtin_prefetch(old_data + W * indices[c + kPrefetchAhead]);
     const std::int64_t d = unzigzag(get_varint(value_raw, value_stream_->size(), value_pos_));
     // Bound d first: a 64-bit difference would overflow the sum.
     PULSE_CHECK(d >= -limit && d <= limit, "patch value out of range" + context);
-    const std::int64_t key = std::int64_t(format.key(load_value(old_data, indices[c], format.bytes))) + d;
+    T old;
+    std::memcpy(&old, old_data + W * indices[c], W);
+    const std::int64_t key = std::int64_t(format.key(old)) + d;
     PULSE_CHECK(key >= 0 && key <= limit, "patch value out of range" + context);
-    const std::uint64_t bits = format.from_key(std::uint64_t(key));
-    std::memcpy(new_values + c * format.bytes, &bits, format.bytes);
+    const auto bits = static_cast<T>(format.from_key(std::uint64_t(key)));
+    std::memcpy(new_values + c * W, &bits, W);
   }
 }
 

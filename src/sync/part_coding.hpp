@@ -68,6 +68,9 @@ class PartDecoder {
   void check_consumed() const;
 
  private:
+  template <unsigned W>
+  void decode_keydiff(const SparseFormat& format, const std::byte* old_data, std::uint64_t count,
+                      const std::uint64_t* indices, std::uint8_t* new_values, const std::string& context);
   ValueCoding values_;
   IndexCoding indices_;
   const std::vector<std::uint8_t>* index_stream_;

@@ -30,14 +30,25 @@ void write_values(std::byte* data, unsigned width, const std::uint64_t* indices,
 }
 
 // Swaps `count` values with the elements at their indices: values then hold the old ones.
+// Width W known: copies of a constant size are moves, not calls.
+template <unsigned W>
+void swap_values(std::byte* data, const std::uint64_t* indices, std::uint8_t* values, std::size_t count) {
+  for (std::size_t k = 0; k < count; ++k) {
+    std::uint8_t old[W];
+    std::byte* element = data + W * indices[k];
+    std::memcpy(old, element, W);
+    std::memcpy(element, values + W * k, W);
+    std::memcpy(values + W * k, old, W);
+  }
+}
+
 void swap_values(std::byte* data, unsigned width, const std::uint64_t* indices, std::uint8_t* values,
                  std::size_t count) {
-  for (std::size_t k = 0; k < count; ++k) {
-    std::uint8_t old[8];
-    std::byte* element = data + width * indices[k];
-    std::memcpy(old, element, width);
-    std::memcpy(element, values + width * k, width);
-    std::memcpy(values + width * k, old, width);
+  switch (width) {
+    case 1: return swap_values<1>(data, indices, values, count);
+    case 2: return swap_values<2>(data, indices, values, count);
+    case 4: return swap_values<4>(data, indices, values, count);
+    default: return swap_values<8>(data, indices, values, count);
   }
 }
 

@@ -4,6 +4,11 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <type_traits>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.hpp"
 #include "sync/change_history.hpp"
@@ -86,33 +91,87 @@ struct ScannedSegment {
 };
 using Scan = std::function<void(const SegmentPlan&, ScannedSegment&)>;
 
+// Bit j set where byte j of the 64 at a and b differ.
+inline std::uint64_t differing_bytes(const std::byte* a, const std::byte* b) {
+#if defined(__AVX2__)
+  const auto* x = reinterpret_cast<const __m256i*>(a);
+  const auto* y = reinterpret_cast<const __m256i*>(b);
+  const std::uint32_t low = std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(x), _mm256_loadu_si256(y))));
+  const std::uint32_t high =
+      std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(x + 1), _mm256_loadu_si256(y + 1))));
+  return ~(std::uint64_t(high) << 32 | low);
+#else
+  std::uint64_t mask = 0;
+  for (unsigned j = 0; j < 64; ++j) mask |= std::uint64_t(a[j] != b[j]) << j;
+  return mask;
+#endif
+}
+
+// The changes of elements [0, len) (len <= kScanChunk) of W bytes, appended with indices from
+// `begin`: a mask of the differing elements per 64 bytes first (bit W * j for element j), then
+// the changes written straight to their places, the vectors grown once by their count.
+constexpr std::size_t kScanChunk = std::size_t(1) << 16;
+
+template <unsigned W>
+void find_changes(const std::byte* o, const std::byte* t, std::size_t len, std::uint64_t begin, Changes& changes) {
+  using T = std::conditional_t<W == 1, std::uint8_t, std::conditional_t<W == 2, std::uint16_t, std::uint32_t>>;
+  constexpr std::uint64_t kFirstBytes = W == 1 ? ~std::uint64_t(0) : W == 2 ? 0x5555555555555555u : 0x1111111111111111u;
+  constexpr std::size_t kPerWindow = 64 / W;
+  thread_local std::vector<std::uint64_t> masks(kScanChunk / kPerWindow);
+  const std::size_t windows = len / kPerWindow;
+  std::size_t count = 0;
+  for (std::size_t v = 0; v < windows; ++v) {
+    std::uint64_t m = differing_bytes(o + 64 * v, t + 64 * v);
+    if (W >= 2) m |= m >> 1;  // an element differs where any of its bytes does
+    if (W == 4) m |= m >> 2;
+    masks[v] = m & kFirstBytes;
+    count += std::size_t(__builtin_popcountll(masks[v]));
+  }
+  std::uint64_t tail = 0;  // the last elements, fewer than a window
+  for (std::size_t j = windows * kPerWindow; j < len; ++j)
+    tail |= std::uint64_t(std::memcmp(o + W * j, t + W * j, W) != 0) << (W * (j - windows * kPerWindow));
+  count += std::size_t(__builtin_popcountll(tail));
+  if (count == 0) return;
+  const std::size_t first = changes.indices.size();
+  changes.indices.resize(first + count);
+  changes.values.resize(first + count);
+  changes.old_values.resize(first + count);
+  index_t* indices = changes.indices.data() + first;
+  std::uint32_t* values = changes.values.data() + first;
+  std::uint32_t* old_values = changes.old_values.data() + first;
+  std::size_t k = 0;
+  auto take = [&](std::size_t window, std::uint64_t m) {
+    for (; m != 0; m &= m - 1, ++k) {
+      const std::size_t j = window * kPerWindow + std::size_t(__builtin_ctzll(m)) / W;
+      T a, b;
+      std::memcpy(&a, o + W * j, W);
+      std::memcpy(&b, t + W * j, W);
+      indices[k] = index_t(begin + j);
+      values[k] = b;
+      old_values[k] = a;
+    }
+  };
+  for (std::size_t v = 0; v < windows; ++v)
+    if (masks[v] != 0) take(v, masks[v]);
+  take(windows, tail);
+}
+
 // Finds the changes of n elements (ranks with `rank`), hashing each chunk while in cache.
 void scan_changes(const SparseFormat& format, const std::byte* old_data, const std::byte* new_data, std::uint64_t n,
                   std::uint64_t byte_offset, bool hash_old, bool rank, ScannedSegment& out) {
-  constexpr std::size_t chunk = std::size_t(1) << 16;
   Changes& changes = out.changes;
   changes.clear();
   std::optional<ExponentClassRanker> ranker;
   if (rank) ranker.emplace(format, old_data, n);
   const unsigned w = format.bytes;
-  for (std::size_t begin = 0; begin < n; begin += chunk) {
+  for (std::size_t begin = 0; begin < n; begin += kScanChunk) {
     const std::size_t first = changes.indices.size();
-    const std::size_t len = std::min<std::uint64_t>(chunk, n - begin);
+    const std::size_t len = std::min<std::uint64_t>(kScanChunk, n - begin);
     const std::byte* o = old_data + w * begin;
     const std::byte* t = new_data + w * begin;
-    if (std::memcmp(o, t, w * len) != 0) {
-      const std::size_t per_word = 8 / w;
-      std::size_t i = 0;
-      for (; i < len; i += per_word) {
-        if (i + per_word <= len && std::memcmp(o + w * i, t + w * i, 8) == 0) continue;
-        for (std::size_t j = i; j < std::min(len, i + per_word); ++j)
-          if (std::memcmp(o + w * j, t + w * j, w) != 0) {
-            changes.indices.push_back(index_t(begin + j));
-            changes.values.push_back(std::uint32_t(load_value(t, j, w)));
-            changes.old_values.push_back(std::uint32_t(load_value(o, j, w)));
-          }
-      }
-    }
+    if (w == 1) find_changes<1>(o, t, len, begin, changes);
+    if (w == 2) find_changes<2>(o, t, len, begin, changes);
+    if (w == 4) find_changes<4>(o, t, len, begin, changes);
     if (ranker)
       ranker->rank(changes.indices.data() + first, changes.old_values.data() + first, changes.indices.size() - first,
                    changes.ranks);
