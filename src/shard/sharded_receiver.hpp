@@ -12,25 +12,16 @@
 // rank must hold every segment it decodes whole (in the patch's parts, the segments before the
 // last one it needs), else it refuses in one line: use keydiff patches for sliced receivers, or
 // sender pieces (encode_sharded) that match the receivers'. Patches that change the layout or
-// metadata, carry tensors whole, or are coded against a change history are refused.
+// metadata, carry tensors whole, or are coded against a change history are refused. The steps
+// without MPI are SlicedApply's (sliced_apply.hpp), for other frameworks' all-reduce.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "sync/patch.hpp"
-#include "sync/tensor_slice_spec.hpp"
+#include "shard/sliced_apply.hpp"
 
 namespace pulse::sync {
-
-// A rank's piece of a tensor, written in place: row by row, row_stride elements apart (0: the
-// piece's width; only column pieces take another stride).
-struct ReceiverSlice {
-  std::string name;
-  SliceSpec spec;
-  std::byte* data = nullptr;
-  std::uint64_t row_stride = 0;
-};
 
 // Collective over comm, whose ranks together hold every element of the layout (every tensor of
 // the state, any order, the same on every rank) exactly once. The parts this rank needs are
