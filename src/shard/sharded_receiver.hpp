@@ -2,9 +2,9 @@
 // Resharding receivers (issue 26 item 3): ranks that each hold pieces of a model state (TP row
 // or column slices, flat ranges; a fused tensor is the pieces of several tensors in one buffer)
 // apply a full patch to their pieces only, and verify the result together: each rank's partial
-// block digests of its pieces are summed over the receivers' communicator (MPI_Allreduce of 40
-// bytes per tensor: base and target digests and the elements held) into the tensor digests and
-// the state digests, which must be the patch's base and target. On any failure on any rank
+// block digests of its pieces are summed over the receivers' communicator (MPI_Allreduce of 80
+// bytes per tensor, 32-bit limbs in int64 words: base and target digests and the elements
+// held) into the tensor digests and the state digests, which must be the patch's base and target. On any failure on any rank
 // every rank puts its pieces back as they were and throws (the apply is transactional).
 //
 // A raw or keydiff patch decodes from the old values at the changed elements only, so any
