@@ -30,7 +30,8 @@ set(PULSE_SYNC_SOURCES sync/change_entropy.cpp sync/change_history.cpp sync/chec
   sync/relay_lock_record.cpp sync/relay_names.cpp sync/relay_record.cpp sync/streamed_save.cpp
   sync/streamed_state.cpp sync/tensor_slice_spec.cpp)
 set(PULSE_COMM_SOURCES comm/agree.cpp comm/communicator.cpp)
-set(PULSE_SHARD_SOURCES shard/sharded_receiver.cpp shard/sharded_sender.cpp shard/sharded_sums.cpp)
+set(PULSE_SHARD_SOURCES shard/sharded_receiver.cpp shard/sharded_sender.cpp shard/sharded_sums.cpp
+  shard/sliced_apply.cpp)
 set(PULSE_MODEL_SOURCES model/gpt.cpp model/gpt_decoder.cpp)
 set(PULSE_LOCO_SOURCES loco/exchange.cpp loco/outer_sync.cpp loco/sparse_payload.cpp loco/trainer_sync.cpp)
 set(PULSE_RL_SOURCES rl/grpo.cpp rl/rollout.cpp rl/sft_trainer.cpp rl/task.cpp rl/tokenizer.cpp)

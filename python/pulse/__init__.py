@@ -19,7 +19,7 @@ from ._pulse import Error, PatchError
 from ._state import NUMPY_DTYPES, Tensor, entries, framework_of, state_from_entries, synced_entries, value
 
 __all__ = ["Error", "PatchError", "Tensor", "diff", "encode", "apply", "decode", "digest", "inspect", "load", "save",
-           "generate_keypair", "Sender", "Receiver", "Relay", "Decoded", "Changes"]
+           "generate_keypair", "Sender", "Receiver", "Relay", "Decoded", "Changes", "SlicedApply"]
 
 
 def _coding(values, indices, compressor, level, threads=0):
@@ -275,6 +275,94 @@ def decode(patch, base, *, metadata=None, public_key=None, framework=None, threa
             removed.append(name)
     return Decoded(r["base_version"], r["target_version"], r["base_digest"], r["target_digest"], r["signed"], changes,
                    whole, added, removed, r["metadata"], files, aliases)
+
+
+def _layout_entry(name, t):
+    """(name, dtype, shape) of a layout entry: a (dtype, shape) pair or any tensor (torch meta too)."""
+    if isinstance(t, tuple) and len(t) == 2 and isinstance(t[0], str):
+        return (name, t[0], tuple(int(d) for d in t[1]))
+    torch = _state_torch_module()
+    if torch is not None and isinstance(t, torch.Tensor):
+        return (name, entries({name: torch.empty(0, dtype=t.dtype)})[0][1], tuple(t.shape))
+    return entries({name: t})[0][:3]
+
+
+def _slice_buffer(name, t):
+    """A writable numpy view of a slice's memory (rows may be apart: a column slice of a wider buffer)."""
+    torch = _state_torch_module()
+    if torch is not None and isinstance(t, torch.Tensor):
+        if t.device.type != "cpu":
+            raise Error(f"slice of tensor {name} is on {t.device}; SlicedApply writes CPU tensors")
+        t = t.detach()
+        if t.dtype.is_floating_point and t.dtype not in (torch.float16, torch.float32, torch.float64):
+            t = t.view(getattr(torch, {1: "uint8", 2: "int16"}[t.element_size()]))
+        return t.numpy()
+    if isinstance(t, Tensor):
+        return t.data
+    if isinstance(t, np.ndarray):
+        return t.view(np.int16) if t.dtype.name == "bfloat16" else t
+    raise Error(f"slice of tensor {name}: {type(t).__name__} is not a torch tensor, numpy array or pulse.Tensor")
+
+
+class SlicedApply:
+    """A resharding receiver's share of applying a patch (tensor parallel): this process holds
+    slices of some tensors, writes the patch's changes into them in place, and verifies the
+    whole state together with the other processes through one integer SUM all-reduce:
+
+        a = pulse.SlicedApply(patch, layout, [("w", w_rows, ("rows", 0, 512))])
+        summed = a.partial.clone(); torch.distributed.all_reduce(summed)   # SUM of int64
+        a.finish(summed)   # PatchError (one line) on every process if any check fails; all roll back
+
+    layout is every tensor of the state, the same on every process: {name: tensor} (meta tensors
+    do) or {name: (dtype, shape)} or [(name, dtype, shape)]. A slice is (name, tensor, spec), spec
+    ("rows", begin, end), ("cols", begin, end) or ("flat", begin, end) of the tensor seen as
+    [shape[0], numel / shape[0]]; the tensor is a CPU buffer of those elements, C-contiguous (a
+    column slice may be a view of a wider buffer, e.g. a fused tensor's). Slices must begin and
+    end on the 128-byte grid of the tensor digest. Every element of the layout must be held by
+    exactly one process. The patch must keep the layout (keydiff or raw values for any slicing).
+
+    A process that refuses the patch does not raise here, so that every process reaches the
+    all-reduce: .error says why, its .partial tells the others, and finish raises on every
+    process. .partial is int64 (a torch tensor when the slices are torch tensors); rollback()
+    puts this process's slices back (before finish)."""
+
+    def __init__(self, patch, layout, slices, *, metadata=None, public_key=None, threads=0):
+        items = layout.items() if isinstance(layout, dict) else [(n, (d, s)) for n, d, s in layout]
+        lay = [_layout_entry(n, t) for n, t in items]
+        torch = _state_torch_module()
+        self._torch = torch is not None and any(isinstance(t, torch.Tensor) for _, t, _ in slices)
+        pieces = []
+        for name, t, spec in slices:
+            kind, begin, end = spec
+            pieces.append((name, _slice_buffer(name, t), kind, int(begin), int(end)))
+        key = _key(public_key, 32, "public_key")
+        patch = patch if isinstance(patch, (bytes, bytearray, memoryview)) else _bytes_of(patch)
+        self._impl = _pulse.SlicedApply(patch, lay, pieces, dict(metadata or {}), key, _threads(threads))
+        self._slices = slices  # their memory is written until finish
+
+    @property
+    def partial(self):
+        p = self._impl.partial()
+        return _state_torch_module().from_numpy(p) if self._torch else p
+
+    @property
+    def error(self):
+        """This process's refusal (one line), or None."""
+        return self._impl.error
+
+    @property
+    def written(self):
+        """Elements this process changed."""
+        return self._impl.written
+
+    def finish(self, summed):
+        torch = _state_torch_module()
+        if torch is not None and isinstance(summed, torch.Tensor):
+            summed = summed.cpu().numpy()
+        self._impl.finish(np.ascontiguousarray(summed, dtype=np.int64))
+
+    def rollback(self):
+        self._impl.rollback()
 
 
 def generate_keypair():

@@ -22,4 +22,5 @@ PYBIND11_MODULE(_pulse, m) {
   pulse::python::bind_sync(m);
   pulse::python::bind_decode(m);
   pulse::python::bind_stats(m);
+  pulse::python::bind_sliced(m);
 }

@@ -1,6 +1,5 @@
 #pragma once
-// What each rank's pieces of a model state add to the group's: per tensor, the partial block
-// digests (BlockDigest) of its base and target bytes and the elements it holds, summed over a
+// What each rank's pieces of a model state add to the group's (PieceSums), summed over a
 // communicator (40 bytes per tensor per rank); and the agreement of every rank that its own
 // step succeeded before the group goes on (a rank that fails alone would leave the others
 // waiting in a collective). Shared by sharded_sender and sharded_receiver.
@@ -10,14 +9,9 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "coding/digest.hpp"
+#include "shard/piece_sums.hpp"
 
 namespace pulse::sync {
-
-struct PieceSums {
-  BlockDigest base, target;
-  std::uint64_t elements = 0;
-};
 
 // Sums every rank's sums (one per tensor, the same count on every rank) into root's (root >= 0,
 // MPI_Reduce) or every rank's (root < 0, MPI_Allreduce); counted on `channel`.
