@@ -263,9 +263,9 @@ std::vector<std::uint8_t> part_table_of(const std::vector<PatchPart>& parts) {
   put_varint_to(t, parts.size());
   for (const PatchPart& p : parts) {
     put_varint_to(t, p.segments.size());
-    for (const PatchSegment& s : p.segments) {
-      put_varint_to(t, s.elements);
-      put_varint_to(t, s.count);
+    for (const PatchSegment& s : p.segments) {  // (size, count) inside an entry, (0, 1) ending it
+      put_varint_to(t, s.ends_entry ? 0 : s.elements);
+      put_varint_to(t, s.ends_entry ? 1 : s.count);
     }
     for (std::uint64_t v : {p.index.coded, p.index.raw, p.value.coded, p.value.raw}) put_varint_to(t, v);
   }
@@ -316,7 +316,7 @@ TEST(Patch, DeclaredStreamsAreBoundedByTheReceiverBeforeDecompression) {
   const std::uint64_t n = std::uint64_t(1) << 33;
   const std::uint64_t index_raw = 8 * n, value_raw = 2 * n;
   PatchPart part = parse_patch(good.data(), good.size()).parts.at(0);
-  part.segments = {{n, n}};
+  part.segments = {{0, n, true}};  // the whole entry: its count is the entry's
   part.index.raw = index_raw;
   part.value.raw = value_raw;
   auto table = table_of({"BF16", 1, 4, n, 0}, {{0, n, 8}});

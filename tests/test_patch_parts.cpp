@@ -218,11 +218,15 @@ TEST(PatchParts, CorruptPartTablesAreRefusedInOneLine) {
       };
       put(ps.size());
       for (const PatchPart& q : ps) {
-        put(q.segments.size());
+        // Tokens: (size, count) inside an entry; a run of segments ending entries as (0, k).
+        std::vector<std::uint64_t> tokens;
         for (const PatchSegment& s : q.segments) {
-          put(s.elements);
-          put(s.count);
+          if (!s.ends_entry) tokens.insert(tokens.end(), {s.elements, s.count});
+          else if (tokens.size() >= 2 && tokens[tokens.size() - 2] == 0) ++tokens.back();
+          else tokens.insert(tokens.end(), {0, 1});
         }
+        put(tokens.size() / 2);
+        for (std::uint64_t v : tokens) put(v);
         for (std::uint64_t v : {q.index.coded, q.index.raw, q.value.coded, q.value.raw}) put(v);
       }
       return t;

@@ -132,13 +132,16 @@ void SlicedApply::decode(const ParsedPatch& patch, const std::vector<ReceiverSli
     PULSE_CHECK(format.has_value(), "patch codes tensor '" + sorted_[i].name + "' of " + sorted_[i].dtype + " sparsely");
     const std::uint64_t n = element_count(sorted_[i]);
     std::uint64_t covered = 0, count = 0;
-    while (covered < n) {
+    for (bool ended = false; !ended;) {  // the entry's segments, up to the one that ends it
       PULSE_CHECK(part < patch.parts.size(), "patch parts end inside tensor '" + sorted_[i].name + "' (corrupt part table)");
       const PatchSegment& s = patch.parts[part].segments[segment];
-      PULSE_CHECK(s.elements <= n - covered && (covered * format->bytes) % kDigestBlockBytes == 0,
+      ended = s.ends_entry;
+      const std::uint64_t elements = ended ? n - covered : s.elements;
+      PULSE_CHECK((ended || elements < n - covered) && s.count <= elements &&
+                      (covered * format->bytes) % kDigestBlockBytes == 0,
                   "patch segment crosses the end of tensor '" + sorted_[i].name + "' (corrupt part table)");
-      segments.push_back({i, part, covered, s.elements, s.count});
-      covered += s.elements;
+      if (elements > 0) segments.push_back({i, part, covered, elements, s.count});
+      covered += elements;
       count += s.count;
       if (++segment == patch.parts[part].segments.size()) ++part, segment = 0;
     }

@@ -146,10 +146,14 @@ struct PatchHeader {
   Digest history{};  // expclass-history: ChangeHistory::digest() of the sender at the base
 };
 
-// A contiguous element range of a sparse entry (FORMAT.md "Part table"), and its changes.
+// A contiguous element range of a sparse entry (FORMAT.md "Part table"), and its changes. A
+// segment that ends its entry is written without its size and count: parse_patch gives it
+// ends_entry, its count from the entry's, and elements 0 (the reader, which holds the layout,
+// takes the rest of the tensor).
 struct PatchSegment {
   std::uint64_t elements = 0;
   std::uint64_t count = 0;
+  bool ends_entry = false;
 };
 
 // A run of consecutive segments with its own index and value streams (and coder state).

@@ -153,14 +153,17 @@ PatchDecoder::PatchDecoder(const ParsedPatch& patch, const std::vector<TensorRef
       const std::uint64_t n = numel_of(l.shape);
       PULSE_CHECK(e.count <= n, "patch changes more elements than tensor '" + name + "' has");
       std::uint64_t covered = 0, changes = 0;
-      while (covered < n) {
+      for (bool ended = false; !ended;) {  // the entry's segments, up to the one that ends it
         PULSE_CHECK(part < patch.parts.size(), "patch parts end inside tensor '" + name + "' (corrupt part table)");
         const PatchSegment& s = patch.parts[part].segments[segment];
-        PULSE_CHECK(s.elements <= n - covered && (covered * format->bytes) % kDigestBlockBytes == 0,
+        ended = s.ends_entry;
+        const std::uint64_t elements = ended ? n - covered : s.elements;
+        PULSE_CHECK((ended || elements < n - covered) && s.count <= elements &&
+                        (covered * format->bytes) % kDigestBlockBytes == 0,
                     "patch segment crosses the end of tensor '" + name +
                         "' or starts inside a 128-byte block (corrupt part table)");
-        segments_.push_back({k - 1, part, covered, s.elements, s.count, changes});
-        covered += s.elements;
+        if (elements > 0) segments_.push_back({k - 1, part, covered, elements, s.count, changes});
+        covered += elements;
         changes += s.count;
         value_bytes[part] += s.count * format->bytes;
         value_bytes_max[part] += s.count * format->max_varint_bytes();

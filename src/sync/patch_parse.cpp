@@ -147,7 +147,14 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   PULSE_CHECK(summary_changed == h.total_changed, "patch entries do not add up to its dtype summary");
 
   // The part table: every part's segments and stream sizes, which must add up to the header's.
-  // Which entry each segment tiles follows from the receiver's layout (PatchDecoder).
+  // Tokens: (size, count) is a segment inside its entry; (0, k) ends k entries, each segment's
+  // count the rest of its entry's. How many elements each segment holds follows from the
+  // receiver's layout (PatchDecoder).
+  std::vector<std::uint64_t> sparse_counts;
+  for (const PatchEntry& e : p.entries)
+    if (e.kind == EntryKind::sparse) sparse_counts.push_back(e.count);
+  std::size_t entry = 0;           // the sparse entry the next segment lies in
+  std::uint64_t entry_changes = 0;  // of its segments so far
   const auto num_parts = t.count(limits.max_stream_bytes, "parts");
   std::uint64_t part_changes = 0, segments = 0;
   StreamSize index_sum, value_sum;
@@ -155,17 +162,28 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
   for (std::uint64_t i = 0; i < num_parts; ++i) {
     PatchPart part;
     const std::string which = "patch part " + std::to_string(i);
-    const auto num_segments = t.count(limits.max_stream_bytes, "segments");
-    PULSE_CHECK(num_segments > 0, which + " has no segment");
-    std::uint64_t changes = 0;
-    for (std::uint64_t s = 0; s < num_segments; ++s) {
-      PatchSegment seg;
-      seg.elements = t.varint();
-      seg.count = t.varint();
-      PULSE_CHECK(seg.elements > 0 && seg.count <= seg.elements && seg.count <= h.total_changed - changes - part_changes,
-                  which + " has a segment of more changes than elements, or than the entries declare");
-      changes += seg.count;
-      part.segments.push_back(seg);
+    const auto num_tokens = t.count(limits.max_stream_bytes, "segments");
+    PULSE_CHECK(num_tokens > 0, which + " has no segment");
+    std::uint64_t changes = 0, num_segments = 0;
+    for (std::uint64_t k = 0; k < num_tokens; ++k) {
+      const std::uint64_t size = t.varint(), n = t.varint();
+      PULSE_CHECK(entry < sparse_counts.size(), which + " has segments beyond the sparse entries");
+      if (size > 0) {
+        PULSE_CHECK(n <= size && n <= sparse_counts[entry] - entry_changes,
+                    which + " has a segment of more changes than elements, or than its entry declares");
+        part.segments.push_back({size, n, false});
+        entry_changes += n;
+        changes += n;
+        ++num_segments;
+        continue;
+      }
+      PULSE_CHECK(n > 0 && n <= sparse_counts.size() - entry, which + " ends more entries than the patch has");
+      for (std::uint64_t j = 0; j < n; ++j, ++entry, entry_changes = 0) {
+        const std::uint64_t rest = sparse_counts[entry] - entry_changes;
+        part.segments.push_back({0, rest, true});
+        changes += rest;
+        ++num_segments;
+      }
     }
     for (std::uint64_t* v : {&part.index.coded, &part.index.raw, &part.value.coded, &part.value.raw}) {
       *v = t.varint();
@@ -199,7 +217,8 @@ ParsedPatch parse_patch(const std::uint8_t* bytes, std::size_t size, const Patch
     p.parts.push_back(std::move(part));
   }
   PULSE_CHECK(t.r.pos == t.r.size, "patch entry table has trailing bytes");
-  PULSE_CHECK(part_changes == h.total_changed, "patch parts do not add up to its entries' changes");
+  PULSE_CHECK(entry == sparse_counts.size() && part_changes == h.total_changed,
+              "patch parts do not end every sparse entry, or do not add up to its entries' changes");
   PULSE_CHECK(index_sum.coded == h.index_stream.coded && index_sum.raw == h.index_stream.raw &&
                   value_sum.coded == h.value_stream.coded && value_sum.raw == h.value_stream.raw,
               "patch parts' stream sizes do not add up to the header's");

@@ -99,16 +99,45 @@ std::vector<std::uint8_t> tables(const EncodeOptions& options, const PatchConten
     put_varint(table, e.count);
     if (options.indices == IndexCoding::gap_fixed) table.push_back(e.index_width);
   }
-  put_varint(table, c.parts.size());
-  for (const EncodedPart& p : c.parts) {
-    put_varint(table, p.part.segments.size());
-    for (const PatchSegment& s : p.part.segments) {
-      put_varint(table, s.elements);
-      put_varint(table, s.count);
+  // The part table as tokens (FORMAT.md "Part table"): a segment inside its entry is its size and
+  // count; the segments that end their entries (every empty sparse tensor has one) are runs of
+  // `0, k`, their sizes and counts implied, so a patch of whole tensors costs a few bytes.
+  std::vector<std::uint64_t> sparse_numel;  // of the sparse entries, in order
+  for (std::size_t k = 0; k < c.entries.size(); ++k)
+    if (c.entries[k].kind == EntryKind::sparse) sparse_numel.push_back(numel_of(c.target_layout[k].shape));
+  std::vector<PatchPart> parts;
+  for (const EncodedPart& p : c.parts) parts.push_back(p.part);
+  if (parts.empty() && !sparse_numel.empty()) parts.emplace_back();  // empty sparse tensors only
+  std::size_t entry = 0;
+  std::uint64_t covered = 0;
+  put_varint(table, parts.size());
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    std::vector<std::uint64_t> tokens;
+    const auto end_entry = [&] {
+      if (tokens.size() >= 2 && tokens[tokens.size() - 2] == 0) ++tokens.back();
+      else tokens.insert(tokens.end(), {0, 1});
+      ++entry;
+      covered = 0;
+    };
+    for (const PatchSegment& s : parts[i].segments) {
+      while (entry < sparse_numel.size() && sparse_numel[entry] == 0) end_entry();
+      PULSE_CHECK(entry < sparse_numel.size() && s.elements > 0 && covered + s.elements <= sparse_numel[entry],
+                  "internal: patch segments do not tile the sparse entries");
+      if (covered + s.elements == sparse_numel[entry]) {
+        end_entry();
+      } else {
+        tokens.insert(tokens.end(), {s.elements, s.count});
+        covered += s.elements;
+      }
     }
-    for (std::uint64_t v : {p.part.index.coded, p.part.index.raw, p.part.value.coded, p.part.value.raw})
+    if (i + 1 == parts.size())
+      while (entry < sparse_numel.size() && sparse_numel[entry] == 0) end_entry();
+    put_varint(table, tokens.size() / 2);  // tokens: (size, count) or (0, k)
+    for (std::uint64_t v : tokens) put_varint(table, v);
+    for (std::uint64_t v : {parts[i].index.coded, parts[i].index.raw, parts[i].value.coded, parts[i].value.raw})
       put_varint(table, v);
   }
+  PULSE_CHECK(entry == sparse_numel.size() && covered == 0, "internal: patch segments do not tile the sparse entries");
   return table;
 }
 

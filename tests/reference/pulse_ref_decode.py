@@ -225,17 +225,30 @@ def parse(patch, public_key=None, check_digests=True):
         entries.append((kind, count, width))
     total = sum(e[1] for e in entries)
     require(sum(s[3] for s in summary) == total, "dtype summary does not add up")
+    # Part table tokens: (size, count) a segment inside its entry; (0, k) k segments that end
+    # their entries, each with the rest of its entry's count (its size comes from the layout).
+    sparse_counts = [e[1] for e in entries if e[0] == 0]
+    entry, entry_changes = 0, 0
     parts = []
     for _ in range(t.varint()):
-        nseg = t.varint()
-        require(nseg >= 1, "part without segments")
-        segs = []
-        for _ in range(nseg):
-            el, cnt = t.varint(), t.varint()
-            require(el >= 1 and cnt <= el, "bad segment")
-            segs.append((el, cnt))
+        ntok = t.varint()
+        require(ntok >= 1, "part without segments")
+        segs = []  # (elements or None for the rest of the entry, count)
+        for _ in range(ntok):
+            size, n = t.varint(), t.varint()
+            require(entry < len(sparse_counts), "segments beyond the sparse entries")
+            if size > 0:
+                require(n <= size and n <= sparse_counts[entry] - entry_changes, "bad segment")
+                segs.append((size, n))
+                entry_changes += n
+                continue
+            require(1 <= n <= len(sparse_counts) - entry, "ends more entries than there are")
+            for _ in range(n):
+                segs.append((None, sparse_counts[entry] - entry_changes))
+                entry, entry_changes = entry + 1, 0
         sizes = [t.varint() for _ in range(4)]  # index coded, raw, value coded, raw
         parts.append((segs, sizes))
+    require(entry == len(sparse_counts), "parts do not end every sparse entry")
     require(t.pos == t.end, "table has trailing bytes")
     for k, s in ((0, "index"), (2, "value")):
         require(sum(p[1][k] for p in parts) == h[s][0] and sum(p[1][k + 1] for p in parts) == h[s][1],
@@ -510,12 +523,18 @@ def decode(patch, base, metadata, history=None, check_digests=True):
         require(count <= n, "more changes than elements")
         s[2] += count
         covered = changes = 0
-        while covered < n:
+        ended = False
+        while not ended:  # the entry's segments, up to the one that ends it
             require(si < len(seg_list), "parts end inside a tensor")
             p, (el, cnt) = seg_list[si]
             si += 1
-            require(el <= n - covered and (covered * f.w) % 128 == 0, "segment crosses a tensor or a block")
-            plan.append((name, p, covered, el, cnt, width))
+            ended = el is None
+            if ended:
+                el = n - covered
+            require((ended or el < n - covered) and cnt <= el and (covered * f.w) % 128 == 0,
+                    "segment crosses a tensor or a block")
+            if el > 0:
+                plan.append((name, p, covered, el, cnt, width))
             value_exact[p] += cnt * f.w
             value_max[p] += cnt * f.maxvarint
             index_exact[p] += cnt * width
