@@ -29,7 +29,7 @@ set(PULSE_SYNC_SOURCES sync/change_entropy.cpp sync/change_history.cpp sync/chec
   sync/patch_encode.cpp sync/patch_parse.cpp sync/patch_table.cpp sync/relay.cpp
   sync/relay_lock_record.cpp sync/relay_names.cpp sync/relay_record.cpp sync/streamed_save.cpp
   sync/streamed_state.cpp sync/tensor_slice_spec.cpp)
-set(PULSE_COMM_SOURCES comm/agree.cpp comm/communicator.cpp)
+set(PULSE_COMM_SOURCES comm/agree.cpp comm/communicator.cpp comm/wait.cpp)
 set(PULSE_SHARD_SOURCES shard/sharded_receiver.cpp shard/sharded_sender.cpp shard/sharded_sums.cpp
   shard/sliced_apply.cpp)
 set(PULSE_MODEL_SOURCES model/gpt.cpp model/gpt_decoder.cpp)

@@ -2,15 +2,18 @@
 // computes the expected result on its own from rank-dependent inputs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/collectives.hpp"
 #include "comm/communicator.hpp"
 #include "comm/mpi_type.hpp"
+#include "comm/wait.hpp"
 #include "core/error.hpp"
 
 namespace {
@@ -214,6 +217,30 @@ TEST(Broadcast, FromLastRank) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(v(i), 10 * i + 7) << i;
   EXPECT_THROW(pulse::broadcast(comm, v, comm.size()), pulse::Error);
   EXPECT_THROW(pulse::broadcast(comm, v, -1), pulse::Error);
+}
+
+// The last rank reaches the broadcast 300 ms after the others: they wait in it without holding
+// the core (sleep mode, the default), get the root's values, and wait_totals() holds the wait.
+TEST(Wait, EarlyRanksSleepUntilTheLastArrives) {
+  pulse::Communicator comm;
+  ASSERT_EQ(pulse::wait_mode(), pulse::WaitMode::sleep) << "run without PULSE_MPI_WAIT=spin";
+  const int late = comm.size() - 1;
+  comm.barrier();
+  const pulse::WaitTotals before = pulse::wait_totals();
+  if (comm.rank() == late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Kokkos::View<std::int64_t*, Kokkos::HostSpace> v("v", 3);
+  for (int i = 0; i < 3; ++i) v(i) = comm.rank() == late ? 11 * i + 5 : -1;
+  pulse::broadcast(comm, v, late);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(v(i), 11 * i + 5) << i;
+  const double waited = pulse::wait_totals().seconds - before.seconds;
+  const double cpu = pulse::wait_totals().cpu_seconds - before.cpu_seconds;
+  EXPECT_GE(cpu, 0.0);
+  EXPECT_LE(cpu, waited + 1e-3) << "one thread's CPU time within its wall time";
+  if (comm.rank() != late) {
+    EXPECT_GE(waited, 0.25);
+    // Spinning would take the whole wait (or the share a loaded machine gives): asleep, a few percent.
+    EXPECT_LT(cpu, 0.3 * waited) << "waited " << waited << " s using " << cpu << " s of CPU";
+  }
 }
 
 TEST(ByteCounters, CountWhatEachRankSendsToOtherRanks) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/wait.hpp"
 
 namespace pulse {
 
@@ -22,6 +23,8 @@ void agree_on_error(MPI_Comm comm, const std::function<void()>& work) {
   check_mpi(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   int first = failed ? rank : size;
+  const WaitClock clock;
+  wait_for_ranks(comm);
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
   if (first == size) return;
   std::uint64_t length = error.size();

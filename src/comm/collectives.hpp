@@ -13,6 +13,8 @@
 //                 and receives (n - c) + (p - 1) c elements, 2 (p - 1) / p n on average.
 // These are the bytes that must cross the network under a bandwidth-optimal algorithm, not the
 // messages MPI's own algorithm sends (a tree broadcast forwards, a small allreduce may double).
+// Each call first waits for the other ranks without spinning (comm/wait.hpp) and is timed in
+// wait_totals().
 // Views may live in any memory space. Host-accessible memory goes to MPI as it is; device
 // memory goes to MPI directly only when pulse is configured with PULSE_CUDA_AWARE_MPI=ON,
 // otherwise it is staged through a host buffer (pinned with CUDA or HIP): copied in before
@@ -28,6 +30,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/mpi_type.hpp"
+#include "comm/wait.hpp"
 #include "core/error.hpp"
 #include "kernels/types.hpp"
 #include "pulse_config.hpp"
@@ -161,6 +164,8 @@ void allreduce(const Communicator& comm, const InView& in, const OutView& out, R
   using T = typename OutView::value_type;
   const int count = detail::mpi_count(in.size(), "allreduce");
   Kokkos::fence();
+  const WaitClock clock;
+  wait_for_ranks(comm);
   const detail::MpiBuffer<InView> send(in, true);
   const detail::MpiBuffer<OutView> recv(out, false);
   check_mpi(MPI_Allreduce(send.data(), recv.data(), count, mpi_type<T>(), mpi_op(op), comm.raw()),
@@ -179,6 +184,8 @@ void allreduce(const Communicator& comm, const View& inout, ReduceOp op,
   static_assert(!std::is_const_v<T>, "allreduce in place needs a writable view");
   const int count = detail::mpi_count(inout.size(), "allreduce");
   Kokkos::fence();
+  const WaitClock clock;
+  wait_for_ranks(comm);
   const detail::MpiBuffer<View> buffer(inout, true);
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count, mpi_type<T>(), mpi_op(op),
                           comm.raw()),
@@ -193,6 +200,8 @@ template <class T>
 T allreduce_value(const Communicator& comm, T value, ReduceOp op,
                   Channel channel = Channel::control) {
   T result{};
+  const WaitClock clock;
+  wait_for_ranks(comm);
   check_mpi(MPI_Allreduce(&value, &result, 1, mpi_type<T>(), mpi_op(op), comm.raw()),
             "MPI_Allreduce");
   const std::uint64_t wire = detail::allreduce_wire_bytes(comm, 1, sizeof(T));
@@ -213,6 +222,8 @@ void allgather(const Communicator& comm, const InView& in, const OutView& out,
   const int count = detail::mpi_count(in.size(), "allgather");
   detail::mpi_count(out.size(), "allgather");
   Kokkos::fence();
+  const WaitClock clock;
+  wait_for_ranks(comm);
   const detail::MpiBuffer<InView> send(in, true);
   const detail::MpiBuffer<OutView> recv(out, false);
   check_mpi(MPI_Allgather(send.data(), count, mpi_type<T>(), recv.data(), count, mpi_type<T>(),
@@ -255,6 +266,8 @@ std::vector<index_t> allgatherv(const Communicator& comm, const InView& in, OutV
 
   using T = typename OutView::value_type;
   Kokkos::fence();
+  const WaitClock clock;
+  wait_for_ranks(comm);
   const detail::MpiBuffer<InView> send(in, true);
   const detail::MpiBuffer<OutView> recv(out, false);
   check_mpi(MPI_Allgatherv(send.data(), mpi_counts[comm.rank()], mpi_type<T>(), recv.data(),
@@ -287,6 +300,8 @@ void alltoallv(const Communicator& comm, const T* send, const std::vector<index_
     sent += std::uint64_t(send_counts[r]) * sizeof(T);
     received += std::uint64_t(recv_counts[r]) * sizeof(T);
   }
+  const WaitClock clock;
+  wait_for_ranks(comm);
   check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
                           comm.raw()),
             "MPI_Alltoallv");
@@ -306,6 +321,8 @@ std::vector<index_t> gatherv(const Communicator& comm, const T* in, std::size_t 
   const int count = detail::mpi_count(n, "gatherv");
   const bool is_root = comm.rank() == root;
   std::vector<int> counts(is_root ? comm.size() : 0);
+  const WaitClock clock;
+  wait_for_ranks(comm);
   check_mpi(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm.raw()), "MPI_Gather");
   std::vector<index_t> offsets;
   std::vector<int> displs;
@@ -340,6 +357,8 @@ void broadcast(const Communicator& comm, const View& view, int root,
   const int count = detail::mpi_count(view.size(), "broadcast");
   const bool is_root = comm.rank() == root;
   Kokkos::fence();
+  const WaitClock clock;
+  wait_for_ranks(comm);
   const detail::MpiBuffer<View> buffer(view, is_root);
   check_mpi(MPI_Bcast(buffer.data(), count, mpi_type<T>(), root, comm.raw()), "MPI_Bcast");
   if (!is_root) buffer.copy_out();

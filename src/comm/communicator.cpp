@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "comm/wait.hpp"
 #include "core/error.hpp"
 
 namespace pulse {
@@ -80,7 +81,11 @@ Communicator Communicator::split(int color, int key) const {
   return Communicator(std::move(state));
 }
 
-void Communicator::barrier() const { check_mpi(MPI_Barrier(raw()), "MPI_Barrier"); }
+void Communicator::barrier() const {
+  const WaitClock clock;
+  wait_for_ranks(*this);
+  check_mpi(MPI_Barrier(raw()), "MPI_Barrier");
+}
 
 std::uint64_t Communicator::bytes_sent(Channel channel) const {
   return state_->sent[channel_index(channel)];
