@@ -6,7 +6,8 @@
 // generate rollouts from BF16 weights that reach them as PULSESync patches. Each role is a class
 // (src/train): Generator, Trainer, Publisher, StepRecorder. One step reads top to bottom in
 // Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> measurement -> patch ->
-// statistics row; the loop in Run::train() checkpoints.
+// statistics row; the loop in Run::train() checkpoints. With an async lag the inference ranks
+// sample the next step's rollouts while the trainers train (Generator::sample_ahead).
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -320,6 +321,7 @@ void Run::write_root_attributes() {
   s.set_attribute("tensor_shapes", shapes);
   s.set_attribute("tensor_numel", numel);
   s.set_attribute("num_parameters", std::int64_t(n_));
+  s.set_attribute("seq_len", std::int64_t(seq_len_));
   s.set_attribute("model", c_.model);
   s.set_attribute("precision", c_.precision);
   s.set_attribute("trainer_sync", c_.trainer_sync);
@@ -586,6 +588,8 @@ void Run::step(std::int64_t t) {
     RolloutBatch b = generator_->rollouts_for_step(t, *publisher_, trainer_weights(), copies_, comm_s);
     if (trainer_) trainer_->set_batch(std::move(b));
   }
+  // With an async lag the inference ranks sample the next batch while the trainers train on this one.
+  generator_->sample_ahead(t, c_.steps, *publisher_, copies_);
   // 2-3. GRPO gradients, allreduce, AdamW and (DiLoCo/PULSELoCo) the outer step; trainer 0 keeps
   // the master weights before it on absorption steps.
   const bool absorb = c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;

@@ -1,6 +1,8 @@
 #include "train/generator.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "comm/collectives.hpp"
@@ -26,6 +28,8 @@ Generator::Generator(const TrainConfig& c, const GPTConfig& config, int seq_len,
     : c_(c), seq_len_(seq_len), rank_(rank), num_trainers_(num_trainers),
       rows_per_trainer_(rows_per_trainer(c, num_trainers)), trainer_(rank < num_trainers),
       samples_(c.inference_ranks == 0 ? trainer_ : !trainer_), routes_(std::move(routes)) {
+  const char* ahead = std::getenv("PULSE_GENERATE_AHEAD");
+  ahead_enabled_ = ahead == nullptr || std::strcmp(ahead, "0") != 0;
   const int parts = c_.inference_ranks ? c_.inference_ranks : num_trainers_;
   if (samples_) decoder_ = std::make_unique<GPTDecoder>(config, c_.prompts_per_step / parts * c_.group_size, seq_len_);
 }
@@ -46,23 +50,36 @@ RolloutBatch Generator::generate(std::uint64_t generation, int first_prompt, int
   return sample_rollouts(*decoder_, tok_, task, mine, c_.group_size, seq_len_, options);
 }
 
+std::uint64_t Generator::rollout_version(std::int64_t t) const {
+  return std::uint64_t(std::max<std::int64_t>(0, t - 1 - c_.async_lag));
+}
+
+RolloutBatch Generator::sample_share(std::int64_t t, int part, int parts, const Publisher& versions,
+                                     const Kokkos::View<const bf16_bits*>& trainer_weights, TransferCounter& copies) {
+  const std::uint64_t generation = std::uint64_t(t - 1) / c_.num_iterations;
+  const std::uint64_t from_version = rollout_version(t);
+  const int per = c_.prompts_per_step / parts;
+  Kokkos::View<const bf16_bits*> weights = trainer_weights;
+  if (!trainer_ || from_version != versions.version()) weights = copies.to_device(versions.version_weights(from_version));
+  RolloutBatch b = generate(generation, part * per, per, weights);
+  b.policy_version = from_version;
+  return b;
+}
+
+void Generator::sample_ahead(std::int64_t t, std::int64_t last_step, const Publisher& versions,
+                             TransferCounter& copies) {
+  if (!samples_ || trainer_ || !ahead_enabled_ || c_.async_lag == 0) return;
+  const std::int64_t next = t + c_.num_iterations - (t - 1) % c_.num_iterations;  // next step with new rollouts
+  if (next > last_step || ahead_step_ == next || rollout_version(next) > versions.version()) return;
+  ahead_ = sample_share(next, rank_ - num_trainers_, c_.inference_ranks, versions, {}, copies);
+  ahead_step_ = next;
+}
+
 RolloutBatch Generator::rollouts_for_step(std::int64_t t, const Publisher& versions,
                                           const Kokkos::View<const bf16_bits*>& trainer_weights,
                                           TransferCounter& copies, double& comm_seconds) {
-  const std::uint64_t generation = std::uint64_t(t - 1) / c_.num_iterations;
-  const std::uint64_t from_version = std::uint64_t(std::max<std::int64_t>(0, t - 1 - c_.async_lag));
-  // The generating ranks split the prompts evenly; this rank samples share `part` of `parts`.
-  auto sample_share = [&](int part, int parts) {
-    const int per = c_.prompts_per_step / parts;
-    // A trainer samples from the version it holds on the device; others upload theirs.
-    Kokkos::View<const bf16_bits*> weights = trainer_weights;
-    if (!trainer_ || from_version != versions.version())
-      weights = copies.to_device(versions.version_weights(from_version));
-    RolloutBatch b = generate(generation, part * per, per, weights);
-    b.policy_version = from_version;
-    return b;
-  };
-  if (c_.inference_ranks == 0) return trainer_ ? sample_share(rank_, num_trainers_) : RolloutBatch{};
+  if (c_.inference_ranks == 0)
+    return trainer_ ? sample_share(t, rank_, num_trainers_, versions, trainer_weights, copies) : RolloutBatch{};
   // Each inference rank broadcasts its share over its route (the trainers and itself), so an
   // inference rank receives no other's rollouts.
   std::vector<RolloutBatch> parts;
@@ -71,7 +88,10 @@ RolloutBatch Generator::rollouts_for_step(std::int64_t t, const Publisher& versi
     if (!trainer_ && rank_ != sender) continue;
     const Communicator& route = routes_[i];
     std::vector<std::uint8_t> bytes;
-    if (rank_ == sender) bytes = sample_share(i, c_.inference_ranks).serialize();
+    if (rank_ == sender) {
+      bytes = (ahead_step_ == t ? ahead_ : sample_share(t, i, c_.inference_ranks, versions, {}, copies)).serialize();
+      ahead_step_ = 0, ahead_ = RolloutBatch{};
+    }
     Kokkos::Timer timer;
     std::uint64_t size = bytes.size();
     broadcast(route, as_view(&size, 1), route.size() - 1, Channel::rollouts);

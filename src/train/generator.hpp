@@ -3,6 +3,10 @@
 // ranks, or the trainers when there are none) split the step's prompts evenly and sample their
 // share from BF16 weights of version t-1-async_lag; each inference rank sends its share to the
 // trainers over its own route, and each trainer takes its rows of the concatenation.
+// With an async lag the inference ranks sample ahead: the next batch's version is already theirs
+// while the trainers train on this one, so sampling and training overlap, one on each core. The
+// batch is the one sampled later would be (its draws depend on the generation and the version
+// only); PULSE_GENERATE_AHEAD=0 in an inference rank's environment turns this off.
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -38,12 +42,23 @@ class Generator {
                                  const Kokkos::View<const bf16_bits*>& trainer_weights, TransferCounter& copies,
                                  double& comm_seconds);
 
+  // Inference ranks, after the rollouts of step t are sent: samples the share of the next step
+  // that takes new rollouts (up to the last step) when the version it needs is here already, for
+  // rollouts_for_step to send then. A no-op elsewhere, without an async lag, or turned off.
+  void sample_ahead(std::int64_t t, std::int64_t last_step, const Publisher& versions, TransferCounter& copies);
+
   // The rollouts of `generation` for prompts [first_prompt, first_prompt + num_prompts) of its
   // problem set, sampled from `weights`: the same rows however the prompts are split.
   RolloutBatch generate(std::uint64_t generation, int first_prompt, int num_prompts,
                         const Kokkos::View<const bf16_bits*>& weights);
 
  private:
+  // Weights version the rollouts of step t come from.
+  std::uint64_t rollout_version(std::int64_t t) const;
+  // Share `part` of `parts` of step t's rollouts, sampled from the version it needs: a trainer's
+  // own weights when it holds that version, else a kept version uploaded.
+  RolloutBatch sample_share(std::int64_t t, int part, int parts, const Publisher& versions,
+                            const Kokkos::View<const bf16_bits*>& trainer_weights, TransferCounter& copies);
   // This trainer's rows of the inference ranks' shares, in order.
   RolloutBatch trainer_rows(const std::vector<RolloutBatch>& parts) const;
 
@@ -53,6 +68,9 @@ class Generator {
   std::vector<Communicator> routes_;
   CharTokenizer tok_ = arithmetic_tokenizer();
   std::unique_ptr<GPTDecoder> decoder_;  // sampling ranks
+  bool ahead_enabled_;                   // PULSE_GENERATE_AHEAD is not 0
+  std::int64_t ahead_step_ = 0;          // the step whose share ahead_ holds (0: none)
+  RolloutBatch ahead_;
 };
 
 }  // namespace pulse

@@ -1,11 +1,26 @@
 #include "train/step_recorder.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <sys/resource.h>
+
 #include <cmath>
 
 #include "comm/collectives.hpp"
+#include "comm/wait.hpp"
 
 namespace pulse {
+
+namespace {
+
+// User + system CPU seconds of this process so far, all threads.
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return double(t.tv_sec) + 1e-6 * double(t.tv_usec); };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+}  // namespace
 
 StepRecorder::StepRecorder(io::StatsFile& file, const Communicator& world, const Communicator& trainers,
                            const Communicator& sync, std::vector<Communicator> counted)
@@ -30,10 +45,18 @@ void StepRecorder::start_step() {
   sent0_ = all_bytes(true), recv0_ = all_bytes(false);
   patch_recv0_ = sync_.bytes_received(Channel::patches);
   trainer_sent0_ = trainer_bytes(true), trainer_recv0_ = trainer_bytes(false);
+  cpu0_ = process_cpu_seconds();
+  wait0_ = wait_totals();
 }
 
 void StepRecorder::finish_step(io::StatsRow& row, double step_s, double comm_s, std::int64_t weights_digest,
                                std::uint64_t version) {
+  // Meet the other ranks first, so the append's own time is not a wait for the slowest rank.
+  {
+    const WaitClock clock;
+    wait_for_ranks(world_);
+  }
+  const WaitTotals wait = wait_totals();
   row.set_rank_int("/ranks/bytes_sent", std::int64_t(all_bytes(true) - sent0_));
   row.set_rank_int("/ranks/bytes_recv", std::int64_t(all_bytes(false) - recv0_));
   row.set_rank_int("/ranks/patch_bytes_recv", std::int64_t(sync_.bytes_received(Channel::patches) - patch_recv0_));
@@ -41,6 +64,9 @@ void StepRecorder::finish_step(io::StatsRow& row, double step_s, double comm_s, 
   row.set_rank_int("/ranks/trainer_bytes_recv", std::int64_t(trainer_bytes(false) - trainer_recv0_));
   row.set_rank("/ranks/comm_s", comm_s);
   row.set_rank("/ranks/compute_s", step_s - comm_s);
+  row.set_rank("/ranks/cpu_s", process_cpu_seconds() - cpu0_);
+  row.set_rank("/ranks/wait_s", wait.seconds - wait0_.seconds);
+  row.set_rank("/ranks/wait_cpu_s", wait.cpu_seconds - wait0_.cpu_seconds);
   row.set_rank_int("/ranks/weights_digest", weights_digest);
   row.set_rank_int("/ranks/version", std::int64_t(version));
   row.set("/steps/write_s", last_write_s_);

@@ -1,11 +1,13 @@
 #pragma once
 // The recorder role of pulse-train: per step, what every rank moved over MPI (all channels of the
-// communicators it is given), its own columns of /ranks, and the collective append
-// of the row to the statistics file (timed: /steps/write_s of the next row).
+// communicators it is given), its own columns of /ranks (bytes, seconds, CPU seconds in and out
+// of collective calls), and the collective append of the row to the statistics file (timed once
+// every rank is there: /steps/write_s of the next row).
 #include <cstdint>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/wait.hpp"
 #include "io/stats_file.hpp"
 
 namespace pulse {
@@ -18,11 +20,11 @@ class StepRecorder {
   StepRecorder(io::StatsFile& file, const Communicator& world, const Communicator& trainers, const Communicator& sync,
                std::vector<Communicator> counted);
 
-  // Remembers the byte counters at the start of a step.
+  // Remembers the byte counters, CPU and wait seconds at the start of a step.
   void start_step();
-  // Sets this rank's /ranks columns (bytes since start_step, seconds in and out of collectives,
-  // the digest word and version of the weights it holds) and /steps/write_s, then appends the
-  // row: collective over the world communicator.
+  // Waits for every rank, sets this rank's /ranks columns (bytes, CPU and wait seconds since
+  // start_step, seconds in and out of collectives, the digest word and version of the weights
+  // it holds) and /steps/write_s, then appends the row: collective over the world communicator.
   void finish_step(io::StatsRow& row, double step_s, double comm_s, std::int64_t weights_digest,
                    std::uint64_t version);
 
@@ -34,6 +36,8 @@ class StepRecorder {
   Communicator world_, trainers_, sync_;
   std::vector<Communicator> counted_;
   std::uint64_t sent0_ = 0, recv0_ = 0, patch_recv0_ = 0, trainer_sent0_ = 0, trainer_recv0_ = 0;
+  double cpu0_ = 0;
+  WaitTotals wait0_;
   double last_write_s_;  // NaN before the first append
 };
 
