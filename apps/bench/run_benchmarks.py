@@ -1,5 +1,7 @@
 """make bench: runs pulse's kernel benchmarks and the PyTorch peers on this machine in one
-invocation, writes both JSON files and prints bandwidth, triad and copy fractions and speed-up.
+invocation, writes both JSON files and prints bandwidth, triad and copy fractions and speed-up,
+then a whole pulse-train step split into compute, wait, measure, sync and statistics
+(bench_train_step.py).
     python3 run_benchmarks.py --build build --out runs/bench [--sizes 16777216]
 With PULSE_BENCH_BIG=llama-7b (or qwen2-1.5b) in the environment it also runs
 apps/bench/big_folder_bench.py on a generated folder pair of that layout (off by default).
@@ -53,6 +55,9 @@ def main():
             line += f"{peer * 1e3:>10.2f}{peer * 1e3 / ms:>8.1f}x"
         print(line)
     print_sync(json.load(open(sync_json)), json.load(open(torch_sync_json)))
+    # a whole pulse-train step (tiny, small), split, with MFU against this machine's SGEMM
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "bench_train_step.py"),
+                    "--build", args.build, "--out", args.out], check=True)
     # import pulse beside the C++ library and the torch format (when the module was built)
     module_dir = os.path.join(args.build, "python")
     if os.path.isdir(os.path.join(module_dir, "pulse")):

@@ -1,0 +1,150 @@
+"""A whole pulse-train step, split into compute, wait, measure, sync and statistics, with MFU
+against this machine's SGEMM measured in the same run (pulse-bench-model's BM_Sgemm, 1024^3,
+OpenBLAS on every core, and on one). Every figure comes from the statistics file's columns.
+    python3 bench_train_step.py --build build --out runs/bench [--presets tiny,small] [--steps 30]
+
+Each preset runs under `mpirun -n 2` (one trainer, one inference rank) from GPT-2 init, with
+the embedded default's batch (jobs/configs/default.toml), in three settings:
+  before    async-lag 0, MPI waits spin (PULSE_MPI_WAIT=spin): the trainer and the inference
+            rank in lock-step, each spinning while the other computes (last round's step)
+  lockstep  async-lag 0, waits sleep: the same algorithm and weights, the waiting core freed
+  overlap   async-lag 1, waits sleep: the inference rank samples step t+1's rollouts while the
+            trainer trains step t (another algorithm: rollouts one version older)
+Per setting, over the steps after --warmup (medians of per-step values: robust to a loaded
+machine's preemptions; the flushes every 100 rows or 10 s show in the JSON's write_max_s):
+  step      wall seconds from one step's end to the next (/steps/time_s)
+  compute   the rest of the step on trainer 0
+  wait      trainer 0's seconds in collective calls (/ranks/wait_s; the patch send included)
+  measure   /steps/measure_s; sync: /steps/encode_s (the send is in wait); sync_s: /steps/sync_s
+  stats     /steps/write_s of the next row (the append once every rank is there)
+  overhead  (measure_s + sync_s + write_s) / step: the measurement, PULSESync and statistics share
+  mfu       training model FLOPs (6 P tokens + 12 L C T tokens, PaLM appendix B; every position
+            of every row) per step second over the SGEMM peak of all cores; mfu_gen adds the
+            sampling's forward FLOPs (a third of training's)
+  cpu       per rank, CPU seconds over step seconds (/ranks/cpu_s); busy: the share of that CPU
+            spent in collective calls (/ranks/wait_cpu_s / cpu_s): polling, not computing; held:
+            CPU seconds per second of waiting (wait_cpu_s / wait_s), 1 for a spin on an idle core
+Wall figures need idle cores; on a loaded machine read cpu and busy.
+"""
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import h5py
+import numpy as np
+
+SETTINGS = {
+    "before": ({"PULSE_MPI_WAIT": "spin", "PULSE_GENERATE_AHEAD": "0"}, ["--async-lag", "0"]),
+    "lockstep": ({"PULSE_MPI_WAIT": "sleep"}, ["--async-lag", "0"]),
+    "overlap": ({"PULSE_MPI_WAIT": "sleep"}, ["--async-lag", "1"]),
+}
+
+
+def sgemm_peak(build, threads):
+    """BM_Sgemm's FLOP/s with `threads` OpenBLAS threads."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads))
+    out = subprocess.run([os.path.join(build, "apps", "bench", "pulse-bench-model"), "--benchmark_filter=^BM_Sgemm",
+                          "--benchmark_repetitions=5", "--benchmark_format=json"],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    runs = [b for b in json.loads(out)["benchmarks"] if b.get("run_type") == "iteration"]
+    return max(b["flops_per_second"] for b in runs)
+
+
+def run_train(build, mpiexec, preset, setting, steps, out):
+    env_extra, flags = SETTINGS[setting]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = (mpiexec + ["-n", "2", os.path.join(build, "apps", "pulse-train"),
+                      "--config", os.path.join(repo, "jobs", "configs", "default.toml"), "--model", preset,
+                      "--init", "", "--sft-steps", "0", "--steps", str(steps), "--eval-every", "0",
+                      "--absorption-every", "0", "--checkpoint-every", "0", "--quiet", "--out", out, "--overwrite"]
+           + flags)
+    load = os.getloadavg()[0]
+    subprocess.run(cmd, check=True, env=dict(os.environ, **env_extra), stdout=subprocess.DEVNULL)
+    return load, " ".join(f"{k}={v}" for k, v in env_extra.items()) + " " + shlex.join(cmd)
+
+
+def model_flops(f):
+    """Training model FLOPs of one step: 6 P tokens + 12 L C T tokens over every position of every row."""
+    config = tomllib.loads(f.attrs["config"])
+    names = [str(n) for n in f.attrs["tensor_names"]]
+    numel = dict(zip(names, f.attrs["tensor_numel"]))
+    layers = sum(n.endswith("ln1.weight") for n in names)
+    channels = float(numel["ln_f.weight"])
+    T = int(f.attrs["seq_len"])
+    tokens = float(config["prompts-per-step"] * config["group-size"] * T)
+    return 6.0 * float(f.attrs["num_parameters"]) * tokens + 12.0 * layers * channels * T * tokens
+
+
+def summarise(path, warmup, peak):
+    with h5py.File(path, "r") as f:
+        s, r = f["steps"], f["ranks"]
+        time_s = s["time_s"][:]
+        step = np.diff(time_s)[warmup:]  # row i+1's step, from row i's end
+        rows = slice(warmup + 1, len(time_s) - 1)  # rows whose next row holds their write_s
+        pick = lambda a: np.asarray(a)[rows]
+        write = s["write_s"][:][warmup + 2:]
+        n = min(len(step) - 1, len(write))
+        step, write = step[:n], write[:n]
+        wait = pick(r["wait_s"][:, 0])[:n]
+        measure, encode, sync = pick(s["measure_s"][:])[:n], pick(s["encode_s"][:])[:n], pick(s["sync_s"][:])[:n]
+        compute = step - wait - measure - encode - write
+        flops = model_flops(f)
+        cpu = r["cpu_s"][rows][:n]
+        wait_cpu = r["wait_cpu_s"][rows][:n]
+        wait_all = r["wait_s"][rows][:n]
+        med = lambda a: float(np.median(a))
+        T = med(step)
+        return {
+            "step_s": T,
+            "share": {"compute": med(compute) / T, "wait": med(wait) / T, "measure": med(measure) / T,
+                      "sync": med(encode) / T, "stats": med(write) / T},
+            "overhead": med(measure + sync + write) / T,
+            "write_max_s": float(write.max()),
+            "mfu": flops / T / peak, "mfu_gen": flops * 4 / 3 / T / peak,
+            "cpu_share": (cpu.sum(axis=0) / step.sum()).tolist(),
+            "busy_wait": (wait_cpu.sum(axis=0) / np.maximum(cpu.sum(axis=0), 1e-12)).tolist(),
+            "wait_cpu_per_wait_s": (wait_cpu.sum(axis=0) / np.maximum(wait_all.sum(axis=0), 1e-12)).tolist(),
+            "steps": int(n),
+        }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--presets", default="tiny,small")
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--mpiexec", default="mpirun --oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else ""))
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cores = os.cpu_count()
+    peak = sgemm_peak(args.build, cores)
+    peak_one = sgemm_peak(args.build, 1)
+    print(f"\npulse-train step: SGEMM 1024^3 {peak / 1e9:.1f} GFLOP/s on {cores} cores, {peak_one / 1e9:.1f} on one")
+    print(f"{'preset':<7}{'setting':<10}{'load':>6}{'step ms':>9}{'compute':>8}{'wait':>6}{'measure':>8}{'sync':>6}"
+          f"{'stats':>6}{'overhd':>7}{'mfu':>7}{'mfu_gen':>8}   cpu/step (busy, held) trainer; inference")
+    results = {"sgemm_flops_per_second": peak, "sgemm_one_core_flops_per_second": peak_one, "cores": cores, "runs": []}
+    for preset in args.presets.split(","):
+        for setting in args.settings.split(","):
+            path = os.path.join(args.out, f"train_step_{preset}_{setting}.h5")
+            load, command = run_train(args.build, shlex.split(args.mpiexec), preset, setting, args.steps, path)
+            r = dict(summarise(path, args.warmup, peak), preset=preset, setting=setting, load=load, command=command)
+            results["runs"].append(r)
+            sh = r["share"]
+            ranks = "; ".join(f"{c:.2f} ({b:.2f}, {h:.2f})"
+                              for c, b, h in zip(r["cpu_share"], r["busy_wait"], r["wait_cpu_per_wait_s"]))
+            print(f"{preset:<7}{setting:<10}{load:>6.1f}{r['step_s'] * 1e3:>9.1f}{sh['compute']:>8.3f}{sh['wait']:>6.3f}"
+                  f"{sh['measure']:>8.3f}{sh['sync']:>6.3f}{sh['stats']:>6.3f}{r['overhead']:>7.3f}{r['mfu']:>7.3f}"
+                  f"{r['mfu_gen']:>8.3f}   {ranks}", flush=True)
+    with open(os.path.join(args.out, "train_step.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
