@@ -7,7 +7,8 @@
 // ranks in an MPI_Ibarrier polled with MPI_Test, sleeping between polls once the wait lasts,
 // then make the same blocking MPI call as before, which finds every rank there. The MPI call and
 // so every result stay the same in either mode; only the core's time while waiting differs.
-// PULSE_MPI_WAIT=spin (or sleep) in the environment chooses, the same on every rank.
+// PULSE_MPI_WAIT=spin (or sleep) in the environment chooses, the same on every rank. Like the MPI
+// calls themselves (pulse initializes MPI at most FUNNELED), these run on one thread.
 #include <mpi.h>
 
 #include <chrono>
