@@ -45,10 +45,10 @@
 #include "core/version.hpp"
 #include "io/model_state.hpp"
 #include "io/stats_file.hpp"
-#include "measure/change_log.hpp"
 #include "measure/checkpoint_reader.hpp"
 #include "measure/compare.hpp"
 #include "measure/compare_as.hpp"
+#include "measure/kstep_history.hpp"
 #include "measure/patch_size.hpp"
 #include "measure/run_config.hpp"
 #include "measure/tensor_kind.hpp"
@@ -84,6 +84,13 @@ struct Options {
   std::vector<std::string> include, exclude;  // globs on a folder's files
   cli::FolderFilter filter() const { return cli::FolderFilter(include, exclude); }
 };
+
+std::vector<int> ks_up_to(int max_k) {
+  std::vector<int> ks;
+  for (const int k : kstep_values)
+    if (k <= max_k) ks.push_back(k);
+  return ks;
+}
 
 bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
 
@@ -254,11 +261,9 @@ class Measurement {
               std::vector<MeasuredTensor> tensors, measure::CompareAs as, measure::RunConfig config,
               std::string command_line)
       : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), as_(as), config_(std::move(config)),
-        command_line_(std::move(command_line)) {
+        command_line_(std::move(command_line)), ks_(ks_up_to(o.max_k)), history_(ks_) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
-    for (const int k : kstep_values)
-      if (k <= o.max_k) ks_.push_back(k);
     std::vector<MeasuredTensor> compared = tensors_;  // units by the bytes compared: the patches of a cast
     for (std::size_t t = 0; t < tensors_.size(); ++t) {  // series are those of the cast checkpoints
       cast_.push_back(as_ != measure::CompareAs::raw && tensors_[t].dtype == "F32");
@@ -464,27 +469,11 @@ class Measurement {
     const std::int64_t step = series_[i].first;
     const std::size_t nt = tensors_.size(), nk = ks_.size();
     const bool has_prev = previous != nullptr;
-    // The logs the row reverts with: those from checkpoints at most the largest k back.
-    while (!logs_.empty() && logs_.back().base_step() < step - ks_.back()) {
-      spare_logs_.push_back(std::move(logs_.back()));
-      logs_.pop_back();
-    }
-    if (has_prev) {
-      logs_.emplace_front();
-      if (!spare_logs_.empty()) logs_.front() = std::move(spare_logs_.back()), spare_logs_.pop_back();
-      logs_.front().clear(series_[i - 1].first);
-    }
-    // k_of_log[l]: the k whose version reverting with logs 0..l gives, or none.
-    constexpr std::size_t none = std::size_t(-1);
-    std::vector<std::size_t> k_of_log(logs_.size(), none);
-    for (std::size_t l = 0; l < logs_.size(); ++l)
-      for (std::size_t k = 0; k < nk; ++k)
-        if (step - ks_[k] == logs_[l].base_step()) k_of_log[l] = k;
+    history_.start(step, has_prev ? std::optional<std::int64_t>(series_[i - 1].first) : std::nullopt);
 
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
-    std::size_t block = 0;
     // This rank's share: a file cut short or unreadable fails it here alone, so every rank
     // agrees on the outcome before the reductions below (comm/agree.hpp).
     agree_on_error(MPI_COMM_WORLD, [&] {
@@ -501,7 +490,7 @@ class Measurement {
           const bool whole = p.begin == 0 && p.end == t.numel;
           patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
                             compared_dtype(p.tensor), n);
-          for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
+          for (std::size_t b = 0; b < n; b += kBlockElements) {
             const std::size_t m = std::min(kBlockElements, n - b);
             const std::byte* now = piece + b * t.element_bytes;
             const std::byte* before = piece_before + b * t.element_bytes;
@@ -510,7 +499,7 @@ class Measurement {
               measure::cast_block(as_, before, m, cast_before_.data());
               now = cast_now_.data(), before = cast_before_.data();
             }
-            const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
+            const std::vector<std::uint16_t>& changed = history_.add_block(now, before, m, esz, sums.data() + nt);
             sums[p.tensor] += std::int64_t(changed.size());
             const auto e0 = std::chrono::steady_clock::now();
             if (esz == 4)
@@ -518,14 +507,6 @@ class Measurement {
             else
               add_changes<std::uint16_t>(changed, b, now, before);
             encode_s += seconds_since(e0);
-            if (k_of_log[0] != none) sums[nt + k_of_log[0]] += std::int64_t(changed.size());  // before's block
-            if (logs_.size() == 1) continue;
-            std::memcpy(scratch_.data(), before, m * esz);
-            for (std::size_t l = 1; l < logs_.size(); ++l) {
-              logs_[l].revert(block, scratch_.data(), m, esz);  // now the checkpoint of logs_[l].base_step()
-              if (k_of_log[l] != none)
-                sums[nt + k_of_log[l]] += std::int64_t(measure::count_differing(now, scratch_.data(), m, esz));
-            }
           }
         }
         if (has_prev) {
@@ -607,9 +588,7 @@ class Measurement {
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0, stored_bytes_ = 0;  // dense: as compared; stored: as read
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
-  std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
-  std::vector<measure::ChangeLog> spare_logs_;           // dropped, with their buffers
-  std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted
+  measure::KStepHistory history_;
   std::vector<std::byte> cast_now_ = std::vector<std::byte>(kBlockElements * 2);  // a cast block and its
   std::vector<std::byte> cast_before_ = std::vector<std::byte>(kBlockElements * 2);  // predecessor
   struct Totals {  // over the rows (rank 0)
