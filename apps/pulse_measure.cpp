@@ -27,11 +27,9 @@
 #include <cstring>
 #include <ctime>
 #include <cerrno>
-#include <deque>
 #include <filesystem>
 #include <iostream>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <set>
