@@ -1,17 +1,17 @@
 // pulse-measure: the BF16 (and F16/F32) weight-update sparsity of any run, from its checkpoints.
 //   mpirun -n N pulse-measure --out run.h5 CKPT_0 CKPT_1 ... CKPT_T
 //   mpirun -n N pulse-measure --out run.h5 --glob 'run/checkpoint-*'
-// Each checkpoint is a .safetensors file or a Hugging Face folder (src/io/model_state.hpp). The
-// output is pulse-train's statistics schema (apps/pulse_train.cpp, src/io/stats_file.hpp) with
-// the datasets the weights alone determine; row i compares checkpoint i + 1 with the ones before.
+// Each checkpoint is a .safetensors file or a Hugging Face folder (src/io/model_state.hpp); the
+// series and its steps: src/measure/checkpoint_series.hpp. The output is pulse-train's statistics
+// format (src/io/stats_file.hpp) with the datasets the weights alone determine
+// (src/measure/stats_schema.hpp); row i compares checkpoint i + 1 with the ones before.
 // Ranks split the model by bytes (src/measure/work_split.hpp); each reads only its share of each
 // checkpoint, where the page cache holds it (mapped, not copied: src/measure/checkpoint_reader.hpp),
 // comparing it block by block with the previous checkpoint's; earlier versions are rebuilt block by
-// block from logs of the changes between checkpoints (src/measure/change_log.hpp), so memory per
+// block from logs of the changes between checkpoints (src/measure/kstep_history.hpp), so memory per
 // rank is the two checkpoints' mapped pages plus the logs. The kernel reads the next one ahead.
 // FP32 tensors are compared as the BF16 (or F16) cast the forward pass reads, or as stored
 // (--as raw): src/measure/compare_as.hpp.
-#include <glob.h>
 #include <signal.h>
 #include <unistd.h>
 #include <sys/resource.h>
@@ -27,11 +27,9 @@
 #include <cstring>
 #include <ctime>
 #include <cerrno>
-#include <deque>
 #include <filesystem>
 #include <iostream>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -45,12 +43,14 @@
 #include "core/version.hpp"
 #include "io/model_state.hpp"
 #include "io/stats_file.hpp"
-#include "measure/change_log.hpp"
 #include "measure/checkpoint_reader.hpp"
+#include "measure/checkpoint_series.hpp"
 #include "measure/compare.hpp"
 #include "measure/compare_as.hpp"
+#include "measure/kstep_history.hpp"
 #include "measure/patch_size.hpp"
 #include "measure/run_config.hpp"
+#include "measure/stats_schema.hpp"
 #include "measure/tensor_kind.hpp"
 #include "measure/work_split.hpp"
 
@@ -85,81 +85,14 @@ struct Options {
   cli::FolderFilter filter() const { return cli::FolderFilter(include, exclude); }
 };
 
+std::vector<int> ks_up_to(int max_k) {
+  std::vector<int> ks;
+  for (const int k : kstep_values)
+    if (k <= max_k) ks.push_back(k);
+  return ks;
+}
+
 bool is_measured(io::DType d) { return d == io::DType::BF16 || d == io::DType::F16 || d == io::DType::F32; }
-
-// The last run of digits in the part of each path that differs between them ("ckpt/step_12" -> 12).
-std::vector<std::int64_t> steps_from_names(const std::vector<std::string>& paths) {
-  std::size_t prefix = paths[0].size(), suffix = paths[0].size();
-  for (const std::string& p : paths) {
-    std::size_t i = 0;
-    while (i < prefix && i < p.size() && p[i] == paths[0][i]) ++i;
-    prefix = i;
-    std::size_t j = 0;
-    while (j < suffix && j < p.size() && p[p.size() - 1 - j] == paths[0][paths[0].size() - 1 - j]) ++j;
-    suffix = j;
-  }
-  while (prefix > 0 && std::isdigit(static_cast<unsigned char>(paths[0][prefix - 1]))) --prefix;
-  std::vector<std::int64_t> steps;
-  for (const std::string& p : paths) {
-    std::size_t end = p.size() - std::min(suffix, p.size() - prefix);
-    while (end < p.size() && std::isdigit(static_cast<unsigned char>(p[end]))) ++end;
-    std::size_t e = end;
-    while (e > prefix && !std::isdigit(static_cast<unsigned char>(p[e - 1]))) --e;
-    std::size_t b = e;
-    while (b > prefix && std::isdigit(static_cast<unsigned char>(p[b - 1]))) --b;
-    if (b == e || e - b > 18) throw Error(p + ": --glob finds no step number in the name (give --steps)");
-    steps.push_back(std::stoll(p.substr(b, e - b)));
-  }
-  return steps;
-}
-
-std::vector<std::int64_t> parse_steps(const std::string& list) {
-  std::vector<std::int64_t> steps;
-  std::size_t begin = 0;
-  while (!list.empty() && begin <= list.size()) {
-    const std::size_t end = std::min(list.find(',', begin), list.size());
-    const std::string item = list.substr(begin, end - begin);
-    std::size_t used = 0;
-    try {
-      steps.push_back(std::stoll(item, &used));
-    } catch (const std::exception&) {
-      used = std::string::npos;
-    }
-    if (used != item.size()) throw Error("--steps: \"" + item + "\" is not a step number");
-    begin = end + 1;
-  }
-  return steps;
-}
-
-// Checkpoints and their steps, in step order.
-std::vector<std::pair<std::int64_t, std::string>> resolve_series(const Options& o) {
-  std::vector<std::string> paths = o.checkpoints;
-  std::vector<std::int64_t> steps = o.steps;
-  if (!o.glob_pattern.empty()) {
-    glob_t g{};
-    const int rc = ::glob(o.glob_pattern.c_str(), 0, nullptr, &g);
-    for (std::size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
-    globfree(&g);
-    if (paths.empty()) throw Error("--glob " + o.glob_pattern + ": matches nothing");
-    if (steps.empty()) steps = steps_from_names(paths);
-  }
-  if (paths.size() < 2) throw Error("need at least two checkpoints (got " + std::to_string(paths.size()) + ")");
-  if (steps.empty())
-    for (std::size_t i = 0; i < paths.size(); ++i) steps.push_back(std::int64_t(i));
-  if (steps.size() != paths.size())
-    throw Error("--steps gives " + std::to_string(steps.size()) + " steps for " + std::to_string(paths.size()) +
-                " checkpoints");
-  std::vector<std::pair<std::int64_t, std::string>> series;
-  for (std::size_t i = 0; i < paths.size(); ++i) series.emplace_back(steps[i], paths[i]);
-  std::stable_sort(series.begin(), series.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (std::size_t i = 1; i < series.size(); ++i)
-    if (series[i].first == series[i - 1].first)
-      throw Error(series[i].second + ": step " + std::to_string(series[i].first) + " is also " + series[i - 1].second +
-                  "'s");
-  if (o.glob_pattern.empty() && !std::is_sorted(steps.begin(), steps.end()))
-    throw Error("--steps must increase in the order the checkpoints are given");
-  return series;
-}
 
 // A folder's file by its path relative to the folder.
 std::string relative_name(const io::ModelState& state, const std::string& path) {
@@ -254,11 +187,9 @@ class Measurement {
               std::vector<MeasuredTensor> tensors, measure::CompareAs as, measure::RunConfig config,
               std::string command_line)
       : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), as_(as), config_(std::move(config)),
-        command_line_(std::move(command_line)) {
+        command_line_(std::move(command_line)), ks_(ks_up_to(o.max_k)), history_(ks_) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
-    for (const int k : kstep_values)
-      if (k <= o.max_k) ks_.push_back(k);
     std::vector<MeasuredTensor> compared = tensors_;  // units by the bytes compared: the patches of a cast
     for (std::size_t t = 0; t < tensors_.size(); ++t) {  // series are those of the cast checkpoints
       cast_.push_back(as_ != measure::CompareAs::raw && tensors_[t].dtype == "F32");
@@ -342,42 +273,14 @@ class Measurement {
   }
 
   void declare() {
-    using io::SeriesType;
     auto& s = *stats_;
-    s.declare("/steps/step", SeriesType::int64, 0, "1", "step of the checkpoint the row measures");
-    s.declare("/steps/steps_apart", SeriesType::int64, 0, "steps", "steps between this checkpoint and the previous one");
-    s.declare("/steps/changed", SeriesType::int64, 0, "elements",
-              "BF16/F16/F32 weights whose bits (as compared: root attribute compared_as) changed since the previous "
-              "checkpoint");
-    s.declare("/steps/sparsity", SeriesType::float64, 0, "1",
-              "fraction of BF16/F16/F32 weights whose bits did not change since the previous checkpoint");
-    s.declare("/steps/tensor_changed", SeriesType::int64, int(tensors_.size()), "elements",
-              "weights whose bits changed, per tensor (columns in tensor_names order)");
-    std::vector<std::string> names;
-    for (const MeasuredTensor& t : tensors_) names.push_back(t.name);
-    s.set_dataset_attribute("/steps/tensor_changed", "tensor_names", names);
-    s.declare("/steps/patch_bytes", SeriesType::int64, 0, "bytes",
-              "PULSESync patch from the previous checkpoint: sum of one patch per unit (root attribute unit_bytes)");
-    s.declare("/steps/dense_bytes", SeriesType::int64, 0, "bytes", "the measured tensors' bytes (as compared) sent densely");
-    s.declare("/steps/bits_per_changed", SeriesType::float64, 0, "bits", "8 patch_bytes / changed (NaN if none changed)");
-    s.declare("/steps/encode_s", SeriesType::float64, 0, "s",
-              "time to size the patches (index and value streams coded and compressed), slowest rank");
-    s.declare("/steps/measure_s", SeriesType::float64, 0, "s", "time to read and measure the checkpoint, slowest rank");
-    s.declare("/kstep/sparsity", SeriesType::float64, int(ks_.size()), "1",
-              "fraction of weights equal to the checkpoint k steps back (NaN when no checkpoint has that step)");
-    s.set_dataset_attribute("/kstep/sparsity", "k_values", std::vector<double>(ks_.begin(), ks_.end()));
-    std::vector<std::string> kinds;
-    for (const measure::TensorKind k : measure::all_tensor_kinds()) kinds.push_back(measure::tensor_kind_name(k));
-    const int nk = int(kinds.size());
-    s.declare("/kinds/changed", SeriesType::int64, nk, "elements", "changed weights per tensor kind (columns: kind_names)");
-    s.set_dataset_attribute("/kinds/changed", "kind_names", kinds);
-    s.declare("/kinds/sparsity", SeriesType::float64, nk, "1",
-              "sparsity per tensor kind, NaN for a kind without tensors (columns: kind_names)");
-    s.set_dataset_attribute("/kinds/sparsity", "kind_names", kinds);
-    s.declare_per_rank("/ranks/read_bytes", SeriesType::int64, "bytes", "checkpoint bytes this rank read for the row");
-    s.declare_per_rank("/ranks/measure_s", SeriesType::float64, "s", "seconds this rank spent on the row");
-    s.declare_per_rank("/ranks/cpu_s", SeriesType::float64, "s", "CPU seconds (user + system) this rank spent on the row");
-    s.declare_per_rank("/ranks/max_rss_bytes", SeriesType::int64, "bytes", "peak resident memory of the rank so far");
+    io::StatsColumnValues columns;
+    for (const MeasuredTensor& t : tensors_) columns.tensor_names.push_back(t.name);
+    for (const measure::TensorKind k : measure::all_tensor_kinds()) columns.kind_names.push_back(measure::tensor_kind_name(k));
+    columns.k_values.assign(ks_.begin(), ks_.end());
+    io::declare_statistics(s, measure::measure_stats_schema(), columns);
+    const std::vector<std::string>& names = columns.tensor_names;
+    const std::vector<std::string>& kinds = columns.kind_names;
 
     s.set_attribute("format", std::string("pulse-train statistics"));
     s.set_attribute("format_version", std::int64_t(1));
@@ -464,27 +367,11 @@ class Measurement {
     const std::int64_t step = series_[i].first;
     const std::size_t nt = tensors_.size(), nk = ks_.size();
     const bool has_prev = previous != nullptr;
-    // The logs the row reverts with: those from checkpoints at most the largest k back.
-    while (!logs_.empty() && logs_.back().base_step() < step - ks_.back()) {
-      spare_logs_.push_back(std::move(logs_.back()));
-      logs_.pop_back();
-    }
-    if (has_prev) {
-      logs_.emplace_front();
-      if (!spare_logs_.empty()) logs_.front() = std::move(spare_logs_.back()), spare_logs_.pop_back();
-      logs_.front().clear(series_[i - 1].first);
-    }
-    // k_of_log[l]: the k whose version reverting with logs 0..l gives, or none.
-    constexpr std::size_t none = std::size_t(-1);
-    std::vector<std::size_t> k_of_log(logs_.size(), none);
-    for (std::size_t l = 0; l < logs_.size(); ++l)
-      for (std::size_t k = 0; k < nk; ++k)
-        if (step - ks_[k] == logs_[l].base_step()) k_of_log[l] = k;
+    history_.start(step, has_prev ? std::optional<std::int64_t>(series_[i - 1].first) : std::nullopt);
 
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
     double encode_s = 0;
-    std::size_t block = 0;
     // This rank's share: a file cut short or unreadable fails it here alone, so every rank
     // agrees on the outcome before the reductions below (comm/agree.hpp).
     agree_on_error(MPI_COMM_WORLD, [&] {
@@ -501,7 +388,7 @@ class Measurement {
           const bool whole = p.begin == 0 && p.end == t.numel;
           patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
                             compared_dtype(p.tensor), n);
-          for (std::size_t b = 0; b < n; b += kBlockElements, ++block) {
+          for (std::size_t b = 0; b < n; b += kBlockElements) {
             const std::size_t m = std::min(kBlockElements, n - b);
             const std::byte* now = piece + b * t.element_bytes;
             const std::byte* before = piece_before + b * t.element_bytes;
@@ -510,7 +397,7 @@ class Measurement {
               measure::cast_block(as_, before, m, cast_before_.data());
               now = cast_now_.data(), before = cast_before_.data();
             }
-            const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, esz);
+            const std::vector<std::uint16_t>& changed = history_.add_block(now, before, m, esz, sums.data() + nt);
             sums[p.tensor] += std::int64_t(changed.size());
             const auto e0 = std::chrono::steady_clock::now();
             if (esz == 4)
@@ -518,14 +405,6 @@ class Measurement {
             else
               add_changes<std::uint16_t>(changed, b, now, before);
             encode_s += seconds_since(e0);
-            if (k_of_log[0] != none) sums[nt + k_of_log[0]] += std::int64_t(changed.size());  // before's block
-            if (logs_.size() == 1) continue;
-            std::memcpy(scratch_.data(), before, m * esz);
-            for (std::size_t l = 1; l < logs_.size(); ++l) {
-              logs_[l].revert(block, scratch_.data(), m, esz);  // now the checkpoint of logs_[l].base_step()
-              if (k_of_log[l] != none)
-                sums[nt + k_of_log[l]] += std::int64_t(measure::count_differing(now, scratch_.data(), m, esz));
-            }
           }
         }
         if (has_prev) {
@@ -607,9 +486,7 @@ class Measurement {
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0, stored_bytes_ = 0;  // dense: as compared; stored: as read
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
-  std::deque<measure::ChangeLog> logs_;                  // newest first: from the previous checkpoint, ...
-  std::vector<measure::ChangeLog> spare_logs_;           // dropped, with their buffers
-  std::vector<std::byte> scratch_ = std::vector<std::byte>(kBlockElements * 4);  // a block reverted
+  measure::KStepHistory history_;
   std::vector<std::byte> cast_now_ = std::vector<std::byte>(kBlockElements * 2);  // a cast block and its
   std::vector<std::byte> cast_before_ = std::vector<std::byte>(kBlockElements * 2);  // predecessor
   struct Totals {  // over the rows (rank 0)
@@ -690,6 +567,13 @@ int main(int argc, char** argv) {
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
         ->allow_extra_args(false);
     app.add_flag("-q,--quiet", o.quiet, "no progress lines");
+    app.add_flag_callback(
+        "--print-schema",
+        [rank] {
+          if (rank == 0) std::cout << measure::measure_schema_markdown();
+          throw CLI::Success();
+        },
+        "print the statistics file's datasets (path, shape, type, units, description) as a Markdown table and exit");
     cli::JsonSummary summary(app, "pulse-measure");
     std::string command_line;
     for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
@@ -705,9 +589,9 @@ int main(int argc, char** argv) {
       try {
         // Everything is checked on every rank alike before the output is created: a bad series
         // exits with one line and writes nothing.
-        o.steps = parse_steps(steps_list);
+        o.steps = measure::parse_steps(steps_list);
         const measure::RunConfig config = measure::parse_run_config(o.settings, o.label);
-        const auto series = resolve_series(o);
+        const auto series = measure::resolve_series(o.checkpoints, o.glob_pattern, o.steps);
         summary.set("checkpoints", series.size());
         const io::ModelState first = io::ModelState::open(series[0].second, {}, io::ShardBytes::header_only);
         const std::vector<MeasuredTensor> tensors = measured_tensors(first, o.filter());

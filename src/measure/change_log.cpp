@@ -9,8 +9,11 @@ namespace pulse::measure {
 namespace {
 
 constexpr std::size_t kPrefetchLines = 4;  // of each of a block's positions and old bits
+constexpr std::size_t kMetadataAhead = 8;  // blocks ahead whose place in the log is fetched
 
-// Element copies of a width known at compile time (a memcpy call each otherwise).
+// Element copies of a width known at compile time (a memcpy call each otherwise): the gather
+// of a block's changed elements, and their scatter back, counting as it goes: returns
+// differing plus the positions whose bits now equal now's minus those that equalled them before.
 template <class Word>
 void gather(const std::byte* from, const std::vector<std::uint16_t>& positions, std::byte* out) {
   for (std::size_t c = 0; c < positions.size(); ++c)
@@ -18,9 +21,19 @@ void gather(const std::byte* from, const std::vector<std::uint16_t>& positions, 
 }
 
 template <class Word>
-void scatter(const std::byte* values, const std::uint16_t* positions, std::size_t count, std::byte* to) {
-  for (std::size_t c = 0; c < count; ++c)
-    std::memcpy(to + std::size_t(positions[c]) * sizeof(Word), values + c * sizeof(Word), sizeof(Word));
+std::uint64_t scatter(const std::byte* values, const std::uint16_t* positions, std::size_t count,
+                               std::byte* to, const std::byte* now, std::uint64_t differing) {
+  std::int64_t delta = 0;
+  for (std::size_t c = 0; c < count; ++c) {
+    const std::size_t at = std::size_t(positions[c]) * sizeof(Word);
+    Word old, current, reference;
+    std::memcpy(&old, values + c * sizeof(Word), sizeof(Word));
+    std::memcpy(&current, to + at, sizeof(Word));
+    std::memcpy(&reference, now + at, sizeof(Word));
+    delta += std::int64_t(old != reference) - std::int64_t(current != reference);
+    std::memcpy(to + at, &old, sizeof(Word));
+  }
+  return std::uint64_t(std::int64_t(differing) + delta);
 }
 
 }  // namespace
@@ -53,9 +66,12 @@ const std::vector<std::uint16_t>& ChangeLog::record(const std::byte* now, const 
   return found_;
 }
 
-void ChangeLog::revert(std::size_t b, std::byte* block, std::size_t m, std::size_t element_bytes) const {
+std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte* now, std::uint64_t differing,
+                                std::size_t m, std::size_t element_bytes) const {
   // The next block's entries are fetched now: blocks are reverted in order, each log's few
-  // hundred bytes at a time, too short a run for the hardware prefetcher.
+  // hundred bytes at a time, too short a run for the hardware prefetcher; their place in the
+  // log, a few blocks ahead.
+  if (b + kMetadataAhead < blocks_.size()) __builtin_prefetch(&blocks_[b + kMetadataAhead]);
   if (b + 1 < blocks_.size()) {
     const Block& next = blocks_[b + 1];
     for (std::size_t line = 0; line < kPrefetchLines; ++line) {
@@ -65,15 +81,13 @@ void ChangeLog::revert(std::size_t b, std::byte* block, std::size_t m, std::size
   }
   const Block& r = blocks_[b];
   const std::byte* old = old_bits_.data() + r.first_value;
-  if (r.whole) {
+  if (r.whole) {  // most elements changed: a pass over the block costs no more than the positions
     std::memcpy(block, old, m * element_bytes);
-    return;
+    return count_differing(now, block, m, element_bytes);
   }
   const std::uint16_t* positions = positions_.data() + r.first_position;
-  if (element_bytes == 4)
-    scatter<std::uint32_t>(old, positions, r.count, block);
-  else
-    scatter<std::uint16_t>(old, positions, r.count, block);
+  return element_bytes == 4 ? scatter<std::uint32_t>(old, positions, r.count, block, now, differing)
+                            : scatter<std::uint16_t>(old, positions, r.count, block, now, differing);
 }
 
 std::size_t ChangeLog::bytes() const {

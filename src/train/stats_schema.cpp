@@ -110,18 +110,6 @@ const StatsColumn& stats_column(const std::string& path) {
   throw Error("statistics schema: no dataset " + path);
 }
 
-std::string columns_attribute(StatsColumns columns) {
-  switch (columns) {
-    case StatsColumns::none: return "";
-    case StatsColumns::tensors: return "tensor_names";
-    case StatsColumns::grad_thresholds: return "thresholds";
-    case StatsColumns::adam_quantiles: return "quantiles";
-    case StatsColumns::k_values: return "k_values";
-    case StatsColumns::log2_bins: return "k_range";
-  }
-  return "";
-}
-
 std::string stats_shape(const StatsColumn& column) {
   if (column.kind == StatsKind::per_rank) return "(steps, ranks)";
   if (column.kind == StatsKind::array) return column.columns == StatsColumns::log2_bins ? "(bins+4,)" : "(1,)";
@@ -131,6 +119,7 @@ std::string stats_shape(const StatsColumn& column) {
     case StatsColumns::grad_thresholds: return "(steps, " + std::to_string(grad_thresholds.size()) + ")";
     case StatsColumns::adam_quantiles: return "(steps, " + std::to_string(adam_quantiles.size()) + ")";
     case StatsColumns::k_values: return "(steps, " + std::to_string(kstep_values.size()) + ")";
+    case StatsColumns::tensor_kinds: return "(steps, kinds)";
     case StatsColumns::log2_bins: break;
   }
   return "(steps, bins)";
@@ -146,24 +135,7 @@ StatsColumnValues train_column_values(std::vector<std::string> tensor_names) {
 }
 
 void declare_train_statistics(io::StatsFile& file, const StatsColumnValues& values) {
-  for (const StatsColumn& c : train_stats_schema()) {
-    if (c.kind == StatsKind::per_rank) file.declare_per_rank(c.path, c.type, c.units, c.description);
-    if (c.kind != StatsKind::per_step) continue;
-    const std::vector<double>* labels = nullptr;
-    switch (c.columns) {
-      case StatsColumns::none: break;
-      case StatsColumns::tensors:
-        file.declare(c.path, c.type, int(values.tensor_names.size()), c.units, c.description);
-        file.set_dataset_attribute(c.path, columns_attribute(c.columns), values.tensor_names);
-        continue;
-      case StatsColumns::grad_thresholds: labels = &values.grad_thresholds; break;
-      case StatsColumns::adam_quantiles: labels = &values.adam_quantiles; break;
-      case StatsColumns::k_values: labels = &values.k_values; break;
-      case StatsColumns::log2_bins: throw Error("statistics schema: " + c.path + " is a series with log2 bins");
-    }
-    file.declare(c.path, c.type, labels ? int(labels->size()) : 0, c.units, c.description);
-    if (labels) file.set_dataset_attribute(c.path, columns_attribute(c.columns), *labels);
-  }
+  declare_statistics(file, train_stats_schema(), values);
 }
 
 std::string stats_array_path(const std::string& schema_path, long long step) {
@@ -182,20 +154,6 @@ void write_stats_array(io::StatsFile& file, const std::string& schema_path, long
   file.write_array(stats_array_path(schema_path, step), data, {std::int64_t(data.size())}, c.units, c.description);
 }
 
-std::string stats_schema_markdown() {
-  std::string out = "| dataset | shape | type | units | what |\n|---|---|---|---|---|\n";
-  auto escape = [](const std::string& s) {
-    std::string e;
-    for (const char ch : s) e += ch == '|' ? std::string("\\|") : std::string(1, ch);
-    return e;
-  };
-  for (const StatsColumn& c : train_stats_schema()) {
-    const std::string attribute = columns_attribute(c.columns);
-    out += "| `" + c.path + "` | " + stats_shape(c) + " | " + (c.type == io::SeriesType::int64 ? "int64" : "float64") +
-           " | " + c.units + " | " + escape(c.description) +
-           (attribute.empty() ? "" : " (attribute `" + attribute + "`)") + " |\n";
-  }
-  return out;
-}
+std::string stats_schema_markdown() { return stats_schema_markdown(train_stats_schema(), stats_shape); }
 
 }  // namespace pulse

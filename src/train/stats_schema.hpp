@@ -7,47 +7,35 @@
 #include <string>
 #include <vector>
 
+#include "io/stats_columns.hpp"
 #include "io/stats_file.hpp"
 
 namespace pulse {
 
-// per_step: (steps,) or (steps, w), rank 0's values; per_rank: (steps, ranks); array: written
-// once by write_array (the path's NNNNNN is the step).
-enum class StatsKind { per_step, per_rank, array };
-
-// What the columns of a (steps, w) series are, named by a dataset attribute.
-enum class StatsColumns { none, tensors, grad_thresholds, adam_quantiles, k_values, log2_bins };
-
-struct StatsColumn {
-  std::string path;
-  io::SeriesType type;
-  StatsKind kind;
-  StatsColumns columns;
-  std::string units;
-  std::string description;
-};
+// The types of a schema (io/stats_columns.hpp), by their names here.
+using io::StatsColumn;
+using io::StatsColumns;
+using io::StatsColumnValues;
+using io::StatsKind;
+using io::columns_attribute;
+using io::declare_statistics;
+using io::stats_schema_markdown;
 
 // Every dataset of the file, in declaration order.
 const std::vector<StatsColumn>& train_stats_schema();
 // The entry of `path`; throws pulse::Error for a path the schema lacks.
 const StatsColumn& stats_column(const std::string& path);
 
-// The dataset attribute that names the columns ("tensor_names", "thresholds", ...; "" for none).
-std::string columns_attribute(StatsColumns columns);
 // The shape as the README writes it: "(steps,)", "(steps, tensors)", "(steps, 4)", "(steps, ranks)".
 std::string stats_shape(const StatsColumn& column);
 
-// The column labels of a run: tensor names in table order, and the values of the fixed columns.
-struct StatsColumnValues {
-  std::vector<std::string> tensor_names;
-  std::vector<double> grad_thresholds, adam_quantiles, k_values;
-};
 // pulse-train's fixed columns (train_config.hpp's lists) with these tensor names.
 StatsColumnValues train_column_values(std::vector<std::string> tensor_names);
 
 // Declares every per-step and per-rank series of the schema (collective, as StatsFile::declare),
 // with its column attribute. Arrays are written later, by write_stats_array.
 void declare_train_statistics(io::StatsFile& file, const StatsColumnValues& values);
+
 // Writes array `schema_path` (an /absorption/step_NNNNNN/... entry) at step t with the schema's
 // units and description.
 void write_stats_array(io::StatsFile& file, const std::string& schema_path, long long step,

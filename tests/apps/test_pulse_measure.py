@@ -648,6 +648,29 @@ def check_pulse_train(args, mpi, tmp):
         expect(list(m["steps/patch_bytes"]) == sizes, f"anchors: patch_bytes {list(m['steps/patch_bytes'])} vs {sizes}")
 
 
+def check_schema(args, tmp):
+    """The file of an np 2 run holds exactly the datasets `--print-schema` lists (the table in
+    docs/pulse-measure.md), with their types, units, descriptions and shapes."""
+    code, table, e = run([args.app, "--print-schema"])
+    expect(code == 0, f"--print-schema: exit {code}: {e.strip()[-400:]}")
+    rows = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        rows[cells[0].strip("`")] = cells[1:]
+    with h5py.File(os.path.join(tmp, "np2.h5"), "r") as f:
+        index = json.loads(f.attrs["datasets"])
+        expect(sorted(index) == sorted(rows), f"schema: file {sorted(index)} vs --print-schema {sorted(rows)}")
+        for path, (shape, dtype, units, what) in rows.items():
+            if path not in index:
+                continue
+            expect(index[path]["units"] == units and what.startswith(index[path]["description"]),
+                   f"schema: {path}: {index[path]} vs {units}, {what}")
+            expect(f[path].dtype == np.dtype(dtype), f"schema: {path} is {f[path].dtype}, not {dtype}")
+            width = {"(steps,)": None, "(steps, ranks)": 2, "(steps, tensors)": len(f.attrs["tensor_names"]),
+                     "(steps, kinds)": len(f.attrs["kind_names"]), "(steps, k values)": 6}[shape]
+            expect(f[path].shape[1:] == (() if width is None else (width,)), f"schema: {path}: {f[path].shape} vs {shape}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--app", required=True)
@@ -667,6 +690,7 @@ def main():
         check_description_and_json(args, tmp)
         check_folder_filters(args, tmp)
         check_series(args, mpi, tmp)
+        check_schema(args, tmp)
         if args.train_app:
             check_pulse_train(args, mpi, tmp)
     if failures:

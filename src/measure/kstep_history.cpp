@@ -1,0 +1,52 @@
+#include "measure/kstep_history.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+#include "measure/compare.hpp"
+
+namespace pulse::measure {
+
+KStepHistory::KStepHistory(std::vector<int> ks) : ks_(std::move(ks)) {
+  for (std::size_t j = 0; j < ks_.size(); ++j)
+    PULSE_CHECK(ks_[j] > 0 && (j == 0 || ks_[j] > ks_[j - 1]), "KStepHistory: k values must increase from 1 on");
+}
+
+void KStepHistory::start(std::int64_t step, std::optional<std::int64_t> previous_step) {
+  block_ = 0;
+  const std::int64_t oldest = ks_.empty() ? step : step - ks_.back();
+  while (!logs_.empty() && logs_.back().base_step() < oldest) {
+    spare_.push_back(std::move(logs_.back()));
+    logs_.pop_back();
+  }
+  recording_ = previous_step.has_value();
+  if (recording_) {
+    logs_.emplace_front();
+    if (!spare_.empty()) logs_.front() = std::move(spare_.back()), spare_.pop_back();
+    logs_.front().clear(*previous_step);
+  }
+  k_of_log_.assign(logs_.size(), kNone);
+  reverted_logs_ = 0;
+  for (std::size_t l = 0; l < logs_.size(); ++l)
+    for (std::size_t j = 0; j < ks_.size(); ++j)
+      if (step - ks_[j] == logs_[l].base_step()) k_of_log_[l] = j, reverted_logs_ = l + 1;
+}
+
+const std::vector<std::uint16_t>& KStepHistory::add_block(const std::byte* now, const std::byte* before, std::size_t m,
+                                                          std::size_t element_bytes, std::int64_t* differing) {
+  PULSE_CHECK(recording_, "KStepHistory: a block of the first checkpoint, which has none before it");
+  const std::size_t b = block_++;
+  const std::vector<std::uint16_t>& changed = logs_.front().record(now, before, m, element_bytes);
+  std::uint64_t count = changed.size();  // elements of now that differ from the version reached
+  if (k_of_log_[0] != kNone) differing[k_of_log_[0]] += std::int64_t(count);
+  if (reverted_logs_ <= 1) return changed;
+  if (scratch_.size() < m * element_bytes) scratch_.resize(m * element_bytes);
+  std::memcpy(scratch_.data(), before, m * element_bytes);
+  for (std::size_t l = 1; l < reverted_logs_; ++l) {
+    count = logs_[l].revert(b, scratch_.data(), now, count, m, element_bytes);  // the checkpoint of
+    if (k_of_log_[l] != kNone) differing[k_of_log_[l]] += std::int64_t(count);          // logs_[l].base_step()
+  }
+  return changed;
+}
+
+}  // namespace pulse::measure
