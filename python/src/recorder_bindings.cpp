@@ -1,0 +1,78 @@
+// The hot loops of pulse.torch's SparsityRecorder: the k-step history as change logs and the
+// quantiles by radix select. Each works on numpy arrays in place, without the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "bindings.hpp"
+#include "change_logs.hpp"
+#include "radix_quantiles.hpp"
+
+namespace py = pybind11;
+
+namespace pulse::python {
+namespace {
+
+// A one-dimensional contiguous buffer of elements of element_bytes: its first byte and length.
+std::pair<std::byte*, std::size_t> flat_buffer(const py::buffer& b, std::size_t element_bytes, bool writable,
+                                               const char* what) {
+  const py::buffer_info info = b.request(writable);
+  PULSE_CHECK(info.ndim == 1 && std::size_t(info.itemsize) == element_bytes &&
+                  (info.shape[0] <= 1 || info.strides[0] == info.itemsize),
+              std::string(what) + ": a contiguous 1-D array of " + std::to_string(element_bytes) +
+                  "-byte elements is needed");
+  return {static_cast<std::byte*>(info.ptr), std::size_t(info.shape[0])};
+}
+
+class PyChangeLogs {
+ public:
+  PyChangeLogs(std::size_t element_bytes, std::size_t index_bytes, std::size_t keep)
+      : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, index_bytes, keep)) {}
+
+  std::vector<std::uint64_t> commit(const py::buffer& now, const py::buffer& recorded,
+                                    const std::vector<std::uint64_t>& ends, unsigned threads) {
+    const auto [now_data, n] = flat_buffer(now, element_bytes_, false, "ChangeLogs.commit now");
+    const auto [recorded_data, m] = flat_buffer(recorded, element_bytes_, true, "ChangeLogs.commit recorded");
+    PULSE_CHECK(n == m, "ChangeLogs.commit: now holds " + std::to_string(n) + " elements, recorded " + std::to_string(m));
+    py::gil_scoped_release release;
+    return logs_->commit(now_data, recorded_data, n, ends, threads);
+  }
+
+  std::map<std::size_t, std::uint64_t> differing(const py::buffer& recorded, const std::vector<std::size_t>& ks,
+                                                 unsigned threads) const {
+    const auto [data, n] = flat_buffer(recorded, element_bytes_, false, "ChangeLogs.differing recorded");
+    py::gil_scoped_release release;
+    return logs_->differing(data, n, ks, threads);
+  }
+
+  std::size_t depth() const { return logs_->depth(); }
+  std::size_t bytes() const { return logs_->bytes(); }
+
+ private:
+  std::size_t element_bytes_;
+  std::unique_ptr<ChangeLogs> logs_;
+};
+
+}  // namespace
+
+void bind_recorder(py::module_& m) {
+  py::class_<PyChangeLogs>(m, "ChangeLogs")
+      .def(py::init<std::size_t, std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("index_bytes"),
+           py::arg("keep"))
+      .def("commit", &PyChangeLogs::commit, py::arg("now"), py::arg("recorded"), py::arg("ends"), py::arg("threads"))
+      .def("differing", &PyChangeLogs::differing, py::arg("recorded"), py::arg("ks"), py::arg("threads"))
+      .def_property_readonly("depth", &PyChangeLogs::depth)
+      .def("bytes", &PyChangeLogs::bytes);
+  m.def(
+      "quantiles",
+      [](const py::buffer& values, const std::vector<double>& qs, unsigned threads) {
+        const auto [data, n] = flat_buffer(values, sizeof(float), false, "quantiles values");
+        py::gil_scoped_release release;
+        return radix_quantiles(reinterpret_cast<const float*>(data), n, qs, threads);
+      },
+      py::arg("values"), py::arg("qs"), py::arg("threads"));
+}
+
+}  // namespace pulse::python
