@@ -139,6 +139,13 @@ def quantiles(x, qs, threads=0):
     return _pulse.quantiles(x.numpy(), list(qs), threads)
 
 
+def _host_moments(m, v):
+    """Whether pulse's C++ computes the Adam ratios of moments m, v: FP32 or BF16 host tensors in
+    one dense block each."""
+    return m.device.type == "cpu" and m.dtype == v.dtype and m.dtype in (torch.float32, torch.bfloat16) and \
+        m.is_contiguous() and v.is_contiguous()
+
+
 def _count_at_most(x, thresholds):
     """Elements of x at most each threshold; on the host by numpy (its compares: ten times torch
     1.13's on this CPU, measured)."""
@@ -320,19 +327,22 @@ class SparsityRecorder:
 
     def adam_ratio(self, adam):
         """Quantiles of |m_hat| / (sqrt(v_hat) + eps) over every parameter, written into one host
-        buffer (FP32, computed where the state lives) and selected, not sorted."""
+        buffer (FP32, by pulse's C++ for FP32 and BF16 moments on the host, by torch where the
+        state lives otherwise; the same bits) and selected, not sorted."""
         if getattr(self, "_ratios", None) is None:
             self._ratios = torch.empty(self.numel, dtype=torch.float32)
-        offset = 0
+        offset, on_host = 0, []
         for m, v, t, g in adam:
             b1, b2 = g["betas"]
             r = self._ratios[offset:offset + m.numel()]
-            if m.dtype == torch.float32 and m.device.type == "cpu":  # straight into the host buffer
-                torch.div(m.reshape(-1), 1 - b1 ** t, out=r)
-                r.abs_().div_((v.reshape(-1).float() / (1 - b2 ** t)).sqrt_().add_(g["eps"]))
+            offset += m.numel()
+            if _host_moments(m, v):
+                bf16 = m.dtype == torch.bfloat16
+                bits = (lambda x: x.reshape(-1).view(torch.int16).numpy()) if bf16 else (lambda x: x.reshape(-1).numpy())
+                on_host.append((bits(m), bits(v), r.numpy(), bf16, 1 - b1 ** t, 1 - b2 ** t, g["eps"]))
             else:
                 r.copy_((m.float() / (1 - b1 ** t)).abs_().div_((v.float() / (1 - b2 ** t)).sqrt_().add_(g["eps"])).reshape(-1))
-            offset += m.numel()
+        _pulse.adam_ratios(on_host, self.threads)
         return quantiles(self._ratios, ADAM_QUANTILES, self.threads)
 
     def _updates(self, adam):

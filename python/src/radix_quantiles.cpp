@@ -55,10 +55,11 @@ std::vector<double> radix_quantiles(const float* values, std::size_t n, const st
   std::vector<char> any_nan(tasks, 0);
   sync::parallel_for(threads, tasks, [&](std::size_t t) {
     top[t].assign(kBins, 0);
+    std::uint32_t* counts = top[t].data();
     bool nan_seen = false;
     for (std::size_t i = bounds[t]; i < bounds[t + 1]; ++i) {
       nan_seen |= std::isnan(values[i]);
-      ++top[t][order_key(values[i]) >> 16];
+      ++counts[order_key(values[i]) >> 16];
     }
     any_nan[t] = nan_seen;
   });
@@ -77,21 +78,23 @@ std::vector<double> radix_quantiles(const float* values, std::size_t n, const st
     ranks.insert(lo);
     ranks.insert(std::min<std::uint64_t>(lo + 1, n - 1));
   }
-  std::vector<int> slot_of_bin(kBins, -1);
-  std::vector<std::size_t> chosen;  // bins, ascending
+  std::vector<std::uint8_t> slot_of_bin(kBins, 0);  // 1 + the bin's place in chosen, 0 if not chosen
+  std::vector<std::size_t> chosen;                   // bins, ascending (at most 2 per quantile)
   for (const std::uint64_t r : ranks) {
     const std::size_t b = std::size_t(std::upper_bound(below.begin(), below.end(), r) - below.begin()) - 1;
-    if (slot_of_bin[b] < 0) slot_of_bin[b] = int(chosen.size()), chosen.push_back(b);
+    if (slot_of_bin[b] == 0) chosen.push_back(b), slot_of_bin[b] = std::uint8_t(chosen.size());
   }
+  PULSE_CHECK(chosen.size() < 256, "quantiles: at most 127 quantiles at once");
 
-  // Pass 2: the chosen bins' values per low 16 bits of their key.
+  // Pass 2: the chosen bins' values per low 16 bits of their key (slot 0: the others).
   std::vector<std::vector<std::uint32_t>> low(tasks);
   sync::parallel_for(threads, tasks, [&](std::size_t t) {
-    low[t].assign(chosen.size() * kBins, 0);
+    low[t].assign((chosen.size() + 1) * kBins, 0);
+    std::uint32_t* counts = low[t].data();
+    const std::uint8_t* slots = slot_of_bin.data();
     for (std::size_t i = bounds[t]; i < bounds[t + 1]; ++i) {
       const std::uint32_t key = order_key(values[i]);
-      const int slot = slot_of_bin[key >> 16];
-      if (slot >= 0) ++low[t][std::size_t(slot) * kBins + (key & 0xFFFFu)];
+      ++counts[std::size_t(slots[key >> 16]) * kBins + (key & 0xFFFFu)];
     }
   });
   std::map<std::uint64_t, double> value;  // rank -> order statistic
@@ -100,7 +103,7 @@ std::vector<double> radix_quantiles(const float* values, std::size_t n, const st
     std::uint64_t seen = below[b];
     auto r = ranks.lower_bound(below[b]);
     for (std::size_t l = 0; l < kBins && r != ranks.end() && *r < below[b + 1]; ++l) {
-      for (std::size_t t = 0; t < tasks; ++t) seen += low[t][s * kBins + l];
+      for (std::size_t t = 0; t < tasks; ++t) seen += low[t][(s + 1) * kBins + l];
       for (; r != ranks.end() && *r < seen; ++r) value[*r] = from_key(std::uint32_t(b << 16 | l));
     }
   }
@@ -110,7 +113,13 @@ std::vector<double> radix_quantiles(const float* values, std::size_t n, const st
     const double pos = q * double(n - 1);
     const auto lo = std::uint64_t(pos);
     const std::uint64_t hi = std::min<std::uint64_t>(lo + 1, n - 1);
-    out.push_back(value.at(lo) + (value.at(hi) - value.at(lo)) * (pos - double(lo)));
+    const double a = value.at(lo), b = value.at(hi), fraction = pos - double(lo);
+    if (fraction == 0 || a == b)
+      out.push_back(a);
+    else if (std::isinf(a) || std::isinf(b))  // the infinity, not inf - inf (NaN between -inf and inf)
+      out.push_back(std::isinf(a) && std::isinf(b) ? nan : std::isinf(a) ? a : b);
+    else
+      out.push_back(a + (b - a) * fraction);
   }
   return out;
 }

@@ -10,7 +10,8 @@
 namespace pulse::python {
 
 // The quantiles qs (each in [0, 1]) of the n values; NaN for each where n is 0 or a value is
-// NaN (numpy's answer).
+// NaN (numpy's answer). Between an infinite order statistic and a finite one: the infinity
+// (numpy's interpolation gives NaN there).
 std::vector<double> radix_quantiles(const float* values, std::size_t n, const std::vector<double>& qs,
                                     unsigned threads);
 

@@ -1,11 +1,12 @@
-// The hot loops of pulse.torch's SparsityRecorder: the k-step history as change logs and the
-// quantiles by radix select. Each works on numpy arrays in place, without the GIL.
+// The hot loops of pulse.torch's SparsityRecorder: the k-step history as change logs, the Adam
+// ratios and their quantiles by radix select. Each works on numpy arrays in place, without the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <memory>
 #include <string>
 
+#include "adam_ratio.hpp"
 #include "bindings.hpp"
 #include "change_logs.hpp"
 #include "radix_quantiles.hpp"
@@ -73,6 +74,27 @@ void bind_recorder(py::module_& m) {
         return radix_quantiles(reinterpret_cast<const float*>(data), n, qs, threads);
       },
       py::arg("values"), py::arg("qs"), py::arg("threads"));
+  // moments: [(m, v, out, bf16, 1 - beta1^t, 1 - beta2^t, eps)], m and v FP32 or BF16 bits (16-bit integers).
+  m.def(
+      "adam_ratios",
+      [](const py::list& moments, unsigned threads) {
+        std::vector<AdamMoments> parts;
+        for (const py::handle item : moments) {
+          const auto t = item.cast<py::tuple>();
+          PULSE_CHECK(t.size() == 7, "adam_ratios: a moment is (m, v, out, bf16, m_scale, v_scale, eps)");
+          const bool bf16 = t[3].cast<bool>();
+          const std::size_t width = bf16 ? 2 : 4;
+          const auto [m_data, n] = flat_buffer(t[0].cast<py::buffer>(), width, false, "adam_ratios m");
+          const auto [v_data, nv] = flat_buffer(t[1].cast<py::buffer>(), width, false, "adam_ratios v");
+          const auto [out, no] = flat_buffer(t[2].cast<py::buffer>(), sizeof(float), true, "adam_ratios out");
+          PULSE_CHECK(n == nv && n == no, "adam_ratios: m, v and out differ in length");
+          parts.push_back({m_data, v_data, reinterpret_cast<float*>(out), n, bf16, t[4].cast<double>(),
+                           t[5].cast<double>(), t[6].cast<double>()});
+        }
+        py::gil_scoped_release release;
+        adam_ratios(parts, threads);
+      },
+      py::arg("moments"), py::arg("threads"));
 }
 
 }  // namespace pulse::python
