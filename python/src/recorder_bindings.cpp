@@ -1,20 +1,44 @@
 // The hot loops of pulse.torch's SparsityRecorder: the k-step history as change logs, the Adam
-// ratios and their quantiles by radix select. Each works on numpy arrays in place, without the GIL.
+// ratios and their quantiles by radix select, the gradient's counts. Each works on numpy arrays in place, without the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 #include "adam_ratio.hpp"
 #include "bindings.hpp"
 #include "change_logs.hpp"
+#include "coding/parallel.hpp"
 #include "radix_quantiles.hpp"
 
 namespace py = pybind11;
 
 namespace pulse::python {
 namespace {
+
+// The values at most each threshold (NaN is none), one pass over them.
+std::vector<std::uint64_t> count_at_most(const float* values, std::size_t n, const std::vector<double>& thresholds,
+                                         unsigned threads) {
+  constexpr std::size_t kChunk = std::size_t(1) << 18;
+  const std::size_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<float> at_most;  // each threshold as the compare on FP32 values sees it
+  for (const double t : thresholds) at_most.push_back(float(t));
+  std::vector<std::uint64_t> counts(chunks * at_most.size(), 0);
+  sync::parallel_for(threads, chunks, [&](std::size_t c) {
+    const std::size_t begin = c * kChunk, end = std::min(n, begin + kChunk);
+    for (std::size_t t = 0; t < at_most.size(); ++t) {
+      std::uint32_t count = 0;
+      for (std::size_t i = begin; i < end; ++i) count += values[i] <= at_most[t];
+      counts[c * at_most.size() + t] = count;
+    }
+  });
+  std::vector<std::uint64_t> out(at_most.size(), 0);
+  for (std::size_t c = 0; c < chunks; ++c)
+    for (std::size_t t = 0; t < at_most.size(); ++t) out[t] += counts[c * at_most.size() + t];
+  return out;
+}
 
 // A one-dimensional contiguous buffer of elements of element_bytes: its first byte and length.
 std::pair<std::byte*, std::size_t> flat_buffer(const py::buffer& b, std::size_t element_bytes, bool writable,
@@ -74,6 +98,14 @@ void bind_recorder(py::module_& m) {
         return radix_quantiles(reinterpret_cast<const float*>(data), n, qs, threads);
       },
       py::arg("values"), py::arg("qs"), py::arg("threads"));
+  m.def(
+      "count_at_most",
+      [](const py::buffer& values, const std::vector<double>& thresholds, unsigned threads) {
+        const auto [data, n] = flat_buffer(values, sizeof(float), false, "count_at_most values");
+        py::gil_scoped_release release;
+        return count_at_most(reinterpret_cast<const float*>(data), n, thresholds, threads);
+      },
+      py::arg("values"), py::arg("thresholds"), py::arg("threads"));
   // moments: [(m, v, out, bf16, 1 - beta1^t, 1 - beta2^t, eps)], m and v FP32 or BF16 bits (16-bit integers).
   m.def(
       "adam_ratios",
