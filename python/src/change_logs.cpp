@@ -27,14 +27,15 @@ class Logs final : public ChangeLogs {
     const auto* now = reinterpret_cast<const Word*>(now_bytes);
     auto* recorded = reinterpret_cast<Word*>(recorded_bytes);
     const std::size_t blocks = (n + kBlock - 1) / kBlock;
-    found_.resize(blocks);
-    sync::parallel_for(threads, blocks, [&](std::size_t b) { find(now, recorded, n, ends, b, found_[b]); });
-
+    // Counted first, then written straight into the log at each block's place: no buffer of
+    // the whole model's positions beside the log.
+    std::vector<std::vector<std::pair<std::size_t, std::uint64_t>>> counts(blocks);  // (parameter, changed)
+    sync::parallel_for(threads, blocks, [&](std::size_t b) { count(now, recorded, n, ends, b, counts[b]); });
     std::vector<std::uint64_t> changed(ends.size(), 0);
     std::vector<std::size_t> first(blocks + 1, 0);  // each block's first entry in a sparse log
     for (std::size_t b = 0; b < blocks; ++b) {
-      for (const auto& [p, count] : found_[b].counts) changed[p] += count;
-      first[b + 1] = first[b] + found_[b].count;
+      first[b + 1] = first[b];
+      for (const auto& [p, c] : counts[b]) changed[p] += c, first[b + 1] += c;
     }
     const std::size_t total = first[blocks];
     Log log = recycled();
@@ -44,13 +45,10 @@ class Logs final : public ChangeLogs {
     log.block_first = log.whole ? std::vector<std::size_t>() : first;
     sync::parallel_for(threads, blocks, [&](std::size_t b) {
       const std::size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-      const Found& f = found_[b];
-      if (log.whole) {
+      if (log.whole)
         std::copy(recorded + lo, recorded + hi, log.old.begin() + lo);
-      } else {
-        std::copy(f.positions.begin(), f.positions.begin() + f.count, log.positions.begin() + first[b]);
-        std::copy(f.old.begin(), f.old.begin() + f.count, log.old.begin() + first[b]);
-      }
+      else
+        gather(now, recorded, lo, hi, log.positions.data() + first[b], log.old.data() + first[b]);
       std::copy(now + lo, now + hi, recorded + lo);
     });
     if (keep_ > 0) logs_.push_back(std::move(log));
@@ -102,33 +100,34 @@ class Logs final : public ChangeLogs {
     std::vector<Word> old;                // the old bits at positions, or the whole old version
     std::vector<std::size_t> block_first;  // a sparse log's first entry of each block, and the count
   };
-  struct Found {  // one block's changes, found by commit
-    std::vector<Index> positions;
-    std::vector<Word> old;
-    std::size_t count = 0;
-    std::vector<std::pair<std::size_t, std::uint64_t>> counts;  // (parameter, changed) in the block
-  };
-
-  // The changes of block b, written without branches: every element is stored and the count
-  // moves on where it differs.
-  static void find(const Word* now, const Word* recorded, std::size_t n, const std::vector<std::uint64_t>& ends,
-                   std::size_t b, Found& f) {
+  // The changed elements of block b per parameter (those with any).
+  static void count(const Word* now, const Word* recorded, std::size_t n, const std::vector<std::uint64_t>& ends,
+                    std::size_t b, std::vector<std::pair<std::size_t, std::uint64_t>>& out) {
     const std::size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-    f.positions.resize(hi - lo);
-    f.old.resize(hi - lo);
-    f.counts.clear();
-    std::size_t count = 0;
     std::size_t p = std::size_t(std::upper_bound(ends.begin(), ends.end(), std::uint64_t(lo)) - ends.begin());
     for (std::size_t i = lo; i < hi; ++p) {
-      const std::size_t end = std::min<std::uint64_t>(hi, ends[p]), before = count;
-      for (; i < end; ++i) {
-        f.positions[count] = Index(i);
-        f.old[count] = recorded[i];
-        count += now[i] != recorded[i];
-      }
-      if (count > before) f.counts.emplace_back(p, count - before);
+      const std::size_t end = std::min<std::uint64_t>(hi, ends[p]);
+      const std::uint64_t c = count_differing(now + i, recorded + i, end - i);
+      if (c > 0) out.emplace_back(p, c);
+      i = end;
     }
-    f.count = count;
+  }
+
+  // The positions and old bits of the changed elements of [lo, hi), in order: a mask of the
+  // lanes that differ per 64 elements (vectorised), then its set bits.
+  static void gather(const Word* now, const Word* recorded, std::size_t lo, std::size_t hi, Index* positions,
+                     Word* old) {
+    std::size_t c = 0;
+    for (std::size_t i = lo; i < hi; i += 64) {
+      const std::size_t lanes = std::min<std::size_t>(64, hi - i);
+      std::uint64_t differ = 0;
+      for (std::size_t l = 0; l < lanes; ++l) differ |= std::uint64_t(now[i + l] != recorded[i + l]) << l;
+      for (; differ != 0; differ &= differ - 1, ++c) {
+        const std::size_t at = i + std::size_t(__builtin_ctzll(differ));
+        positions[c] = Index(at);
+        old[c] = recorded[at];
+      }
+    }
   }
 
   // Turns block b (elements [lo, hi), at block) of the version after log into the one before.
@@ -155,8 +154,7 @@ class Logs final : public ChangeLogs {
   }
 
   std::size_t keep_;
-  std::deque<Log> logs_;      // oldest first
-  std::vector<Found> found_;  // commit's per-block buffers, kept between steps
+  std::deque<Log> logs_;  // oldest first
 };
 
 template <class Word>
