@@ -4,9 +4,9 @@
 // last `keep` steps: the positions that changed and their old bits, or the whole old version
 // where that takes less memory (most changed). Reverting the newest logs in turn gives the
 // versions 1, 2, ... steps back, so the history costs the changes, not keep copies of the model
-// (as pulse-measure's change logs, src/measure/change_log.hpp, whose block layout this keeps
-// for speed: every revert runs on one block of the model at a time, in cache). Every count is
-// the same at any thread count.
+// (as pulse-measure's change logs, src/measure/change_log.hpp; like them, each log is indexed by
+// block of the model, so that every revert runs on one block at a time, in cache). Every count
+// is the same at any thread count.
 #include <cstddef>
 #include <cstdint>
 #include <map>
