@@ -3,8 +3,10 @@
 vocabulary 2048, batch 8 x 128 tokens) trained with torch.optim.AdamW, at the recorder's default
 settings (k up to 32, Adam-ratio quantiles every step), in FP32 (mixed: the BF16 view of the FP32
 weights) and in pure BF16. Per step: the training step (forward, backward, optimizer) and
-recorder.step(), medians over the steps after --warmup; the recorder's k-step history in bytes
-(history_bytes(), where the recorder has it) and the process's peak RSS growth over the run.
+recorder.step(), medians over the steps after --warmup, in wall time and in the process's CPU time
+(all threads: steadier than wall time on a loaded machine); the recorder's k-step history in bytes
+(history_bytes(), where the recorder has it) and the process's peak RSS growth over the run (each
+precision in a process of its own).
 --recorder FILE loads another version of pulse/torch.py (e.g. `git show REV:python/pulse/torch.py`)
 in place of the built one, for a before/after comparison in one environment. --checkpoints DIR
 also saves the weights after each step as DIR/PRECISION/step-N.safetensors (as stored: FP32 for
@@ -18,6 +20,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -123,21 +126,23 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
     data = torch.randint(0, 2048, (steps, 8, 129), generator=torch.Generator().manual_seed(1))
     rss0 = peak_rss_bytes()
     rec = recorder_module.SparsityRecorder(model, out=out, optimizer=opt, overwrite=True)
-    train_s, record_s, sparsity = [], [], []
+    train_s, record_s, train_cpu, record_cpu = [], [], [], []
     if checkpoints:
         save_weights(model, os.path.join(checkpoints, precision), 0)
     for t in range(steps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         logits = model(data[t, :, :-1])
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[t, :, 1:].reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad()
-        t1 = time.perf_counter()
-        row = rec.step(loss=loss.item())
-        t2 = time.perf_counter()
+        c1, t1 = time.process_time(), time.perf_counter()
+        rec.step(loss=loss.item())
+        c2, t2 = time.process_time(), time.perf_counter()
         train_s.append(t1 - t0)
         record_s.append(t2 - t1)
+        train_cpu.append(c1 - c0)
+        record_cpu.append(c2 - c1)
         if checkpoints:
             save_weights(model, os.path.join(checkpoints, precision), t + 1)
     history = rec.history_bytes() if hasattr(rec, "history_bytes") else None
@@ -148,8 +153,10 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
         sparsity = float(np.mean(f["steps/sparsity"][()]))
         k32 = f["kstep/sparsity"][()][:, -1]
     train, record = float(np.median(train_s[warmup:])), float(np.median(record_s[warmup:]))
+    train_c, record_c = float(np.median(train_cpu[warmup:])), float(np.median(record_cpu[warmup:]))
     return {"precision": precision, "parameters": params, "steps": steps, "warmup": warmup, "lr": lr,
             "train_step_s": train, "record_step_s": record, "record_over_train": record / train,
+            "train_step_cpu_s": train_c, "record_step_cpu_s": record_c, "record_over_train_cpu": record_c / train_c,
             "history_bytes": history, "peak_rss_growth_bytes": peak_rss_bytes() - rss0,
             "mean_sparsity": sparsity, "k32_sparsity_last": float(k32[-1])}
 
@@ -167,16 +174,24 @@ def main():
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    module = load_recorder(args.recorder)
+    precisions = args.precision.split(",")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for precision in args.precision.split(","):
-            r = bench(module, precision, args.steps, args.warmup, args.lr, os.path.join(tmp, f"{precision}.h5"),
-                      args.checkpoints)
+        for precision in precisions:
+            if len(precisions) > 1:  # a process each: the peak RSS of one run is not the other's
+                child = os.path.join(tmp, f"{precision}.json")
+                subprocess.run([sys.executable] + sys.argv + ["--precision", precision, "--json", child], check=True,
+                               stdout=subprocess.DEVNULL)
+                with open(child) as f:
+                    r = json.load(f)["results"][0]
+            else:
+                r = bench(load_recorder(args.recorder), precision, args.steps, args.warmup, args.lr,
+                          os.path.join(tmp, f"{precision}.h5"), args.checkpoints)
             results.append(r)
             history = "-" if r["history_bytes"] is None else f"{r['history_bytes'] / 2**20:.1f} MiB"
             print(f"{precision:5s} {r['parameters'] / 1e6:.2f}M params: train step {1e3 * r['train_step_s']:.0f} ms, "
-                  f"recorder {1e3 * r['record_step_s']:.1f} ms ({100 * r['record_over_train']:.1f}% of the step), "
+                  f"recorder {1e3 * r['record_step_s']:.1f} ms ({100 * r['record_over_train']:.1f}% of the step; "
+                  f"CPU time {100 * r['record_over_train_cpu']:.1f}%), "
                   f"history {history}, peak RSS +{r['peak_rss_growth_bytes'] / 2**20:.0f} MiB, "
                   f"mean sparsity {100 * r['mean_sparsity']:.2f}%")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import Sender, _pulse, inspect
+from . import _threads as pulse_threads
 
 ADAM_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 RATIO_RANGE = (-24, 16)   # log2 bins of |u| / half_ulp(bf16(w)), as pulse-train
@@ -131,51 +132,25 @@ def absorption(w, u):
     return ratio_counts, weight_counts, absorbed
 
 
-def quantiles(x, qs):
-    """numpy's default quantiles (linear interpolation between order statistics) of the non-negative
-    float32 values x (a 1-D CPU tensor), by a radix select instead of a sort: their bits order
-    them, so a histogram of the top 16 bits (below 0x8000: no sign) names the bin of each order
-    statistic, and a histogram of the low 16 bits of that bin's values names its bits exactly."""
-    n = x.numel()
-    if n == 0:
-        return [math.nan] * len(qs)
-    bits = x.numpy().view(np.uint32)  # numpy's shifts and compares: several times torch 1.13's on a CPU
-    top = (bits >> 16).astype(np.int16)
-    below = _cumulative(torch.bincount(torch.from_numpy(top), minlength=1 << 15))  # below[b]: values in lower bins
-    ranks = {r for q in qs for r in (int(q * (n - 1)), min(int(q * (n - 1)) + 1, n - 1))}
-    chosen = sorted({int(np.searchsorted(below, r, side="right")) - 1 for r in ranks})
-    mask = top == chosen[0]
-    for b in chosen[1:]:
-        mask |= top == b
-    picked, picked_top = bits[mask], top[mask]  # the chosen bins' values: one pass over all, then these alone
-    value = {}
-    for b in chosen:
-        low = _cumulative(torch.bincount(torch.from_numpy((picked[picked_top == b] & 0xFFFF).astype(np.int32)),
-                                         minlength=1 << 16))
-        for r in (r for r in ranks if below[b] <= r < below[b + 1]):
-            word = (b << 16) | (int(np.searchsorted(low, r - below[b], side="right")) - 1)
-            value[r] = float(np.array([word], dtype=np.uint32).view(np.float32)[0])
-    out = []
-    for q in qs:
-        pos = q * (n - 1)
-        lo = int(pos)
-        hi = min(lo + 1, n - 1)
-        out.append(value[lo] + (value[hi] - value[lo]) * (pos - lo))
-    return out
+def quantiles(x, qs, threads=0):
+    """numpy's default quantiles (linear interpolation between order statistics) of the float32
+    values x (a 1-D CPU tensor), by pulse's radix select (python/src/radix_quantiles.hpp) instead
+    of a sort; threads: 0 for every core (the result does not depend on it)."""
+    return _pulse.quantiles(x.numpy(), list(qs), threads)
 
 
-def _count_at_most(x, thresholds):
-    """Elements of x at most each threshold; on the host by numpy (its compares: ten times torch
-    1.13's on this CPU, measured)."""
+def _host_moments(m, v):
+    """Whether pulse's C++ computes the Adam ratios of moments m, v: FP32 or BF16 host tensors in
+    one dense block each."""
+    return m.device.type == "cpu" and m.dtype == v.dtype and m.dtype in (torch.float32, torch.bfloat16) and \
+        m.is_contiguous() and v.is_contiguous()
+
+
+def _count_at_most(x, thresholds, threads=0):
+    """Elements of the FP32 x at most each threshold; on the host by pulse's C++ (one pass)."""
     if x.device.type == "cpu":
-        a = x.numpy()
-        return [int(np.count_nonzero(a <= th)) for th in thresholds]
+        return _pulse.count_at_most(x.numpy(), list(thresholds), threads)
     return [int(torch.count_nonzero(x <= th)) for th in thresholds]
-
-
-def _cumulative(counts):
-    """[0, c0, c0 + c1, ...] of a bincount (numpy or torch), as int64 numpy."""
-    return np.concatenate([[0], np.cumsum(np.asarray(counts))])
 
 
 class _Versions:
@@ -183,21 +158,22 @@ class _Versions:
     and the change log of each of the last `keep` steps: the positions that changed and their old
     bits, or the whole old version where that is smaller (most changed). Reverting the newest logs
     in turn gives the versions 1, 2, ... steps back, so the k-step history costs the changes, not
-    k copies of the model (as pulse-measure's src/measure/change_log.hpp)."""
+    k copies of the model (pulse's C++, python/src/change_logs.hpp, as pulse-measure's
+    src/measure/change_log.hpp)."""
 
-    def __init__(self, params, width, keep):
+    def __init__(self, params, width, keep, threads):
         self.params = params  # [(index, name, numel, compared dtype, shape)], each of `width` bytes
         numel = sum(n for _, _, n, _, _ in params)
         self.flat = np.empty(numel, dtype=_BITS[width])     # the recorded version
-        self.staging = np.empty_like(self.flat)             # the version now, then the scratch of a revert
-        self.index = np.int32 if numel < 2 ** 31 else np.int64
-        self.ends = np.cumsum([n for _, _, n, _, _ in params])
+        self.staging = np.empty_like(self.flat)             # the version now
+        self.ends = [int(e) for e in np.cumsum([n for _, _, n, _, _ in params])]
         self.views, offset = {}, 0
         for _, name, n, dtype, shape in params:  # torch views of the bits: (recorded, staging)
             self.views[name] = (torch.from_numpy(self.flat[offset:offset + n]).view(dtype).view(shape),
                                 torch.from_numpy(self.staging[offset:offset + n]).view(dtype))
             offset += n
-        self.logs = collections.deque(maxlen=keep)          # newest last: (positions or None, old bits)
+        self.logs = _pulse.ChangeLogs(width, 4 if numel < 2 ** 31 else 8, keep)
+        self.threads = threads
 
     def stage(self, tensors):
         """Casts the parameters into staging (on their device first: only the cast crosses to the host)."""
@@ -210,35 +186,14 @@ class _Versions:
     def commit(self):
         """Logs the staged changes and makes staging the recorded version; returns the changed
         elements per parameter."""
-        changed = np.flatnonzero(self.staging != self.flat)
-        if changed.size * (np.dtype(self.index).itemsize + self.flat.itemsize) < self.flat.nbytes:
-            self.logs.append((changed.astype(self.index), self.flat[changed]))
-            self.flat[changed] = self.staging[changed]
-        else:
-            self.logs.append((None, self.flat.copy()))
-            np.copyto(self.flat, self.staging)
-        return np.bincount(np.searchsorted(self.ends, changed, side="right"), minlength=len(self.params)).tolist()
+        return self.logs.commit(self.staging, self.flat, self.ends, self.threads)
 
     def differing(self, ks):
-        """{k: elements that differ from the version k steps back} for the k the logs reach; uses
-        staging (equal to flat after commit) as the scratch version being reverted."""
-        out, differ = {}, 0
-        scratch, now = self.staging, self.flat
-        for j, (positions, old) in enumerate(reversed(self.logs), start=1):
-            if positions is None:
-                np.copyto(scratch, old)
-                differ = int(np.count_nonzero(old != now))
-            else:
-                here = now[positions]
-                differ += int(np.count_nonzero(old != here)) - int(np.count_nonzero(scratch[positions] != here))
-                scratch[positions] = old
-            if j in ks:
-                out[j] = differ
-        return out
+        """{k: elements that differ from the version k steps back} for the k the logs reach."""
+        return self.logs.differing(self.flat, sorted(ks), self.threads)
 
     def bytes(self):
-        return self.flat.nbytes + self.staging.nbytes + \
-            sum(old.nbytes + (0 if positions is None else positions.nbytes) for positions, old in self.logs)
+        return self.flat.nbytes + self.staging.nbytes + self.logs.bytes()
 
 
 class SparsityRecorder:
@@ -251,10 +206,12 @@ class SparsityRecorder:
     label, config: the run's description for the report (config: a dict of settings such as
     {"seed": 2, "task": "gsm8k"}), written with what the recorder reads itself (the model's class,
     precision, the optimizer's class, lr, betas, eps and weight decay) into the file's config;
-    a key given in config replaces the one read."""
+    a key given in config replaces the one read.
+    threads: the cores the recorder's comparisons, k-step counts and quantiles run on (0: every
+    core); the figures do not depend on it."""
 
     def __init__(self, model, out="run.h5", optimizer=None, k_values=(1, 2, 4, 8, 16, 32), absorption_every=0,
-                 overwrite=False, compare_as="bf16", label=None, config=None):
+                 overwrite=False, compare_as="bf16", label=None, config=None, threads=0):
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
             raise _pulse.Error("SparsityRecorder: the model has no trainable parameters")
@@ -264,6 +221,7 @@ class SparsityRecorder:
         self.compare_as = compare_as
         self.k_values = tuple(int(k) for k in k_values)
         self.absorption_every = int(absorption_every)
+        self.threads = pulse_threads(threads)
         self.mixed = any(p.dtype != torch.bfloat16 for _, p in self.params)
         self.numel = sum(p.numel() for _, p in self.params)
         self.t = 0
@@ -272,7 +230,7 @@ class SparsityRecorder:
             dtype = compared_dtype(p.dtype, compare_as)
             width = torch.empty(0, dtype=dtype).element_size()
             by_width.setdefault(width, []).append((i, name, p.numel(), dtype, tuple(p.shape)))
-        self.versions = [_Versions(group, width, max(self.k_values)) for width, group in by_width.items()]
+        self.versions = [_Versions(group, width, max(self.k_values), self.threads) for width, group in by_width.items()]
         for v in self.versions:
             v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
             np.copyto(v.flat, v.staging)
@@ -367,20 +325,23 @@ class SparsityRecorder:
 
     def adam_ratio(self, adam):
         """Quantiles of |m_hat| / (sqrt(v_hat) + eps) over every parameter, written into one host
-        buffer (FP32, computed where the state lives) and selected, not sorted."""
+        buffer (FP32, by pulse's C++ for FP32 and BF16 moments on the host, by torch where the
+        state lives otherwise; the same bits) and selected, not sorted."""
         if getattr(self, "_ratios", None) is None:
             self._ratios = torch.empty(self.numel, dtype=torch.float32)
-        offset = 0
+        offset, on_host = 0, []
         for m, v, t, g in adam:
             b1, b2 = g["betas"]
             r = self._ratios[offset:offset + m.numel()]
-            if m.dtype == torch.float32 and m.device.type == "cpu":  # straight into the host buffer
-                torch.div(m.reshape(-1), 1 - b1 ** t, out=r)
-                r.abs_().div_((v.reshape(-1).float() / (1 - b2 ** t)).sqrt_().add_(g["eps"]))
+            offset += m.numel()
+            if _host_moments(m, v):
+                bf16 = m.dtype == torch.bfloat16
+                bits = (lambda x: x.reshape(-1).view(torch.int16).numpy()) if bf16 else (lambda x: x.reshape(-1).numpy())
+                on_host.append((bits(m), bits(v), r.numpy(), bf16, 1 - b1 ** t, 1 - b2 ** t, g["eps"]))
             else:
                 r.copy_((m.float() / (1 - b1 ** t)).abs_().div_((v.float() / (1 - b2 ** t)).sqrt_().add_(g["eps"])).reshape(-1))
-            offset += m.numel()
-        return quantiles(self._ratios, ADAM_QUANTILES)
+        _pulse.adam_ratios(on_host, self.threads)
+        return quantiles(self._ratios, ADAM_QUANTILES, self.threads)
 
     def _updates(self, adam):
         """(w, u) float32 of every parameter: the weights before the step and the step's update."""
@@ -399,6 +360,19 @@ class SparsityRecorder:
             ws.append(w.flatten())
             us.append(u.flatten())
         return torch.cat(ws), torch.cat(us)
+
+    def _gradient(self, grads):
+        """The gradients as one FP32 tensor: on the host, in a buffer kept between steps."""
+        if any(g.device.type != "cpu" for g in grads):
+            return torch.cat(grads).float()
+        n = sum(g.numel() for g in grads)
+        if getattr(self, "_grads", None) is None or self._grads.numel() != n:
+            self._grads = torch.empty(n, dtype=torch.float32)
+        offset = 0
+        for g in grads:
+            self._grads[offset:offset + g.numel()].copy_(g)
+            offset += g.numel()
+        return self._grads
 
     def history_bytes(self):
         """Bytes of the recorded version, the staging copy and the change logs."""
@@ -425,15 +399,16 @@ class SparsityRecorder:
         patch = self.sender.patch()
         encode_s = time.perf_counter() - e0
         streams = inspect(patch)["streams"]
-        reach = len(self.versions[0].logs)
+        reach = self.versions[0].logs.depth
         kstep = [1.0 - differ[k] / self.numel if k <= reach else float("nan") for k in self.k_values]
         if adam is not None:
             row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
         grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
-        if grads:  # one FP32 copy, then a pass per figure (no FP64 copies)
-            g = torch.cat(grads).float().abs_()
+        if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
+            g = self._gradient(grads).abs_()
             row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
-            row.set_values("/steps/grad_sparsity", [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS)])
+            row.set_values("/steps/grad_sparsity",
+                           [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
         self.master = self._master_copy()
         row.set_int("/steps/step", self.t)
         row.set_int("/steps/policy_version", self.t)

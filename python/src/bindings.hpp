@@ -16,5 +16,6 @@ void bind_sync(pybind11::module_& m);    // sync_bindings.cpp
 void bind_decode(pybind11::module_& m);  // decode_bindings.cpp
 void bind_stats(pybind11::module_& m);   // stats_bindings.cpp
 void bind_sliced(pybind11::module_& m);  // sliced_bindings.cpp
+void bind_recorder(pybind11::module_& m);  // recorder_bindings.cpp
 
 }  // namespace pulse::python

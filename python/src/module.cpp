@@ -23,4 +23,5 @@ PYBIND11_MODULE(_pulse, m) {
   pulse::python::bind_decode(m);
   pulse::python::bind_stats(m);
   pulse::python::bind_sliced(m);
+  pulse::python::bind_recorder(m);
 }

@@ -1,0 +1,43 @@
+#pragma once
+// The k-step history of pulse.torch's recorder: the last recorded version of the parameters (one
+// flat array of elements of one width, held by the caller) and the change log of each of the
+// last `keep` steps: the positions that changed and their old bits, or the whole old version
+// where that takes less memory (most changed). Reverting the newest logs in turn gives the
+// versions 1, 2, ... steps back, so the history costs the changes, not keep copies of the model
+// (as pulse-measure's change logs, src/measure/change_log.hpp; like them, each log is indexed by
+// block of the model, so that every revert runs on one block at a time, in cache). Every count
+// is the same at any thread count.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+namespace pulse::python {
+
+class ChangeLogs {
+ public:
+  virtual ~ChangeLogs() = default;
+
+  // Logs the change from recorded to now (n elements each) and writes now into recorded;
+  // returns the changed elements of each parameter, parameter p being elements
+  // [ends[p - 1], ends[p]) (ends ascending, the last n).
+  virtual std::vector<std::uint64_t> commit(const std::byte* now, std::byte* recorded, std::size_t n,
+                                            const std::vector<std::uint64_t>& ends, unsigned threads) = 0;
+
+  // {k: elements of recorded that differ from the version k steps back} for each k in ks that
+  // the logs reach (k <= depth()).
+  virtual std::map<std::size_t, std::uint64_t> differing(const std::byte* recorded, std::size_t n,
+                                                         const std::vector<std::size_t>& ks, unsigned threads) const = 0;
+
+  // The steps logged (at most keep).
+  virtual std::size_t depth() const = 0;
+
+  // Bytes of the logs: a sparse log's positions and old bits, a whole log's old version.
+  virtual std::size_t bytes() const = 0;
+};
+
+// Logs of elements of element_bytes (1, 2, 4 or 8) whose positions take index_bytes (4 or 8).
+std::unique_ptr<ChangeLogs> make_change_logs(std::size_t element_bytes, std::size_t index_bytes, std::size_t keep);
+
+}  // namespace pulse::python

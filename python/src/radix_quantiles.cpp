@@ -1,0 +1,127 @@
+#include "radix_quantiles.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "coding/parallel.hpp"
+#include "core/error.hpp"
+
+namespace pulse::python {
+namespace {
+
+constexpr std::size_t kBins = std::size_t(1) << 16;
+
+// The bits of x as an unsigned number in the order of the values (negatives reversed below
+// the positives); NaN is caught before.
+std::uint32_t order_key(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+}
+
+float from_key(std::uint32_t key) {
+  const std::uint32_t bits = key & 0x80000000u ? key & 0x7FFFFFFFu : ~key;
+  float x;
+  std::memcpy(&x, &bits, sizeof(x));
+  return x;
+}
+
+// The values split among tasks of at most 2^31 elements (each task's counts fit 32 bits).
+std::vector<std::size_t> task_bounds(std::size_t n, unsigned threads) {
+  const std::size_t limit = std::size_t(1) << 31;
+  const std::size_t tasks = std::max<std::size_t>(sync::resolve_threads(threads), (n + limit - 1) / limit);
+  std::vector<std::size_t> bounds(tasks + 1);
+  for (std::size_t t = 0; t <= tasks; ++t) bounds[t] = std::size_t((unsigned __int128)n * t / tasks);
+  return bounds;
+}
+
+}  // namespace
+
+std::vector<double> radix_quantiles(const float* values, std::size_t n, const std::vector<double>& qs,
+                                    unsigned threads) {
+  for (const double q : qs) PULSE_CHECK(q >= 0 && q <= 1, "quantiles: q = " + std::to_string(q) + " is not in [0, 1]");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  if (n == 0) return std::vector<double>(qs.size(), nan);
+  const std::vector<std::size_t> bounds = task_bounds(n, threads);
+  const std::size_t tasks = bounds.size() - 1;
+
+  // Pass 1: the values per top 16 bits of their key, and whether any is NaN.
+  std::vector<std::vector<std::uint32_t>> top(tasks);
+  std::vector<char> any_nan(tasks, 0);
+  sync::parallel_for(threads, tasks, [&](std::size_t t) {
+    top[t].assign(kBins, 0);
+    std::uint32_t* counts = top[t].data();
+    bool nan_seen = false;
+    for (std::size_t i = bounds[t]; i < bounds[t + 1]; ++i) {
+      nan_seen |= std::isnan(values[i]);
+      ++counts[order_key(values[i]) >> 16];
+    }
+    any_nan[t] = nan_seen;
+  });
+  if (std::count(any_nan.begin(), any_nan.end(), 1) > 0) return std::vector<double>(qs.size(), nan);
+  std::vector<std::uint64_t> below(kBins + 1, 0);  // below[b]: the values in bins under b
+  for (std::size_t b = 0; b < kBins; ++b) {
+    std::uint64_t count = 0;
+    for (std::size_t t = 0; t < tasks; ++t) count += top[t][b];
+    below[b + 1] = below[b] + count;
+  }
+
+  // The order statistics wanted and their bins.
+  std::set<std::uint64_t> ranks;
+  for (const double q : qs) {
+    const auto lo = std::uint64_t(q * double(n - 1));
+    ranks.insert(lo);
+    ranks.insert(std::min<std::uint64_t>(lo + 1, n - 1));
+  }
+  std::vector<std::uint8_t> slot_of_bin(kBins, 0);  // 1 + the bin's place in chosen, 0 if not chosen
+  std::vector<std::size_t> chosen;                   // bins, ascending (at most 2 per quantile)
+  for (const std::uint64_t r : ranks) {
+    const std::size_t b = std::size_t(std::upper_bound(below.begin(), below.end(), r) - below.begin()) - 1;
+    if (slot_of_bin[b] == 0) chosen.push_back(b), slot_of_bin[b] = std::uint8_t(chosen.size());
+  }
+  PULSE_CHECK(chosen.size() < 256, "quantiles: at most 127 quantiles at once");
+
+  // Pass 2: the chosen bins' values per low 16 bits of their key (slot 0: the others).
+  std::vector<std::vector<std::uint32_t>> low(tasks);
+  sync::parallel_for(threads, tasks, [&](std::size_t t) {
+    low[t].assign((chosen.size() + 1) * kBins, 0);
+    std::uint32_t* counts = low[t].data();
+    const std::uint8_t* slots = slot_of_bin.data();
+    for (std::size_t i = bounds[t]; i < bounds[t + 1]; ++i) {
+      const std::uint32_t key = order_key(values[i]);
+      ++counts[std::size_t(slots[key >> 16]) * kBins + (key & 0xFFFFu)];
+    }
+  });
+  std::map<std::uint64_t, double> value;  // rank -> order statistic
+  for (std::size_t s = 0; s < chosen.size(); ++s) {
+    const std::size_t b = chosen[s];
+    std::uint64_t seen = below[b];
+    auto r = ranks.lower_bound(below[b]);
+    for (std::size_t l = 0; l < kBins && r != ranks.end() && *r < below[b + 1]; ++l) {
+      for (std::size_t t = 0; t < tasks; ++t) seen += low[t][(s + 1) * kBins + l];
+      for (; r != ranks.end() && *r < seen; ++r) value[*r] = from_key(std::uint32_t(b << 16 | l));
+    }
+  }
+
+  std::vector<double> out;
+  for (const double q : qs) {
+    const double pos = q * double(n - 1);
+    const auto lo = std::uint64_t(pos);
+    const std::uint64_t hi = std::min<std::uint64_t>(lo + 1, n - 1);
+    const double a = value.at(lo), b = value.at(hi), fraction = pos - double(lo);
+    if (fraction == 0 || a == b)
+      out.push_back(a);
+    else if (std::isinf(a) || std::isinf(b))  // the infinity, not inf - inf (NaN between -inf and inf)
+      out.push_back(std::isinf(a) && std::isinf(b) ? nan : std::isinf(a) ? a : b);
+    else
+      out.push_back(a + (b - a) * fraction);
+  }
+  return out;
+}
+
+}  // namespace pulse::python
