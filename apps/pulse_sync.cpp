@@ -313,7 +313,7 @@ int cmd_encode(const EncodeArgs& args) {
 int cmd_apply(const std::string& base, const std::string& patch_path, const std::string& out,
               const std::string& public_key_path, bool stream, unsigned threads, bool replace) {
   cli::refuse_output_over_inputs(out, "apply: the output", {patch_path, public_key_path});
-  if (threads == 0) threads = default_apply_threads();
+  threads = resolve_threads(threads);
   PublicKey key;
   if (!public_key_path.empty()) key = read_public_key(public_key_path);
   struct stat st {};

@@ -4,7 +4,8 @@
 // fails in the middle of the stream or a base that is not the patch's leaves no output, an
 // existing output as it was and no temporary file. With many small parts (spanning tensors and
 // cut inside them), encode (in memory and streamed) and apply (file to file, in place, folder to
-// folder) give the same bytes on 1, 2 and 3 threads. Also DigestStream and FlushBehind, which it uses.
+// folder) give the same bytes on 1, 2 and 3 threads, and so does a streamed encode that reads a
+// long segment in pieces. Also DigestStream and FlushBehind, which it uses.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -218,6 +219,33 @@ TEST_F(StreamApply, ManyPartsGiveTheSameBytesOnEveryThreadCount) {
 // The last byte of the keydiff value stream (uncompressed) made a varint that runs past the
 // stream's end, checksum fixed: parse_patch accepts it; the decoder fails at c.f32, the last
 // sparse entry by name, after a.big and b.mid were decoded and written.
+// A streamed state's segment is read in 1 MiB pieces where it is not ranked (raw, keydiff):
+// a.big's one segment of 5 Mi elements in 10. The bytes and the target's digests are the
+// in-memory encode's, with the base's digests hashed or known, on 1 and 2 threads.
+TEST_F(StreamApply, StreamedEncodeReadsLongSegmentsInPiecesToTheSameBytes) {
+  const StreamedState base = StreamedState::open(path("base.safetensors")),
+                      target = StreamedState::open(path("target.safetensors"));
+  const StateDigests base_digests = compute_digests(refs(base_));
+  EncodeOptions raw;
+  raw.values = ValueCoding::raw;
+  for (EncodeOptions options : {raw, EncodeOptions{}, exponent_class_options()})
+    for (const StateDigests* known : {static_cast<const StateDigests*>(nullptr), &base_digests})
+      for (unsigned threads : {1u, 2u}) {
+        const std::string at = std::string(value_coding_name(options.values)) + (known ? ", digests known" : "") +
+                               ", threads " + std::to_string(threads);
+        options.threads = threads;
+        StateDigests in_memory, streamed;
+        const auto expected = encode_patch(refs(base_), refs(target_), options, known, &in_memory, {{"format", "pt"}},
+                                           {{"format", "pt"}});
+        EXPECT_EQ(encode_patch(base.tensors(), target.tensors(), options, known, &streamed, base.metadata(),
+                               target.metadata(), base.loader(), target.loader()),
+                  expected)
+            << at;
+        EXPECT_EQ(streamed.tensors, in_memory.tensors) << at;
+        EXPECT_EQ(streamed.state, state_digest(refs(target_), {{"format", "pt"}})) << at;
+      }
+}
+
 TEST_F(StreamApply, PatchFailingMidStreamLeavesNothing) {
   EncodeOptions options;
   options.compressor = Compressor::none;

@@ -79,8 +79,37 @@ const Step& step_at(std::size_t n, double sparsity) {
   return s;
 }
 
-std::vector<TensorRef> as_state(const std::vector<bf16_bits>& bits) {
-  return {{"weight", "BF16", {std::int64_t(bits.size())}, reinterpret_cast<const std::byte*>(bits.data()), 2 * bits.size()}};
+// The tensors a benchmark's elements are cut into: one tensor, or (Layout::qwen) tensors of
+// Qwen2-1.5B's layout in its order (the embedding, 151936 x 1536, then layer 0's q, k, v, o,
+// gate, up, down projections, the last cut short): many parts, some spanning tensors, as a
+// real model's.
+enum class Layout { one_tensor, qwen };
+
+std::vector<TensorRef> as_state(const std::vector<bf16_bits>& bits, Layout layout = Layout::one_tensor) {
+  if (layout == Layout::one_tensor)
+    return {{"weight", "BF16", {std::int64_t(bits.size())}, reinterpret_cast<const std::byte*>(bits.data()), 2 * bits.size()}};
+  const std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes = {
+      {"model.embed_tokens.weight", {151936, 1536}},      {"model.layers.0.self_attn.q_proj.weight", {1536, 1536}},
+      {"model.layers.0.self_attn.k_proj.weight", {256, 1536}}, {"model.layers.0.self_attn.v_proj.weight", {256, 1536}},
+      {"model.layers.0.self_attn.o_proj.weight", {1536, 1536}}, {"model.layers.0.mlp.gate_proj.weight", {8960, 1536}},
+      {"model.layers.0.mlp.up_proj.weight", {8960, 1536}},    {"model.layers.0.mlp.down_proj.weight", {1536, 8960}}};
+  std::vector<TensorRef> out;
+  std::size_t at = 0;
+  for (const auto& [name, shape] : shapes) {
+    std::size_t n = std::size_t(shape[0] * shape[1]);
+    std::vector<std::int64_t> s = shape;
+    if (at + n > bits.size()) n = bits.size() - at, s = {std::int64_t(n)};
+    out.push_back({name, "BF16", s, reinterpret_cast<const std::byte*>(bits.data() + at), 2 * n});
+    if ((at += n) == bits.size()) break;
+  }
+  return out;
+}
+
+// A receiver's state: the same tensors, writable.
+std::vector<MutableTensor> as_mutable_state(std::vector<bf16_bits>& bits, Layout layout = Layout::one_tensor) {
+  std::vector<MutableTensor> out;
+  for (const TensorRef& t : as_state(bits, layout)) out.push_back({t.name, t.dtype, t.shape, const_cast<std::byte*>(t.data), t.bytes});
+  return out;
 }
 
 std::size_t zstd1_size(const void* data, std::size_t bytes) {
@@ -348,7 +377,7 @@ void BM_Apply(benchmark::State& state) {
   std::vector<bf16_bits> receiver(n);
   for (auto _ : state) {
     std::memcpy(receiver.data(), s.base.data(), 2 * n);  // untimed: reset to the base version
-    std::vector<MutableTensor> m{{"weight", "BF16", {std::int64_t(n)}, reinterpret_cast<std::byte*>(receiver.data()), 2 * n}};
+    std::vector<MutableTensor> m = as_mutable_state(receiver);
     Kokkos::Timer timer;
     StateDigests target_digests;
     apply_patch(parse_patch(patch.data(), patch.size()), m, {}, &base_digests, &target_digests);
@@ -356,27 +385,6 @@ void BM_Apply(benchmark::State& state) {
   }
   if (std::memcmp(receiver.data(), s.target.data(), 2 * n) != 0) state.SkipWithError("apply is not bit-exact");
   state.SetBytesProcessed(std::int64_t(2 * n) * state.iterations());
-}
-
-// 2^28 elements cut into tensors of Qwen2-1.5B's layout in its order (the embedding, 151936 x
-// 1536, then layer 0's q, k, v, o, gate, up, down projections, the last cut short): many parts,
-// some spanning tensors, as a real model's.
-std::vector<TensorRef> qwen_layout(const std::vector<bf16_bits>& bits) {
-  const std::vector<std::pair<std::string, std::vector<std::int64_t>>> shapes = {
-      {"model.embed_tokens.weight", {151936, 1536}},      {"model.layers.0.self_attn.q_proj.weight", {1536, 1536}},
-      {"model.layers.0.self_attn.k_proj.weight", {256, 1536}}, {"model.layers.0.self_attn.v_proj.weight", {256, 1536}},
-      {"model.layers.0.self_attn.o_proj.weight", {1536, 1536}}, {"model.layers.0.mlp.gate_proj.weight", {8960, 1536}},
-      {"model.layers.0.mlp.up_proj.weight", {8960, 1536}},    {"model.layers.0.mlp.down_proj.weight", {1536, 8960}}};
-  std::vector<TensorRef> out;
-  std::size_t at = 0;
-  for (const auto& [name, shape] : shapes) {
-    std::size_t n = std::size_t(shape[0] * shape[1]);
-    std::vector<std::int64_t> s = shape;
-    if (at + n > bits.size()) n = bits.size() - at, s = {std::int64_t(n)};
-    out.push_back({name, "BF16", s, reinterpret_cast<const std::byte*>(bits.data() + at), 2 * n});
-    if ((at += n) == bits.size()) break;
-  }
-  return out;
 }
 
 // Encode and apply at 1 and 2 threads (issue 26: 2 threads >= 1.8x), in memory, both states
@@ -388,7 +396,7 @@ void BM_EncodeThreads(benchmark::State& state) {
   std::size_t bytes = 0;
   for (auto _ : state) {
     Kokkos::Timer timer;
-    bytes = encode_patch(qwen_layout(s.base), qwen_layout(s.target), options).size();
+    bytes = encode_patch(as_state(s.base, Layout::qwen), as_state(s.target, Layout::qwen), options).size();
     state.SetIterationTime(timer.seconds());
   }
   state.SetBytesProcessed(std::int64_t(4 * s.base.size()) * state.iterations());
@@ -397,12 +405,11 @@ void BM_EncodeThreads(benchmark::State& state) {
 
 void BM_ApplyThreads(benchmark::State& state) {
   const Step& s = step_at(1 << 28, 0.99);
-  const auto patch = encode_patch(qwen_layout(s.base), qwen_layout(s.target), coding(state.range(0)));
+  const auto patch = encode_patch(as_state(s.base, Layout::qwen), as_state(s.target, Layout::qwen), coding(state.range(0)));
   std::vector<bf16_bits> receiver(s.base.size());
   for (auto _ : state) {
     std::memcpy(receiver.data(), s.base.data(), 2 * receiver.size());  // untimed: reset to the base version
-    std::vector<MutableTensor> m;
-    for (const TensorRef& t : qwen_layout(receiver)) m.push_back({t.name, t.dtype, t.shape, const_cast<std::byte*>(t.data), t.bytes});
+    std::vector<MutableTensor> m = as_mutable_state(receiver, Layout::qwen);
     Kokkos::Timer timer;
     apply_patch(parse_patch(patch.data(), patch.size()), m, {}, nullptr, nullptr, {}, nullptr, nullptr,
                 unsigned(state.range(1)));
@@ -470,7 +477,7 @@ void BM_CoreApply(benchmark::State& state) {
     state.PauseTiming();
     std::memcpy(receiver.data(), s.base.data(), 2 * n);  // reset to the base version
     state.ResumeTiming();
-    std::vector<MutableTensor> m{{"weight", "BF16", {std::int64_t(n)}, reinterpret_cast<std::byte*>(receiver.data()), 2 * n}};
+    std::vector<MutableTensor> m = as_mutable_state(receiver);
     StateDigests target_digests;
     apply_patch(parse_patch(patch.data(), patch.size()), m, {}, &base_digests, &target_digests, {}, nullptr, nullptr, 1);
   }

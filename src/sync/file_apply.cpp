@@ -97,6 +97,25 @@ void copy_bytes(int in, int out, std::uint64_t offset, std::uint64_t size, const
   }
 }
 
+// The digest of bytes [offset, offset + size) of a file, read in pieces.
+Digest file_range_digest(int fd, std::uint64_t offset, std::uint64_t size, const std::string& path) {
+  std::vector<std::byte> buffer(std::size_t(std::min<std::uint64_t>(size, std::uint64_t(8) << 20)));
+  BlockDigest sum;
+  for (std::uint64_t at = 0; at < size;) {
+    const std::size_t want = std::size_t(std::min<std::uint64_t>(size - at, buffer.size()));
+    for (std::size_t got = 0; got < want;) {  // whole pieces: the blocks are hashed where they lie
+      const ssize_t n = ::pread(fd, buffer.data() + got, want - got, off_t(offset + at + got));
+      if (n < 0 && errno == EINTR) continue;
+      PULSE_CHECK(n >= 0, io_error(path, "read failed"));
+      PULSE_CHECK(n > 0, path + ": the file shrank while being read");
+      got += std::size_t(n);
+    }
+    sum.add(buffer.data(), want, at);
+    at += want;
+  }
+  return sum.digest();
+}
+
 // Asks the kernel to start writing these bytes to disk now, without waiting: the fsync before
 // the rename then finds most of the file written. Advisory: fsync reports any error.
 void start_writeback(int fd, std::uint64_t offset, std::uint64_t size) {
@@ -183,8 +202,8 @@ void wait_all(WorkQueue& queue, std::deque<std::future<void>>& pending, bool qui
 }
 
 // Bytes of a patched tensor go to the file in chunks this size, each started on its way to
-// disk as soon as it is written; a chunk is built in pieces small enough to be hashed (base and
-// target) while in cache.
+// disk as soon as it is written; a chunk is built in pieces small enough to be hashed while in
+// cache.
 constexpr std::size_t kChunkBytes = std::size_t(4) << 20;
 constexpr std::size_t kPieceBytes = std::size_t(128) << 10;
 
@@ -201,12 +220,11 @@ bool file_apply_fits(const std::string& base, const std::string& out, const std:
   return std::none_of(base_layout.begin(), base_layout.end(), [](const TensorRef& t) { return is_file_tensor(t.name); });
 }
 
-unsigned default_apply_threads() { return resolve_threads(0); }
-
 namespace {
 
 // A base file copied into its output's temporary file, mapped read-only: what is validated,
-// decoded against and hashed is the copy, never the base, which may change meanwhile.
+// decoded against and hashed is the copy, never the base, which may change meanwhile (only a
+// failed apply reads the base again, to say why it failed).
 struct FileCopy {
   std::string base, out;
   FileDescriptor in{-1};
@@ -288,31 +306,45 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
   std::sort(by_name.begin(), by_name.end(), [&](std::size_t a, std::size_t b) { return tensors[a].name < tensors[b].name; });
   if (memory_targets) memory_targets->assign(tensors.size(), {});
 
-  // Ahead of the decoder: copy a tensor. Behind it: hash the base's bytes and write the patched
-  // ones, hashed as written (the decoder, the critical path, only decodes).
+  // Ahead of the decoder: copy a tensor. Behind it: write the patched bytes, hashed as written
+  // (the decoder, the critical path, only decodes). One verify: the target's digest. The base's
+  // is hashed only where it is the target's (an unchanged tensor) or when the apply fails, to
+  // tell a base that is not the patch's from a corrupt patch.
   std::vector<Digest> base_digests(tensors.size()), target_digests(tensors.size());
-  // hashed: the base's digest is known; patching: the copy is being overwritten (a failure
-  // then leaves the base's bytes unknown).
-  std::vector<char> copied(tensors.size(), 0), hashed(tensors.size(), 0), patching(tensors.size(), 0);
+  std::vector<char> hashed(tensors.size(), 0);  // the base's digest is known
   auto copy = [&](std::size_t t) {
     if (const Slot& s = slots[t]; s.copy)
       copy_bytes(s.copy->in.fd, s.copy->file->fd(), s.offset, tensors[t].bytes, s.copy->base, s.copy->out);
-    copied[t] = 1;
   };
   auto hash_base = [&](std::size_t t) {
     base_digests[t] = tensor_digest(tensors[t]);
     hashed[t] = 1;
   };
+  // Once the apply failed: a corrupt patch, or a base that is not the patch's? The base's digest
+  // tells which; the tensors not hashed are read again from the base files (their copies may be
+  // patched). A base file that changed since cannot tell: the caller's error stands.
+  auto check_base = [&] {
+    try {
+      for (std::size_t t = 0; t < tensors.size(); ++t)
+        if (!hashed[t]) {
+          const Slot& s = slots[t];
+          base_digests[t] = s.copy ? file_range_digest(s.copy->in.fd, s.offset, tensors[t].bytes, s.copy->base)
+                                   : tensor_digest(tensors[t]);
+        }
+    } catch (...) {
+      return;
+    }
+    decoder.check_base(state_digest(tensors, base_digests, metadata));
+  };
   // A sparse entry's tensor: the copy with the changes written, chunk by chunk, each piece
-  // hashed as read and as patched while it is in cache.
+  // hashed as patched while it is in cache.
   auto write_changes = [&](const DecodedEntry& e) {
     const std::size_t t = e.tensor;
     FileCopy& f = *slots[t].copy;
     const std::uint64_t offset = slots[t].offset;
     thread_local std::vector<std::byte> chunk;
     chunk.resize(std::min<std::uint64_t>(e.bytes, kChunkBytes));
-    BlockDigest base_digest, target_digest;  // pieces of whole blocks
-    patching[t] = 1;
+    BlockDigest target_digest;  // pieces of whole blocks
     std::size_t c = 0;  // the next change
     for (std::uint64_t begin = 0; begin < e.bytes; begin += kChunkBytes) {
       const std::size_t length = std::size_t(std::min<std::uint64_t>(e.bytes - begin, kChunkBytes));
@@ -320,7 +352,6 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
         const std::size_t piece_length = std::min(length - piece, kPieceBytes);
         const std::uint64_t piece_end = begin + piece + piece_length;
         std::byte* patched = chunk.data() + piece;
-        base_digest.add(tensors[t].data + begin + piece, piece_length, begin + piece);
         std::memcpy(patched, tensors[t].data + begin + piece, piece_length);
         for (; c < e.indices.size() && e.indices[c] * e.width < piece_end; ++c)
           std::memcpy(chunk.data() + (e.indices[c] * e.width - begin), e.values.data() + c * e.width, e.width);
@@ -330,20 +361,16 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
       start_writeback(f.file->fd(), offset + begin, length);
       f.finished(offset + begin, length);
     }
-    base_digests[t] = base_digest.digest();
     target_digests[t] = target_digest.digest();
-    hashed[t] = 1;
     f.release(offset, e.bytes);
   };
-  auto hash_base_and_write = [&](const DecodedEntry& e) {
+  auto write_target = [&](const DecodedEntry& e) {
     const std::size_t t = e.tensor;
     if (e.kind == EntryKind::sparse && e.touched()) return write_changes(e);
-    hash_base(t);
     FileCopy* f = slots[t].copy;
     const std::uint64_t offset = slots[t].offset;
     if (e.kind == EntryKind::whole) {
       target_digests[t] = tensor_digest({"", "", {}, reinterpret_cast<const std::byte*>(e.whole), e.bytes});
-      patching[t] = 1;
       if (f) {
         write_bytes(f->file->fd(), e.whole, e.bytes, offset, f->out);
       } else {
@@ -351,6 +378,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
         (*memory_targets)[t].assign(w, w + e.bytes);
       }
     } else {
+      hash_base(t);
       target_digests[t] = base_digests[t];  // the copy is the target
       if (!f) (*memory_targets)[t].assign(tensors[t].data, tensors[t].data + tensors[t].bytes);
     }
@@ -362,7 +390,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
   };
 
   // The tasks, in order of entry: copy a tensor (ahead); decode a part once the tensors it lies
-  // in are copied; write an entry (hash the base, write the patched bytes, hash them) on the
+  // in are copied; write an entry (write the patched bytes, hash them) on the
   // thread that decodes the last part it lies in, or, for an entry in no part, once copied.
   const std::size_t entries = by_name.size(), parts = decoder.parts();
   std::vector<DecodedEntry> decoded(entries);
@@ -378,7 +406,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
   auto write_entry = [&](std::size_t k) {
     DecodedEntry e = std::move(decoded[k]);  // its changes are freed once written
     written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
-    hash_base_and_write(e);
+    write_target(e);
   };
   {
     WorkQueue queue(threads - 1);
@@ -428,25 +456,14 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
             queue.wait(done);
           } catch (...) {
           }
-      // A corrupt patch, or a base that is not the patch's: the base's digest tells which.
-      bool base_known = true;
-      try {
-        for (std::size_t t = 0; t < tensors.size() && base_known; ++t) {
-          if (!copied[t]) copy(t);
-          // A write that failed part way left that copy neither the base nor the target.
-          base_known = hashed[t] || !patching[t];
-          if (!hashed[t] && base_known) hash_base(t);
-          if (slots[t].copy) slots[t].copy->release(slots[t].offset, tensors[t].bytes);
-        }
-      } catch (...) {
-        base_known = false;
-      }
-      if (base_known) decoder.check_base(state_digest(tensors, base_digests, metadata));
+      check_base();
       std::rethrow_exception(error);
     }
   }
-  decoder.check_base(state_digest(tensors, base_digests, metadata));
-  decoder.check_target(state_digest(tensors, target_digests, metadata));
+  if (const Digest target = state_digest(tensors, target_digests, metadata); target != patch.header.target_state) {
+    check_base();
+    decoder.check_target(target);
+  }
   if (apply_seconds) *apply_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Unmapped before the fsync in commit(), which writes what writeback has not yet.
   for (auto& c : copies) {

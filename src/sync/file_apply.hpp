@@ -4,10 +4,11 @@
 // the output's temporary file (copy_file_range, in the kernel); the patch's parts are decoded
 // against that copy (mapped read-only), each on a thread, as soon as the tensors they lie in are
 // copied; the thread that decodes the last part of a tensor writes its patched bytes back in
-// chunks, hashed (base and target) in the pass that builds them, and starts their writeback to
-// disk at once; a thread flushes the finished parts behind the writers (core/flush_behind.hpp),
-// so the disk works while later parts are decoded; the file is renamed over the output once the
-// base and target digests verify. Memory holds the patch, the decoded changes of the tensors in
+// chunks, hashed in the pass that builds them, and starts their writeback to disk at once; a
+// thread flushes the finished parts behind the writers (core/flush_behind.hpp), so the disk
+// works while later parts are decoded; the file is renamed over the output once the target
+// digest verifies (one verify: the base's bytes are hashed only where a tensor is unchanged, or
+// read again after a failure to tell a wrong base from a corrupt patch). Memory holds the patch, the decoded changes of the tensors in
 // flight (those of at most 2 x threads parts) and a chunk buffer per thread, not the model (each
 // tensor's mapped pages are released once it is written); the output keeps the base's header
 // bytes (tensor order, padding) exactly. A model folder's shards go through the same pipeline
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "coding/parallel.hpp"
 #include "sync/checkpoint.hpp"
 #include "sync/patch.hpp"
 
@@ -28,9 +30,6 @@ namespace pulse::sync {
 bool file_apply_fits(const std::string& base, const std::string& out, const std::vector<TensorRef>& base_layout,
                      const ParsedPatch& patch);
 
-// The default thread count of apply_file: the cores this process may use.
-unsigned default_apply_threads();
-
 // Applies patch to the file base, writing out atomically: on any failure (a corrupt patch, a
 // base that is not the patch's base, an I/O error) the temporary file is removed and out keeps
 // its old content or stays absent. The header is validated from the copy itself and every
@@ -40,7 +39,7 @@ unsigned default_apply_threads();
 // waits for the disk).
 // Returns the elements written; apply_seconds gets the time before the final fsync.
 std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, const std::string& out,
-                         unsigned threads = default_apply_threads(), double* apply_seconds = nullptr);
+                         unsigned threads = resolve_threads(0), double* apply_seconds = nullptr);
 
 // A model folder's apply, the same pipeline over its shards at once (each shard copied into
 // the new folder's shard of the same name and patched there; the index, config and tokenizer
@@ -53,7 +52,7 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
 bool folder_apply_fits(const OpenState& base, const std::string& out, const ParsedPatch& patch);
 // An existing out is replaced under save_state's rule (check_replaceable_folder, with replace).
 std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, const std::string& out,
-                           ReplaceFolder replace, unsigned threads = default_apply_threads(),
+                           ReplaceFolder replace, unsigned threads = resolve_threads(0),
                            double* apply_seconds = nullptr);
 
 }  // namespace pulse::sync

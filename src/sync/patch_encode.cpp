@@ -156,11 +156,12 @@ void find_changes(const std::byte* o, const std::byte* t, std::size_t len, std::
   take(windows, tail);
 }
 
-// Finds the changes of n elements (ranks with `rank`), hashing each chunk while in cache.
-void scan_changes(const SparseFormat& format, const std::byte* old_data, const std::byte* new_data, std::uint64_t n,
-                  std::uint64_t byte_offset, bool hash_old, bool rank, ScannedSegment& out) {
+// Appends the changes of the n elements of a segment from its element `from` on (indices from
+// the segment's start; ranked with `rank`, which needs the whole segment: from 0), hashing each
+// chunk while in cache; byte_offset: element from's in its tensor.
+void scan_changes(const SparseFormat& format, const std::byte* old_data, const std::byte* new_data, std::uint64_t from,
+                  std::uint64_t n, std::uint64_t byte_offset, bool hash_old, bool rank, ScannedSegment& out) {
   Changes& changes = out.changes;
-  changes.clear();
   std::optional<ExponentClassRanker> ranker;
   if (rank) ranker.emplace(format, old_data, n);
   const unsigned w = format.bytes;
@@ -169,9 +170,9 @@ void scan_changes(const SparseFormat& format, const std::byte* old_data, const s
     const std::size_t len = std::min<std::uint64_t>(kScanChunk, n - begin);
     const std::byte* o = old_data + w * begin;
     const std::byte* t = new_data + w * begin;
-    if (w == 1) find_changes<1>(o, t, len, begin, changes);
-    if (w == 2) find_changes<2>(o, t, len, begin, changes);
-    if (w == 4) find_changes<4>(o, t, len, begin, changes);
+    if (w == 1) find_changes<1>(o, t, len, from + begin, changes);
+    if (w == 2) find_changes<2>(o, t, len, from + begin, changes);
+    if (w == 4) find_changes<4>(o, t, len, from + begin, changes);
     if (ranker)
       ranker->rank(changes.indices.data() + first, changes.old_values.data() + first, changes.indices.size() - first,
                    changes.ranks);
@@ -257,7 +258,9 @@ class StateBytes {
   const TensorLoader& loader_;
 };
 
-// Each thread's buffers for the segments of a state not in memory (a segment of each state).
+// Each thread's buffers for a state not in memory (a segment of each state, or a scan piece).
+// A piece: small enough to stay in cache, large enough to be one efficient read from disk.
+constexpr std::size_t kScanPieceBytes = std::size_t(1) << 20;
 thread_local std::vector<std::byte> base_segment, target_segment;
 
 // Fills the sparse entries' counts (and gap-fixed widths) from the parts' segments.
@@ -349,11 +352,18 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   const bool rank = is_exponent_class(options.values);
   const Scan scan = [&](const SegmentPlan& seg, ScannedSegment& out) {
     const auto [b, t] = range_tensors[seg.range];
-    const unsigned w = ranges[seg.range].format.bytes;
-    const std::size_t n = w * seg.elements;
-    scan_changes(ranges[seg.range].format, base_bytes.piece(*b, w * seg.begin, n, base_segment),
-                 target_bytes.piece(*t, w * seg.begin, n, target_segment), seg.elements, w * seg.begin, !base_digests,
-                 rank, out);
+    const SparseFormat& format = ranges[seg.range].format;
+    out.changes.clear();
+    // A state read by its loader is read a piece at a time and scanned while in cache: each byte
+    // crosses memory once, not three times (read, stored in the buffer, read back), which bounds
+    // the threads of a scan that is memory-bound. The ranker needs the whole segment.
+    const std::uint64_t step = rank ? seg.elements : kScanPieceBytes / format.bytes;
+    for (std::uint64_t from = 0; from < seg.elements; from += step) {
+      const std::uint64_t n = std::min(step, seg.elements - from), offset = format.bytes * (seg.begin + from);
+      scan_changes(format, base_bytes.piece(*b, offset, format.bytes * n, base_segment),
+                   target_bytes.piece(*t, offset, format.bytes * n, target_segment), from, n, offset, !base_digests,
+                   rank, out);
+    }
   };
   std::vector<unsigned> widths;
   const auto scanned = code_parts(ranges, plan, options, scan, threads, c.parts, widths);
@@ -526,7 +536,8 @@ std::vector<SliceParts> encode_slice_parts(const std::vector<TensorSlice>& slice
     const TensorSlice& s = slices[seg.range];
     const unsigned w = ranges[seg.range].format.bytes;
     const std::uint64_t at = w * (seg.begin - s.begin);
-    scan_changes(ranges[seg.range].format, s.base + at, s.target + at, seg.elements, w * seg.begin, true, rank, out);
+    out.changes.clear();
+    scan_changes(ranges[seg.range].format, s.base + at, s.target + at, 0, seg.elements, w * seg.begin, true, rank, out);
   };
   std::vector<EncodedPart> coded;
   std::vector<unsigned> widths;

@@ -415,15 +415,13 @@ std::optional<AnchorRecord> Relay::checked_record(std::uint64_t v, const RelayHe
   return record;
 }
 
-PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const PullOptions& options) const {
-  const RelayHead h = checked_head(std::max(options.min_version, have ? have_version : 0), options);
+PullResult Relay::walk_to_head(const RelayHead& h, const PullOptions& options, const std::vector<TensorRef>* have_layout,
+                               const FromHave& from_have, const FromAnchor& from_anchor) const {
   PullResult result;
   result.version = h.version;
-  if (have) {
+  if (have_layout) {
     try {
-      result.state = *have;
-      for (std::size_t i = 0; i < result.state.layout.size(); ++i) result.state.layout[i].data = result.state.data[i].data();
-      follow_patches(*this, result.state, have_version, h, options, result);
+      from_have(result);
       result.fast_path = true;
       return result;
     } catch (const Error& e) {
@@ -431,7 +429,7 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
     }
     // Without a patch chain from the receiver's state, an anchor of another model (another
     // relay's files copied in, signed with the same key) would replace it: refused.
-    PULSE_CHECK(h.format < 2 || layout_digest(have->layout) == h.layout,
+    PULSE_CHECK(h.format < 2 || layout_digest(*have_layout) == h.layout,
                 "relay: HEAD's model has another tensor layout than the state you have, and no patch chain leads "
                 "from yours (" + result.fallback + "); pull without --have to take the relay's model");
   }
@@ -440,25 +438,38 @@ PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const
               "relay: no anchor at or before version " + std::to_string(h.version));
   for (auto it = anchors.rbegin(); it != anchors.rend(); ++it) {
     result.patches_applied = 0;
+    const std::string failed = (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + std::to_string(*it) + ": ";
     try {
       std::uint64_t max_state_bytes = 0;
       const auto record = checked_record(*it, h, options, max_state_bytes);
-      result.state = load_checkpoint(anchor_path(*it), max_state_bytes);
-      PULSE_CHECK(!record || state_digest(result.state.layout, result.state.metadata) == record->state,
-                  "relay: " + anchor_path(*it) + " does not match the digest its record names");
-      follow_patches(*this, result.state, *it, h, options, result);
+      from_anchor(*it, record, max_state_bytes, result);
       result.anchor = *it;
       return result;
     } catch (const Error& e) {
-      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + std::to_string(*it) + ": " +
-                         e.what();
-    } catch (const std::bad_alloc&) {  // an anchor too large for this machine: the next one may fit
-      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + std::to_string(*it) +
-                         ": out of memory while loading it";
+      result.fallback += failed + e.what();
+    } catch (const std::bad_alloc&) {  // an anchor (or a step) too large for this machine: the next one may fit
+      result.fallback += failed + "out of memory while loading it";
     }
   }
   throw_error(__FILE__, __LINE__, "relay: cannot reach HEAD version " + std::to_string(h.version) + " (" +
                                       result.fallback + ")");
+}
+
+PullResult Relay::pull(const Checkpoint* have, std::uint64_t have_version, const PullOptions& options) const {
+  const RelayHead h = checked_head(std::max(options.min_version, have ? have_version : 0), options);
+  return walk_to_head(
+      h, options, have ? &have->layout : nullptr,
+      [&](PullResult& result) {
+        result.state = *have;
+        for (std::size_t i = 0; i < result.state.layout.size(); ++i) result.state.layout[i].data = result.state.data[i].data();
+        follow_patches(*this, result.state, have_version, h, options, result);
+      },
+      [&](std::uint64_t v, const std::optional<AnchorRecord>& record, std::uint64_t max_state_bytes, PullResult& result) {
+        result.state = load_checkpoint(anchor_path(v), max_state_bytes);
+        PULSE_CHECK(!record || state_digest(result.state.layout, result.state.metadata) == record->state,
+                    "relay: " + anchor_path(v) + " does not match the digest its record names");
+        follow_patches(*this, result.state, v, h, options, result);
+      });
 }
 
 namespace {
@@ -622,60 +633,32 @@ void follow_patches_into(const Relay& relay, const std::string& start, std::uint
 PullResult Relay::pull_into(const std::string& out, const std::string& have, std::uint64_t have_version,
                             const PullOptions& options, ReplaceFolder replace, unsigned threads) const {
   const RelayHead h = checked_head(std::max(options.min_version, have.empty() ? 0 : have_version), options);
-  PullResult result;
-  result.version = h.version;
   PullScratch scratch(out);
   const IntoOptions into{out, replace, threads};
-  if (!have.empty()) {
-    const auto have_layout = layout_of(have);
-    try {
-      follow_patches_into(*this, have, have_version, nullptr, h, options, into, scratch, result);
-      result.fast_path = true;
-      return result;
-    } catch (const Error& e) {
-      result.fallback = std::string("fast path: ") + e.what();
-    }
-    PULSE_CHECK(h.format < 2 || layout_digest(have_layout) == h.layout,
-                "relay: HEAD's model has another tensor layout than the state you have, and no patch chain leads "
-                "from yours (" + result.fallback + "); pull without --have to take the relay's model");
-  }
-  const auto anchors = anchors_up_to(h.version);
-  PULSE_CHECK(!anchors.empty() || !result.fallback.empty(),
-              "relay: no anchor at or before version " + std::to_string(h.version));
-  for (auto it = anchors.rbegin(); it != anchors.rend(); ++it) {
-    result.patches_applied = 0;
-    const std::string v = std::to_string(*it);
-    try {
-      std::uint64_t max_state_bytes = 0;
-      const auto record = checked_record(*it, h, options, max_state_bytes);
-      std::string start = anchor_path(*it);
-      if (ends_with(start, ".zst")) {  // decompressed in pieces, bounded by its record (or the disk)
-        const std::string plain = scratch.path("anchor-" + v + ".safetensors");
-        AtomicFile file(plain);
-        decompress_zstd_file(start, max_state_bytes ? max_state_bytes : scratch.free_bytes(),
-                             [&](const void* data, std::size_t size) { file.write(data, size); });
-        file.commit();
-        start = plain;
-      }
-      const Digest* expected = record ? &record->state : nullptr;
-      // A folder's anchor (its files as U8 tensors) becomes a folder first, for the folder apply.
-      if (*it != h.version && carries_files(layout_of(start))) {
-        const std::string folder = scratch.path("anchor-" + v);
-        save_streamed_state(folder, StreamedState::open(start), expected);
-        if (start != anchor_path(*it)) std::remove(start.c_str());
-        start = folder;
-      }
-      follow_patches_into(*this, start, *it, expected, h, options, into, scratch, result);
-      result.anchor = *it;
-      return result;
-    } catch (const Error& e) {
-      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + v + ": " + e.what();
-    } catch (const std::bad_alloc&) {  // a step that loads a state whole, too large for this machine
-      result.fallback += (result.fallback.empty() ? "" : "; ") + std::string("anchor ") + v + ": out of memory";
-    }
-  }
-  throw_error(__FILE__, __LINE__, "relay: cannot reach HEAD version " + std::to_string(h.version) + " (" +
-                                      result.fallback + ")");
+  const std::vector<TensorRef> have_layout = have.empty() ? std::vector<TensorRef>{} : layout_of(have);
+  return walk_to_head(
+      h, options, have.empty() ? nullptr : &have_layout,
+      [&](PullResult& result) { follow_patches_into(*this, have, have_version, nullptr, h, options, into, scratch, result); },
+      [&](std::uint64_t v, const std::optional<AnchorRecord>& record, std::uint64_t max_state_bytes, PullResult& result) {
+        std::string start = anchor_path(v);
+        if (ends_with(start, ".zst")) {  // decompressed in pieces, bounded by its record (or the disk)
+          const std::string plain = scratch.path("anchor-" + std::to_string(v) + ".safetensors");
+          AtomicFile file(plain);
+          decompress_zstd_file(start, max_state_bytes ? max_state_bytes : scratch.free_bytes(),
+                               [&](const void* data, std::size_t size) { file.write(data, size); });
+          file.commit();
+          start = plain;
+        }
+        const Digest* expected = record ? &record->state : nullptr;
+        // A folder's anchor (its files as U8 tensors) becomes a folder first, for the folder apply.
+        if (v != h.version && carries_files(layout_of(start))) {
+          const std::string folder = scratch.path("anchor-" + std::to_string(v));
+          save_streamed_state(folder, StreamedState::open(start), expected);
+          if (start != anchor_path(v)) std::remove(start.c_str());
+          start = folder;
+        }
+        follow_patches_into(*this, start, v, expected, h, options, into, scratch, result);
+      });
 }
 
 }  // namespace pulse::sync

@@ -9,6 +9,7 @@
 // options) signs HEAD, anchor records and patches; a reader given the public key accepts nothing
 // unsigned. One publisher at a time: publish takes publish.lock (O_EXCL, naming its owner).
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -105,6 +106,16 @@ class Relay {
   // bound on its state's bytes that a format-2 record gives (0: none).
   std::optional<AnchorRecord> checked_record(std::uint64_t v, const RelayHead& head, const PullOptions& options,
                                              std::uint64_t& max_state_bytes) const;
+  // The walk of pull and pull_into, which differ only in where the state goes (its two sinks):
+  // from the receiver's state (when have_layout is given) by from_have, then from each anchor at
+  // or before HEAD, newest first, by from_anchor (given the anchor's checked record and the bound
+  // on its state's bytes). Each failure is added to result.fallback; the first way that reaches
+  // HEAD returns.
+  using FromHave = std::function<void(PullResult&)>;
+  using FromAnchor = std::function<void(std::uint64_t v, const std::optional<AnchorRecord>& record,
+                                        std::uint64_t max_state_bytes, PullResult&)>;
+  PullResult walk_to_head(const RelayHead& head, const PullOptions& options, const std::vector<TensorRef>* have_layout,
+                          const FromHave& from_have, const FromAnchor& from_anchor) const;
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
   std::string dir_;
 };

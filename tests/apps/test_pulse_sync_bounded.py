@@ -161,8 +161,9 @@ def main():
 
         # Under `ulimit -v`: V, the least address space in which verify runs (the process and its
         # libraries, found by bisection), and encode on one thread in V + 3 x the largest tensor
-        # + 4 x the patch works; in V + 1 x the largest it cannot hold two segments (a 2^24-element
-        # segment of each state: the largest tensor here is 2 segments) and says so in one line.
+        # + 4 x the patch works; in V + 1 x the largest expclass (whose ranker needs a whole segment;
+        # keydiff reads 1 MiB pieces of it) cannot hold two segments (a 2^24-element segment of
+        # each state: the largest tensor here is 2 segments) and says so in one line.
         # (On more threads each holds its own segments, and its malloc arena takes address space.)
         low, high = 8 * MiB, 2048 * MiB
         while high - low > 4 * MiB:
@@ -176,8 +177,8 @@ def main():
         rc, out, err, _ = run(app, "encode", "--threads", "1", "--base", p("a"), "--target", p("b"), "-o", p("limited.pulse"),
                               address_space=high + 3 * largest + 4 * patch_bytes)
         expect(rc == 0, f"encode in {(high + 3 * largest + 4 * patch_bytes) / MiB:.0f} MiB of address space: {err}")
-        rc, out, err, _ = run(app, "encode", "--threads", "1", "--base", p("a"), "--target", p("b"), "-o", p("oom.pulse"),
-                              address_space=high + largest)
+        rc, out, err, _ = run(app, "encode", "--threads", "1", "--values", "expclass", "--base", p("a"), "--target", p("b"),
+                              "-o", p("oom.pulse"), address_space=high + largest)
         lines = err.strip().splitlines()
         expect(rc != 0 and len(lines) == 1 and "out of memory" in err and "GiB" in err,
                f"encode without the memory it needs: rc {rc}, stderr {err!r}")
