@@ -149,8 +149,7 @@ Kokkos::View<float*> weight_update(const Kokkos::View<const float*>& after, cons
 struct StepOutcome {
   TrainStepResult train;
   Publication published;
-  int verified = 1;
-  double apply_s = 0, verify_s = 0, measure_s = 0, pass1 = 0, step_s = 0, elapsed_s = 0;
+  double apply_s = 0, measure_s = 0, pass1 = 0, step_s = 0, elapsed_s = 0;
   std::uint64_t version = 0, rollout_version = 0;
 };
 
@@ -179,8 +178,6 @@ void set_step_columns(io::StatsRow& row, std::int64_t t, const StepOutcome& s, i
   row.set_int("/steps/dense_bytes", std::int64_t(n) * 2);
   row.set("/steps/encode_s", sync.encode_seconds);
   row.set("/steps/apply_s", s.apply_s);
-  row.set("/steps/verify_s", s.verify_s);
-  row.set_int("/steps/verify_ok", s.verified);
   row.set_int("/steps/policy_version", std::int64_t(s.version));
   row.set_int("/steps/rollout_version", std::int64_t(s.rollout_version));
   row.set("/steps/step_s", s.step_s);
@@ -212,7 +209,7 @@ class Run {
   // Every role of this rank, from the initial weights or the resumed checkpoint.
   void start_roles();
   void step(std::int64_t t);
-  double measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes);
+  double measure_step(std::int64_t t, io::StatsRow& row, bool listed);
   double evaluate(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
   void count_totals(std::int64_t t, const StepOutcome& s);
@@ -247,7 +244,6 @@ class Run {
   std::unique_ptr<StepRecorder> recorder_;
   // Measurement on trainer 0.
   std::unique_ptr<SparsityMeter> meter_;
-  ChangeCompactor compactor_;  // the list, gathered for the host
   std::unique_ptr<GPTDecoder> eval_decoder_;
   std::vector<AdditionProblem> eval_problems_;
 
@@ -547,13 +543,14 @@ void Run::write_final_weights() const {
   std::printf("pulse-train: done, wrote %s and %s\n", c_.out.c_str(), path.c_str());
 }
 
-// 4. Trainer 0: what changed in the BF16 weights the forward pass sees (the changed list, the
-// only weight data that leaves the device: AdamW's own when it listed it, else compacted against
-// the previous version), and the Adam ratios. Returns the seconds it took.
-double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed, ChangedList& changes) {
+// 4. Trainer 0: what changed in the BF16 weights the forward pass sees (the parameter store's
+// change set, the only weight data that leaves the device: AdamW's own when it listed it, else
+// compacted against the previous version), and the Adam ratios. Returns the seconds it took.
+double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed) {
   Kokkos::Timer timer;
-  const ParameterStore& params = trainer_->params();
-  if (listed) changes = compactor_.gather(params.segments(), params.staging(), copies_);
+  ParameterStore& params = trainer_->params();
+  sync::ChangeSet& changes = params.changes();
+  if (listed) params.gather_changes(copies_);
   const Kokkos::View<const bf16_bits*> weights = params.weights();
   const StepSparsity sp = listed ? meter_->measure(weights, changes) : meter_->measure(weights, changes, copies_);
   copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
@@ -597,21 +594,19 @@ void Run::step(std::int64_t t) {
   comm_s += s.train.comm_s;
   s.measure_s = s.train.measure_s;
   // 4. Measurement on trainer 0; the absorption histograms are written collectively.
-  ChangedList changes;
-  if (rank_ == 0) s.measure_s += measure_step(t, row, s.train.listed, changes);
+  if (rank_ == 0) s.measure_s += measure_step(t, row, s.train.listed);
   if (absorb) {
     Kokkos::Timer absorb_timer;
     write_absorption(t, s.train.master_before);
     if (rank_ == 0) s.measure_s += absorb_timer.seconds();
   }
   // 5. PULSESync, every rank agreeing that the inference ranks hold the new version.
+  // An inference rank whose patch does not reach the target digest fails here (apply_patch and
+  // the relay's pull check it), and so every rank.
+  sync::ChangeSet* changes = rank_ == 0 ? &trainer_->params().changes() : nullptr;
   agree_on_error(world_.raw(), [&] { s.published = publisher_->publish(changes, trainer_weights(), copies_); });
   if (!trainer_) comm_s += s.published.seconds;
-  s.verified = allreduce_value(world_, int(s.published.sync.verified), ReduceOp::min);
   s.apply_s = allreduce_value(world_, s.published.sync.apply_seconds, ReduceOp::max);
-  s.verify_s = allreduce_value(world_, s.published.sync.verify_seconds, ReduceOp::max);
-  if (!s.verified)
-    throw AgreedError("step " + std::to_string(t) + ": an inference rank's weights do not match the patch's target digest");
   s.version = publisher_->version();
   // 6. Held-out greedy pass@1.
   s.pass1 = evaluate(t);

@@ -23,7 +23,7 @@ set(PULSE_CODING_SOURCES coding/compress.cpp coding/digest.cpp coding/index_codi
   coding/range_coder.cpp coding/signing.cpp)
 set(PULSE_IO_SOURCES io/folder_swap.cpp io/model_state.cpp io/safetensors.cpp io/swap_marker.cpp)
 set(PULSE_STATS_FILE_SOURCES io/stats_columns.cpp io/stats_file.cpp)
-set(PULSE_SYNC_SOURCES sync/change_entropy.cpp sync/change_history.cpp sync/checkpoint.cpp
+set(PULSE_SYNC_SOURCES sync/change_entropy.cpp sync/change_history.cpp sync/change_set.cpp sync/checkpoint.cpp
   sync/codec_choice.cpp sync/compressed_checkpoint.cpp sync/exponent_class_coding.cpp
   sync/file_apply.cpp sync/model_folder.cpp sync/part_coding.cpp sync/patch.cpp sync/patch_decode.cpp
   sync/patch_encode.cpp sync/patch_parse.cpp sync/patch_table.cpp sync/relay.cpp

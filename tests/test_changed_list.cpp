@@ -1,7 +1,8 @@
-// The changed list that leaves the device once per step (src/train/changed_list): the meter's
-// list-based measurement against its full-scan measurement and against naive host loops, over
-// several steps (k-step included), with the compaction buffers growing; the bytes it counts;
-// Adam-ratio quantiles against a full host sort.
+// The change set that leaves the device once per step (src/train/changed_list): the meter's
+// set-based measurement against its full-scan measurement and against naive host loops, over
+// several steps (k-step included), with the compaction buffers growing; the set gathered from
+// AdamW's staging, split by tensor from its per-segment counts; the bytes they count; Adam-ratio
+// quantiles against a full host sort.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "core/tensor_table.hpp"
 #include "kernels/host_copy.hpp"
 #include "train/changed_list.hpp"
+#include "train/parameter_store.hpp"
 #include "train/sparsity_meter.hpp"
 
 using namespace pulse;
@@ -46,7 +48,7 @@ TEST(ChangedList, MeterFromListEqualsFullScanAndHostLoops) {
       if (flip(rng)) w = bf16_bits(w ^ (1u + (rng() & 0x7FFF)));  // always differs
     versions.push_back(weights);
     const auto device = to_device(weights);
-    ChangedList list;
+    sync::ChangeSet list;
     TransferCounter copies;
     const StepSparsity a = by_list.measure(device, list, copies);
     const StepSparsity b = by_scan.measure(device);
@@ -59,8 +61,10 @@ TEST(ChangedList, MeterFromListEqualsFullScanAndHostLoops) {
         per_tensor[std::upper_bound(offsets.begin(), offsets.end(), i) - offsets.begin() - 1]++;
       }
     EXPECT_EQ(list.indices, indices) << fraction;
-    ASSERT_EQ(list.values.size(), indices.size());
-    for (std::size_t j = 0; j < indices.size(); ++j) EXPECT_EQ(list.values[j], weights[indices[j]]);
+    ASSERT_EQ(list.new_bits.size(), indices.size());
+    for (std::size_t j = 0; j < indices.size(); ++j) EXPECT_EQ(list.new_bits[j], weights[indices[j]]);
+    ASSERT_EQ(list.num_tensors(), table.size());
+    for (std::size_t t = 0; t < table.size(); ++t) EXPECT_EQ(list.count(t), per_tensor[t]) << "tensor " << t;
     EXPECT_EQ(a.changed, index_t(indices.size()));
     EXPECT_EQ(a.per_tensor, per_tensor);
     EXPECT_EQ(a.per_tensor, b.per_tensor);
@@ -81,22 +85,55 @@ TEST(ChangedList, MeterFromListEqualsFullScanAndHostLoops) {
     // 32-bit indices and 16-bit values are all that crossed; nothing went up
     EXPECT_EQ(copies.d2h_bytes, indices.size() * 6);
     EXPECT_EQ(copies.h2d_bytes, 0u);
-    // the host copy of the previous version becomes the new one
-    apply_changes(list, before);
+    // the host copy of the previous version becomes the new one, and back
+    const std::vector<bf16_bits> previous = before;
+    sync::apply_change_set(list, before.data(), before.size());
     EXPECT_EQ(before, weights);
+    sync::revert_change_set(list, before.data(), before.size());
+    EXPECT_EQ(before, previous);
   }
 }
 
-TEST(ChangedList, PerTensorCountsAndBadLists) {
-  ChangedList list;
-  list.indices = {0, 4, 5, 9, 10};
-  list.values = {1, 2, 3, 4, 5};
-  EXPECT_EQ(per_tensor_counts(list, {0, 5, 5, 10, 11}), (std::vector<index_t>{2, 0, 2, 1}));
-  std::vector<bf16_bits> small(10, 0);
-  EXPECT_THROW(apply_changes(list, small), Error);  // index 10 is outside 10 weights
-  list.values.pop_back();
-  std::vector<bf16_bits> enough(11, 0);
-  EXPECT_THROW(apply_changes(list, enough), Error);  // lengths differ
+// AdamW stages its changes per segment; the parameter store gathers them into a change set whose
+// tensor begins come from where each tensor's first segment starts: empty tensors (first, inner
+// and last) begin where the next one does, a tensor longer than a segment counts all of its
+// segments. Only the set and one begin per tensor cross to the host.
+TEST(ChangedList, GatheredSetIsSplitByTensorFromTheStaging) {
+  const TensorTable table = table_of({0, 5, 0, 70000, 1, 333, 0});
+  const index_t n = table.num_elements();
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<float> initial(n);
+  for (auto& x : initial) x = 0.02f * normal(rng);
+  ParameterStore store(table, Precision::mixed, initial, true);
+  AdamWHyper hyper;
+  hyper.lr = 1e-3;
+  for (int t = 1; t <= 3; ++t) {
+    const std::vector<bf16_bits> before = to_host(store.weights());
+    std::vector<float> grad(n);
+    for (index_t i = 0; i < n; ++i) grad[i] = i % (t + 2) == 0 ? 0.0f : 0.01f * normal(rng);
+    store.step(t, to_device(grad), hyper, 0.0, true);
+    TransferCounter copies;
+    const sync::ChangeSet& set = store.gather_changes(copies);
+    const std::vector<bf16_bits> after = to_host(store.weights());
+    std::vector<index_t> indices;
+    std::vector<index_t> begins{0};
+    const auto offsets = table.offsets();
+    for (std::size_t k = 0; k < table.size(); ++k) {
+      for (index_t i = offsets[k]; i < offsets[k + 1]; ++i)
+        if (before[i] != after[i]) indices.push_back(i);
+      begins.push_back(index_t(indices.size()));
+    }
+    ASSERT_GT(indices.size(), 1000u) << "the step should change many weights";
+    EXPECT_EQ(set.indices, indices) << "step " << t;
+    EXPECT_EQ(set.tensor_begin, begins) << "step " << t;
+    ASSERT_EQ(set.new_bits.size(), indices.size());
+    for (std::size_t j = 0; j < indices.size(); ++j) EXPECT_EQ(set.new_bits[j], after[indices[j]]);
+    EXPECT_TRUE(set.old_bits.empty());
+    EXPECT_NO_THROW(sync::check_change_set(set, offsets));
+    EXPECT_EQ(copies.d2h_bytes, indices.size() * 6 + table.size() * sizeof(index_t));
+    EXPECT_EQ(copies.h2d_bytes, 0u);
+  }
 }
 
 TEST(ChangedList, AdamQuantilesEqualAFullHostSort) {

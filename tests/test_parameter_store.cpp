@@ -57,7 +57,7 @@ std::vector<std::string> names_of(const ParameterStore& store) {
   return names;
 }
 
-// The staged list, gathered (what ChangeCompactor::gather reads).
+// The staged list, gathered by the kernel itself (what ChangeCompactor::gather calls).
 std::vector<index_t> staged_indices(const ParameterStore& store) {
   const index_t n = store.segments().num_elements;
   Kokkos::View<index_t*> idx("idx", n);

@@ -15,6 +15,7 @@
 #include "coding/digest.hpp"
 #include "train/train_checkpoint.hpp"
 #include "train/train_config.hpp"
+#include "sync/relay.hpp"
 #include "train/weight_sync.hpp"
 #include "support/temp_dir.hpp"
 
@@ -166,16 +167,24 @@ std::vector<bf16_bits> weights_of(const TensorTable& table, std::uint64_t v) {
   return w;
 }
 
+// What turns `from` into `to`, as AdamW lists it.
+sync::ChangeSet change_set(const TensorTable& table, const std::vector<bf16_bits>& from, const std::vector<bf16_bits>& to) {
+  sync::ChangeSet set;
+  for (std::size_t i = 0; i < from.size(); ++i)
+    if (from[i] != to[i]) set.indices.push_back(index_t(i)), set.new_bits.push_back(to[i]);
+  set.tensor_begin = sync::tensor_begins(set.indices, table.offsets());
+  return set;
+}
+
 // Versions first..last through sync (the sender makes them, receivers follow and must match).
 // The barrier stands for pulse-train's collectives between steps: a receiver reads the relay
 // before the sender publishes the next version.
 void run_versions(const Communicator& comm, WeightSync& sync, const TensorTable& table, std::uint64_t first,
                   std::uint64_t last, std::vector<bf16_bits>& held) {
   for (std::uint64_t v = first; v <= last; ++v) {
-    const std::vector<bf16_bits> previous = weights_of(table, v - 1);
-    if (sync.is_sender()) held = weights_of(table, v);
-    const SyncStepStats stats = sync.step(v, sync.is_sender() ? &previous : nullptr, held);
-    EXPECT_TRUE(stats.verified) << "version " << v;
+    sync::ChangeSet set = change_set(table, weights_of(table, v - 1), weights_of(table, v));
+    const SyncStepStats stats = sync.step(v, sync.is_sender() ? &set : nullptr, held);
+    EXPECT_EQ(stats.state, sync::compute_digests(bf16_tensor_refs(table, held)).state) << "version " << v;
     EXPECT_EQ(held, weights_of(table, v)) << "version " << v;
     comm.barrier();
   }
@@ -250,9 +259,42 @@ TEST(WeightSync, ResumeRefusesARelayOfOtherWeights) {
   EXPECT_THROW(sync.bootstrap(3, other), Error);  // the relay's version 3 is other weights
   std::vector<bf16_bits> held = weights_of(table, 1);
   sync.bootstrap(1, held);  // the relay is ahead (3): versions 2 and 3 are replayed
-  const std::vector<bf16_bits> v1 = weights_of(table, 1), v2 = weights_of(table, 2);
-  held = v2;
-  sync.step(2, &v1, held);
-  held = weights_of(table, 7);  // not the relay's version 3
-  EXPECT_THROW(sync.step(3, &v2, held), Error);
+  const std::vector<bf16_bits> v2 = weights_of(table, 2);
+  sync::ChangeSet to_v2 = change_set(table, held, v2);
+  sync.step(2, &to_v2, held);
+  EXPECT_EQ(held, v2);
+  sync::ChangeSet to_other = change_set(table, v2, weights_of(table, 7));  // not the relay's version 3
+  EXPECT_THROW(sync.step(3, &to_other, held), Error);
+  EXPECT_EQ(held, v2);  // the sender still holds the version before
+}
+
+// The relay transport publishes the patches it coded from the change sets: the relay's files are
+// those Relay::publish writes comparing each version with the one before (pulse-sync publish).
+TEST(WeightSync, RelayPatchesAreThoseOfComparingVersions) {
+  const Communicator self(MPI_COMM_SELF);
+  const TensorTable table = small_table();
+  TempDir dir;
+  const std::string by_sets = (dir.path / "sets").string(), by_comparing = (dir.path / "comparing").string();
+  WeightSync sync(self, table, by_sets, 2, 10);
+  std::vector<bf16_bits> held = weights_of(table, 0);
+  sync.bootstrap(0, held);
+  run_versions(self, sync, table, 1, 5, held);
+  sync::Relay relay(by_comparing);
+  sync::PublishOptions options;
+  options.anchor_every = 2, options.keep_anchors = 10;
+  for (std::uint64_t v = 0; v <= 5; ++v) {
+    const auto previous = weights_of(table, v ? v - 1 : 0), now = weights_of(table, v);
+    const auto previous_refs = bf16_tensor_refs(table, previous);
+    relay.publish(v, bf16_tensor_refs(table, now), v ? &previous_refs : nullptr, options);
+  }
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (std::uint64_t v = 1; v <= 5; ++v) {
+    const std::string a = sync::Relay(by_sets).patch_path(v - 1, v), b = relay.patch_path(v - 1, v);
+    ASSERT_TRUE(fs::exists(a)) << a;
+    EXPECT_EQ(read(a), read(b)) << "patch " << v;
+    if (v % 2 == 0) EXPECT_EQ(read(sync::Relay(by_sets).anchor_path(v)), read(relay.anchor_path(v))) << "anchor " << v;
+  }
 }

@@ -1,7 +1,8 @@
 // pulse-train's publisher and generator roles (src/train/publisher, generator) at np 1, 2 and 4.
 // Publisher: after each version every rank holds it bit for bit and still holds the versions the
-// async lag needs, the changed counts are the lists' sizes, another trainer copies its weights
-// whole, and a checkpoint round trip restores the versions. Generator: the rollouts a trainer
+// async lag needs, the changed counts are the change sets' sizes, another trainer copies its
+// weights whole only when it keeps versions and hashes nothing, and a checkpoint round trip
+// restores the versions. Generator: the rollouts a trainer
 // receives over the routes from the inference ranks (np 2: 1 trainer + 1 inference rank; np 4:
 // 2 + 2) are its rows of the batch one rank samples alone for all prompts, also when the async
 // lag makes the ranks sample from the previous version.
@@ -37,22 +38,24 @@ sync::Digest state_of(const TensorTable& table, const std::vector<bf16_bits>& bi
   return sync::compute_digests(bf16_tensor_refs(table, bits)).state;
 }
 
-// v0, then versions made by the lists: 3 elements, none, every other element.
+// v0, then versions made by the change sets: 3 elements, none, every other element.
 struct Versions {
   std::vector<std::vector<bf16_bits>> bits;
-  std::vector<ChangedList> lists;  // lists[v] turns version v into v + 1
+  std::vector<sync::ChangeSet> lists;  // lists[v] turns version v into v + 1
 };
 
-Versions small_versions(std::size_t n) {
+Versions small_versions(const TensorTable& table) {
+  const std::size_t n = table.num_elements();
   Versions out;
   std::vector<bf16_bits> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = bf16_bits(0x3c00 + i * 3);
   out.bits.push_back(v);
-  std::vector<ChangedList> lists(3);
-  lists[0] = {{0, 19, 52}, {0x1234, 0x8000, 0x7fc1}};
-  for (std::size_t i = 0; i < n; i += 2) lists[2].indices.push_back(index_t(i)), lists[2].values.push_back(bf16_bits(i));
-  for (const ChangedList& list : lists) {
-    for (std::size_t j = 0; j < list.indices.size(); ++j) v[list.indices[j]] = list.values[j];
+  std::vector<sync::ChangeSet> lists(3);
+  lists[0].indices = {0, 19, 52}, lists[0].new_bits = {0x1234, 0x8000, 0x7fc1};
+  for (std::size_t i = 0; i < n; i += 2) lists[2].indices.push_back(index_t(i)), lists[2].new_bits.push_back(bf16_bits(i));
+  for (sync::ChangeSet& list : lists) {
+    list.tensor_begin = sync::tensor_begins(list.indices, table.offsets());
+    for (std::size_t j = 0; j < list.size(); ++j) v[list.indices[j]] = list.new_bits[j];
     out.bits.push_back(v);
     out.lists.push_back(list);
   }
@@ -70,7 +73,7 @@ TrainConfig lag_config(int async_lag) {
 TEST(PublisherMpi, EveryRankHoldsEachVersionAndTheVersionsTheLagNeeds) {
   const Communicator world(MPI_COMM_WORLD);
   const TensorTable table = small_table();
-  const Versions versions = small_versions(table.num_elements());
+  const Versions versions = small_versions(table);
   const SyncRole role = world.rank() == 0 ? SyncRole::sender : SyncRole::receiver;
   Publisher publisher(world, table, lag_config(1), role, false);
   publisher.start(role == SyncRole::sender ? versions.bits[0] : std::vector<bf16_bits>{}, false);
@@ -78,44 +81,73 @@ TEST(PublisherMpi, EveryRankHoldsEachVersionAndTheVersionsTheLagNeeds) {
   EXPECT_EQ(publisher.version_weights(0), versions.bits[0]);
   TransferCounter copies;
   for (std::uint64_t v = 1; v < versions.bits.size(); ++v) {
-    const ChangedList list = role == SyncRole::sender ? versions.lists[v - 1] : ChangedList{};
-    const Publication p = publisher.publish(list, {}, copies);
+    sync::ChangeSet list = versions.lists[v - 1];
+    const Publication p = publisher.publish(role == SyncRole::sender ? &list : nullptr, {}, copies);
     ASSERT_EQ(publisher.version(), v);
     EXPECT_EQ(publisher.version_weights(v), versions.bits[v]) << "version " << v;
     EXPECT_EQ(publisher.version_weights(v - 1), versions.bits[v - 1]) << "version " << v;
     if (v >= 2) EXPECT_THROW(publisher.version_weights(v - 2), Error) << "async lag 1 keeps two versions";
-    EXPECT_TRUE(p.sync.verified);
     EXPECT_EQ(p.sync.changed, versions.lists[v - 1].indices.size()) << "version " << v;
     EXPECT_EQ(p.sync.state, state_of(table, versions.bits[v])) << "version " << v;
   }
-  EXPECT_EQ(copies.d2h_bytes, 0u);  // the sender's host copy follows from the lists
+  EXPECT_EQ(copies.d2h_bytes, 0u);  // the sender's host copy follows from the change sets
 }
 
-TEST(PublisherMpi, AnotherTrainerCopiesItsWeightsWhole) {
-  const Communicator self(MPI_COMM_SELF);
+// With async lag 0 the newest version is the only one kept, and it is turned into the next in
+// place: the weights a rank holds stay where they are.
+TEST(PublisherMpi, WithoutALagTheVersionIsUpdatedInPlace) {
+  const Communicator world(MPI_COMM_WORLD);
   const TensorTable table = small_table();
-  const Versions versions = small_versions(table.num_elements());
-  Publisher publisher(self, table, lag_config(2), SyncRole::trainer, true);
-  publisher.start(versions.bits[0], false);
+  const Versions versions = small_versions(table);
+  const SyncRole role = world.rank() == 0 ? SyncRole::sender : SyncRole::receiver;
+  Publisher publisher(world, table, lag_config(0), role, false);
+  publisher.start(role == SyncRole::sender ? versions.bits[0] : std::vector<bf16_bits>{}, false);
+  const bf16_bits* held = publisher.version_weights(0).data();
   TransferCounter copies;
   for (std::uint64_t v = 1; v < versions.bits.size(); ++v) {
-    const auto device = to_device(versions.bits[v]);
-    const Publication p = publisher.publish({}, device, copies);
-    EXPECT_EQ(copies.d2h_bytes, v * table.num_elements() * sizeof(bf16_bits));
-    EXPECT_EQ(p.sync.state, state_of(table, versions.bits[v]));
-    EXPECT_EQ(p.sync.patch_bytes, 0u);
-    EXPECT_EQ(publisher.version_weights(v), versions.bits[v]);
+    sync::ChangeSet list = versions.lists[v - 1];
+    publisher.publish(role == SyncRole::sender ? &list : nullptr, {}, copies);
+    EXPECT_EQ(publisher.version_weights(v), versions.bits[v]) << "version " << v;
+    EXPECT_EQ(publisher.version_weights(v).data(), held) << "version " << v;
+    EXPECT_THROW(publisher.version_weights(v - 1), Error);
   }
+}
+
+TEST(PublisherMpi, AnotherTrainerCopiesItsWeightsWholeOnlyToKeepThem) {
+  const Communicator self(MPI_COMM_SELF);
+  const TensorTable table = small_table();
+  const Versions versions = small_versions(table);
+  for (const int lag : {0, 2})
+    for (const bool samples : {false, true}) {
+      SCOPED_TRACE("async lag " + std::to_string(lag) + (samples ? ", samples rollouts" : ""));
+      const bool keeps = samples && lag > 0;  // with lag 0 it samples from its device weights
+      Publisher publisher(self, table, lag_config(lag), SyncRole::trainer, samples);
+      publisher.start(versions.bits[0], false);
+      TransferCounter copies;
+      for (std::uint64_t v = 1; v < versions.bits.size(); ++v) {
+        const auto device = to_device(versions.bits[v]);
+        const Publication p = publisher.publish(nullptr, device, copies);
+        EXPECT_EQ(copies.d2h_bytes, keeps ? v * table.num_elements() * sizeof(bf16_bits) : 0u);
+        EXPECT_EQ(p.sync.state, sync::Digest{});  // nothing hashed
+        EXPECT_EQ(p.sync.patch_bytes, 0u);
+        ASSERT_EQ(publisher.version(), v);
+        if (keeps) EXPECT_EQ(publisher.version_weights(v), versions.bits[v]);
+        else EXPECT_THROW(publisher.version_weights(v), Error);
+      }
+    }
 }
 
 TEST(PublisherMpi, CheckpointRestoresTheVersionAndTheKeptVersions) {
   const Communicator self(MPI_COMM_SELF);
   const TensorTable table = small_table();
-  const Versions versions = small_versions(table.num_elements());
+  const Versions versions = small_versions(table);
   Publisher publisher(self, table, lag_config(1), SyncRole::sender, true);
   publisher.start(versions.bits[0], false);
   TransferCounter copies;
-  for (std::uint64_t v = 1; v < versions.bits.size(); ++v) publisher.publish(versions.lists[v - 1], {}, copies);
+  for (std::uint64_t v = 1; v < versions.bits.size(); ++v) {
+    sync::ChangeSet list = versions.lists[v - 1];
+    publisher.publish(&list, {}, copies);
+  }
   RankCheckpoint state;
   publisher.save(state);
   Publisher restored(self, table, lag_config(1), SyncRole::trainer, true);
@@ -193,9 +225,11 @@ void check_routed_rollouts(int async_lag) {
   const TensorTable table = gpt_tensor_table(config);
   const std::vector<bf16_bits> v0 = bf16_of(gpt_init(config, 3));
   std::vector<bf16_bits> v1 = v0;
-  ChangedList list;
-  for (std::size_t i = 0; i < v1.size(); i += 97) list.indices.push_back(index_t(i)), list.values.push_back(0x3f80);
-  apply_changes(list, v1);
+  sync::ChangeSet list;
+  for (std::size_t i = 0; i < v1.size(); i += 97) list.indices.push_back(index_t(i)), list.new_bits.push_back(0x3f80);
+  list.tensor_begin = sync::tensor_begins(list.indices, table.offsets());
+  sync::apply_change_set(list, v1.data(), v1.size());
+  list.old_bits.clear();
 
   const Communicator sync = world.split(layout.rank == 0 || !layout.trainer() ? 0 : 1, layout.rank);
   std::vector<Communicator> routes;
@@ -213,7 +247,7 @@ void check_routed_rollouts(int async_lag) {
 
   const RolloutBatch step1 = generator.rollouts_for_step(1, publisher, device, copies, comm_s);
   if (layout.trainer()) device = to_device(v1);  // the trainers' optimizer step
-  publisher.publish(layout.rank == 0 ? list : ChangedList{}, device, copies);
+  publisher.publish(layout.rank == 0 ? &list : nullptr, device, copies);
   const RolloutBatch step2 = generator.rollouts_for_step(2, publisher, device, copies, comm_s);
   if (!layout.trainer()) {
     EXPECT_EQ(step1.rows, 0) << "inference ranks keep no batch";

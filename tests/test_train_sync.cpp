@@ -1,7 +1,9 @@
-// PULSESync in the training loop over MPI (src/train/weight_sync): trainer rank 0 sends each
-// version as a patch, every other rank applies it to its copy; the copy must equal the sender's
-// target bit for bit, with the counts of changed elements known by construction. Runs at np 1,
-// 2 and 4 (at np 1 the sender has no receiver and still encodes every version).
+// PULSESync in the training loop over MPI (src/train/weight_sync): trainer rank 0 codes each
+// version as a patch from its change set and writes the set into its copy, every other rank
+// applies the patch to its copy; every copy must equal the target bit for bit, with the counts
+// of changed elements known by construction, and the patches are those encode_patch writes from
+// the two versions. Runs at np 1, 2 and 4 (at np 1 the sender has no receiver and still encodes
+// every version).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,7 +12,7 @@
 #include "comm/collectives.hpp"
 #include "core/error.hpp"
 #include "coding/digest.hpp"
-#include "train/changed_list.hpp"
+#include "sync/change_history.hpp"
 #include "train/weight_sync.hpp"
 
 using namespace pulse;
@@ -52,6 +54,24 @@ sync::Digest state_of(const TensorTable& table, const std::vector<bf16_bits>& bi
   return sync::compute_digests(bf16_tensor_refs(table, bits)).state;
 }
 
+// What turns `from` into `to`, as AdamW lists it; `also` lists an element besides, whose bits
+// may stay (the list may hold such elements).
+sync::ChangeSet change_set(const TensorTable& table, const std::vector<bf16_bits>& from,
+                           const std::vector<bf16_bits>& to, std::size_t also = SIZE_MAX) {
+  sync::ChangeSet set;
+  for (std::size_t i = 0; i < from.size(); ++i)
+    if (from[i] != to[i] || i == also) set.indices.push_back(index_t(i)), set.new_bits.push_back(to[i]);
+  set.tensor_begin = sync::tensor_begins(set.indices, table.offsets());
+  return set;
+}
+
+// Sender: version v from v - 1 through its change set; receivers: from the patch.
+SyncStepStats step_to(WeightSync& sync, const TensorTable& table, const std::vector<Version>& versions, std::uint64_t v,
+                      std::vector<bf16_bits>& held, std::size_t also = SIZE_MAX) {
+  sync::ChangeSet set = change_set(table, versions[v - 1].bits, versions[v].bits, also);
+  return sync.step(v, sync.is_sender() ? &set : nullptr, held);
+}
+
 }  // namespace
 
 TEST(WeightSyncMpi, EveryReceiverHoldsTheSendersVersionAfterEachPatch) {
@@ -65,10 +85,11 @@ TEST(WeightSyncMpi, EveryReceiverHoldsTheSendersVersionAfterEachPatch) {
   sync.bootstrap(0, held);
   ASSERT_EQ(held, versions[0].bits);
   for (std::uint64_t v = 1; v < versions.size(); ++v) {
-    if (sync.is_sender()) held = versions[v].bits;
-    const SyncStepStats stats = sync.step(v, sync.is_sender() ? &versions[v - 1].bits : nullptr, held);
+    sync::ChangeSet set = change_set(table, versions[v - 1].bits, versions[v].bits);
+    const SyncStepStats stats = sync.step(v, sync.is_sender() ? &set : nullptr, held);
     EXPECT_EQ(held, versions[v].bits) << "version " << v;
-    EXPECT_TRUE(stats.verified) << "version " << v;
+    if (sync.is_sender())  // the set keeps what it overwrote
+      for (std::size_t j = 0; j < set.size(); ++j) EXPECT_EQ(set.old_bits[j], versions[v - 1].bits[set.indices[j]]);
     EXPECT_EQ(stats.changed, versions[v].changed) << "version " << v;
     EXPECT_EQ(stats.state, state_of(table, versions[v].bits)) << "version " << v;
     // Receivers report the size of the patch the sender encoded.
@@ -89,12 +110,11 @@ TEST(WeightSyncMpi, ReceiverWithADifferentBaseRefusesThePatchAndKeepsItsCopy) {
   std::vector<bf16_bits> held = sync.is_sender() ? versions[0].bits : std::vector<bf16_bits>(table.num_elements());
   sync.bootstrap(0, held);
   if (sync.is_sender()) {
-    held = versions[1].bits;
-    EXPECT_NO_THROW(sync.step(1, &versions[0].bits, held));
+    EXPECT_NO_THROW(step_to(sync, table, versions, 1, held));
   } else {
     held[7] ^= 1;  // versions 0 and 1 agree at 7
     const std::vector<bf16_bits> before = held;
-    EXPECT_THROW(sync.step(1, nullptr, held), Error);
+    EXPECT_THROW(step_to(sync, table, versions, 1, held), Error);
     EXPECT_EQ(held, before);
   }
 }
@@ -104,8 +124,27 @@ TEST(WeightSyncMpi, StepBeforeBootstrapIsRefused) {
   const TensorTable table = sync_table();
   const auto versions = sync_versions(table);
   WeightSync sync(self, table, "", 10, 2);
-  std::vector<bf16_bits> held = versions[1].bits;
-  EXPECT_THROW(sync.step(1, &versions[0].bits, held), Error);
+  std::vector<bf16_bits> held = versions[0].bits;
+  EXPECT_THROW(step_to(sync, table, versions, 1, held), Error);
+  EXPECT_EQ(held, versions[0].bits);
+}
+
+// A sender without a change set, or with one that does not fit the table, is refused before it
+// writes anything, and so is every receiver (they agree on the sender's error).
+TEST(WeightSyncMpi, SenderWithoutAFittingChangeSetIsRefusedEverywhere) {
+  const Communicator world(MPI_COMM_WORLD);
+  const TensorTable table = sync_table();
+  const auto versions = sync_versions(table);
+  WeightSync sync(world, table, "", 10, 2);
+  std::vector<bf16_bits> held = sync.is_sender() ? versions[0].bits : std::vector<bf16_bits>(table.num_elements());
+  sync.bootstrap(0, held);
+  EXPECT_THROW(sync.step(1, nullptr, held), Error);
+  sync::ChangeSet misfit = change_set(table, versions[0].bits, versions[1].bits);
+  misfit.tensor_begin.pop_back();
+  EXPECT_THROW(sync.step(1, sync.is_sender() ? &misfit : nullptr, held), Error);
+  EXPECT_EQ(held, versions[0].bits);
+  EXPECT_NO_THROW(step_to(sync, table, versions, 1, held));  // the next try goes through
+  EXPECT_EQ(held, versions[1].bits);
 }
 
 TEST(WeightSyncMpi, TensorRefsViewTheTableSlices) {
@@ -124,34 +163,34 @@ TEST(WeightSyncMpi, TensorRefsViewTheTableSlices) {
   EXPECT_EQ(refs[2].bytes, 66u);
 }
 
-// The sender passes each change as AdamW lists it (flat indices of the table, new bits; here with
-// an element that keeps its bits): the receivers reach every version as with step's comparison,
-// and the patch has the size of the compared one.
-TEST(WeightSyncMpi, ChangedListGivesTheSamePatchesAsComparingVersions) {
+// The sender's change set lists an element that keeps its bits besides the changes: the receivers
+// reach every version, and the patches are those encode_patch writes from the two versions
+// against a change history that follows them (the size here; test_change_set the bytes).
+TEST(WeightSyncMpi, PatchesFromTheChangeSetAreThoseOfComparingVersions) {
   const Communicator world(MPI_COMM_WORLD);
   const TensorTable table = sync_table();
   const auto versions = sync_versions(table);
-  WeightSync listed(world, table, "", 10, 2), compared(world, table, "", 10, 2);
-  std::vector<bf16_bits> held = listed.is_sender() ? versions[0].bits : std::vector<bf16_bits>(table.num_elements());
-  std::vector<bf16_bits> held_compared = held;
-  listed.bootstrap(0, held);
-  compared.bootstrap(0, held_compared);
+  WeightSync sync(world, table, "", 10, 2);
+  std::vector<bf16_bits> held = sync.is_sender() ? versions[0].bits : std::vector<bf16_bits>(table.num_elements());
+  sync.bootstrap(0, held);
+  sync::ChangeHistory history(bf16_tensor_refs(table, versions[0].bits), state_of(table, versions[0].bits));
   for (std::uint64_t v = 1; v < versions.size(); ++v) {
-    ChangedList changes;
-    for (std::size_t i = 0; i < held.size(); ++i)
-      if (versions[v].bits[i] != versions[v - 1].bits[i] || i == 7) {
-        changes.indices.push_back(index_t(i));
-        changes.values.push_back(versions[v].bits[i]);
-      }
-    if (listed.is_sender()) held = held_compared = versions[v].bits;
-    const std::vector<bf16_bits>* previous = listed.is_sender() ? &versions[v - 1].bits : nullptr;
-    const SyncStepStats a = listed.step(v, previous, listed.is_sender() ? &changes : nullptr, held);
-    const SyncStepStats b = compared.step(v, previous, held_compared);
+    const auto base = bf16_tensor_refs(table, versions[v - 1].bits), target = bf16_tensor_refs(table, versions[v].bits);
+    sync::EncodeOptions options = sync::exponent_class_history_options(history);
+    options.base_version = v - 1, options.target_version = v;
+    sync::StateDigests target_digests;
+    const auto expected = sync::encode_patch(base, target, options, nullptr, &target_digests);
+    history.advance(base, target, target_digests.state);
+    const SyncStepStats a = step_to(sync, table, versions, v, held, 7);
     EXPECT_EQ(held, versions[v].bits) << "version " << v;
-    EXPECT_TRUE(a.verified) << "version " << v;
     EXPECT_EQ(a.changed, versions[v].changed) << "version " << v;
     EXPECT_EQ(a.state, state_of(table, versions[v].bits)) << "version " << v;
-    EXPECT_EQ(a.patch_bytes, b.patch_bytes) << "version " << v;
+    EXPECT_EQ(a.patch_bytes, expected.size()) << "version " << v;
+    if (sync.is_sender()) {
+      const sync::ParsedPatch parsed = sync::parse_patch(expected.data(), expected.size());
+      EXPECT_EQ(a.patch_raw_bytes, parsed.header.index_stream.raw + parsed.header.value_stream.raw +
+                                       parsed.header.whole_stream.raw) << "version " << v;
+    }
   }
 }
 
@@ -169,10 +208,8 @@ TEST(WeightSyncMpi, CheckpointedHistoryResumesWithTheSamePatches) {
     return held;
   };
   auto next = [&](WeightSync& sync, std::uint64_t v, std::vector<bf16_bits>& held, std::vector<std::uint64_t>* sizes) {
-    if (sync.is_sender()) held = versions[v].bits;
-    const SyncStepStats s = sync.step(v, sync.is_sender() ? &versions[v - 1].bits : nullptr, held);
+    const SyncStepStats s = step_to(sync, table, versions, v, held);
     EXPECT_EQ(held, versions[v].bits) << "version " << v;
-    EXPECT_TRUE(s.verified) << "version " << v;
     if (sizes) sizes->push_back(s.patch_bytes);
   };
   WeightSync going_on(world, table, "", 10, 2);

@@ -1,7 +1,7 @@
 // pulse-train's per-step measurement on trainer 0 (src/train/sparsity_meter), part by part, at the
 // sizes of the tiny (204,992 parameters) and small (1,009,664) models:
 //   pulse-bench-meter --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-// KStep: the meter's step from AdamW's changed list (per-tensor counts, k-step sparsity for
+// KStep: the meter's step from AdamW's change set (per-tensor counts, k-step sparsity for
 // k = 1..32 against the ring, the push); GradientSparsity: the four thresholds; AdamRatio: the
 // four quantiles of the 2^16-element sample. The weights change in 2.6% of the elements per step
 // (as tiny does at lr 3e-6), a third of them back to their previous bits.
@@ -38,18 +38,19 @@ struct VersionStream {
     for (auto& b : current) b = bf16_bits(rng());
     previous = current;
   }
-  ChangedList next() {
+  sync::ChangeSet next(const std::vector<index_t>& offsets) {
     const std::vector<bf16_bits> before = current;
     std::uniform_int_distribution<int> pick(0, 999);
-    ChangedList list;
+    sync::ChangeSet list;
     for (std::size_t i = 0; i < current.size(); ++i) {
       const int u = pick(rng);
       if (u >= 26) continue;
       const bf16_bits bits = u < 9 && previous[i] != current[i] ? previous[i] : bf16_bits(current[i] + 1);
       current[i] = bits;
       list.indices.push_back(index_t(i));
-      list.values.push_back(bits);
+      list.new_bits.push_back(bits);
     }
+    list.tensor_begin = sync::tensor_begins(list.indices, offsets);
     previous = before;
     return list;
   }
@@ -63,7 +64,7 @@ void BM_KStep(benchmark::State& state) {
   meter.start(to_device(versions.current));
   for (auto _ : state) {
     state.PauseTiming();
-    const ChangedList changes = versions.next();
+    const sync::ChangeSet changes = versions.next(table.offsets());
     const auto weights = to_device(versions.current);
     Kokkos::fence();
     state.ResumeTiming();

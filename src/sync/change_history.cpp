@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "sync/change_set.hpp"
 #include "sync/patch.hpp"
 #include "sync/sparse_format.hpp"
 
@@ -96,6 +97,27 @@ void ChangeHistory::advance(const std::vector<TensorRef>& base, const std::vecto
       const auto new_key = format.key(c.new_bits[k]);
       if (old_key != new_key) h[c.indices[k]] = changed(old_key, new_key);
     }
+  }
+  seal(target_state);
+}
+
+void ChangeHistory::advance(const std::vector<TensorRef>& base, const ChangeSet& changes, const Digest& target_state) {
+  PULSE_CHECK(changes.num_tensors() == base.size(), "change history: the change set does not fit the base");
+  age();
+  index_t origin = 0;
+  for (std::size_t t = 0; t < base.size(); ++t) {
+    const auto format = sparse_format(base[t].dtype);
+    PULSE_CHECK(format.has_value(), "change history: a change set's tensor '" + base[t].name + "' is not coded sparsely");
+    if (changes.count(t) > 0) {
+      std::uint8_t* h = marks(base[t].name);
+      for (auto j = std::size_t(changes.tensor_begin[t]); j < std::size_t(changes.tensor_begin[t + 1]); ++j) {
+        const auto i = std::uint64_t(changes.indices[j] - origin);
+        const auto old_key = format->key(load_value(base[t].data, i, format->bytes));
+        const auto new_key = format->key(changes.new_bits[j]);
+        if (old_key != new_key) h[i] = changed(old_key, new_key);
+      }
+    }
+    origin += index_t(base[t].bytes / format->bytes);
   }
   seal(target_state);
 }

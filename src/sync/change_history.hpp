@@ -21,6 +21,7 @@
 
 namespace pulse::sync {
 
+struct ChangeSet;
 struct TensorChanges;
 
 class ChangeHistory {
@@ -70,6 +71,8 @@ class ChangeHistory {
   // All three for a sender: `changes` (as encode_changes takes them) turn base into the state
   // of digest target_state...
   void advance(const std::vector<TensorRef>& base, const std::vector<TensorChanges>& changes, const Digest& target_state);
+  // ...or a change set (as encode_change_set takes it, with the same base), unapplied...
+  void advance(const std::vector<TensorRef>& base, const ChangeSet& changes, const Digest& target_state);
   // ...or base into target, the same layout, compared element by element.
   void advance(const std::vector<TensorRef>& base, const std::vector<TensorRef>& target, const Digest& target_state);
 

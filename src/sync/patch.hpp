@@ -68,6 +68,7 @@ const char* index_coding_name(IndexCoding i);
 IndexCoding parse_index_coding(const std::string& name);
 
 class ChangeHistory;
+struct ChangeSet;
 
 struct EncodeOptions {
   ValueCoding values = ValueCoding::keydiff;
@@ -231,6 +232,29 @@ struct TensorChanges {
 std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, const std::vector<TensorChanges>& changes,
                                          const EncodeOptions& options, const StateDigests& base_digests,
                                          StateDigests* target_digests = nullptr, const Metadata& metadata = {});
+
+// What an encoder wrote, so that its caller need not parse the patch back.
+struct EncodeSummary {
+  std::uint64_t bytes = 0;       // the patch's
+  std::uint64_t changed = 0;     // elements its sparse entries write
+  std::uint64_t parts = 0;       // coded independently (FORMAT.md "Part table")
+  StreamSize index_stream, value_stream;  // the parts' streams, compressed and raw
+  std::uint64_t whole_raw = 0;   // bytes of the tensors carried whole, before compression
+  std::uint64_t raw_bytes() const { return index_stream.raw + value_stream.raw + whole_raw; }
+};
+
+struct EncodedPatch {
+  std::vector<std::uint8_t> bytes;
+  EncodeSummary summary;
+};
+
+// The patch encode_changes writes, from a change set (sync/change_set.hpp) over `base`: the
+// tensors, all of 16-bit sparse-coded dtypes, end to end in the given order make the flat state
+// that the set indexes (one begin per tensor and one more), each tensor's changes taken from its
+// slice of the set without searching. The same bytes as encode_changes of the same changes.
+EncodedPatch encode_change_set(const std::vector<TensorRef>& base, const ChangeSet& changes, const EncodeOptions& options,
+                               const StateDigests& base_digests, StateDigests* target_digests = nullptr,
+                               const Metadata& metadata = {});
 
 // The elements of each segment (but a tensor's last) of a sparse-coded tensor of `width`-byte
 // elements, as encode_patch cuts them.

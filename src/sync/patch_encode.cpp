@@ -12,6 +12,7 @@
 
 #include "core/error.hpp"
 #include "sync/change_history.hpp"
+#include "sync/change_set.hpp"
 #include "sync/exponent_class_coding.hpp"
 #include "coding/parallel.hpp"
 #include "sync/patch.hpp"
@@ -403,38 +404,31 @@ std::vector<std::uint8_t> encode_patch(const std::vector<TensorRef>& base, const
   return write_patch(options, c);
 }
 
-std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, const std::vector<TensorChanges>& changes,
-                                         const EncodeOptions& options, const StateDigests& base_digests,
-                                         StateDigests* target_digests, const Metadata& metadata) {
-  check_codings(options);
-  const auto base_by_name = by_name(base, "base");
-  check_sizes(base);
-  std::map<std::string, const TensorChanges*> changes_by_name;
-  for (const TensorChanges& ch : changes) {
-    const auto it = base_by_name.find(ch.name);
-    PULSE_CHECK(it != base_by_name.end(), "changes name tensor '" + ch.name + "', which the base does not hold");
-    const auto format = sparse_format(it->second->dtype);
-    PULSE_CHECK(format || ch.indices.empty(),
-                "changes name tensor '" + ch.name + "' of " + it->second->dtype + ", which is not coded sparsely");
-    PULSE_CHECK(ch.indices.size() == ch.new_bits.size(), "changes of tensor '" + ch.name + "' have " +
-                                                             std::to_string(ch.indices.size()) + " indices and " +
-                                                             std::to_string(ch.new_bits.size()) + " values");
-    PULSE_CHECK(changes_by_name.emplace(ch.name, &ch).second, "changes name tensor '" + ch.name + "' twice");
-    if (!format) continue;
-    const std::uint64_t n = it->second->bytes / format->bytes;
-    for (std::size_t k = 0; k < ch.indices.size(); ++k) {
-      PULSE_CHECK(ch.indices[k] >= 0 && std::uint64_t(ch.indices[k]) < n && (k == 0 || ch.indices[k] > ch.indices[k - 1]),
-                  "changes of tensor '" + ch.name + "' are not sorted distinct indices below " + std::to_string(n));
-      PULSE_CHECK(ch.new_bits[k] <= format->mask(),
-                  "changes of tensor '" + ch.name + "' hold a value wider than " + it->second->dtype);
-    }
-  }
+namespace {
 
+// One tensor's listed changes in either form the encoders take: element k changes index(k)
+// (within the tensor) to bits(k).
+struct Listed {
+  const index_t* indices = nullptr;
+  std::size_t count = 0;
+  index_t origin = 0;  // subtracted from indices[k]: the tensor's flat offset in a change set
+  const std::uint32_t* bits32 = nullptr;
+  const std::uint16_t* bits16 = nullptr;
+  index_t index(std::size_t k) const { return indices[k] - origin; }
+  std::uint32_t bits(std::size_t k) const { return bits32 ? bits32[k] : bits16[k]; }
+};
+
+// The content of the patch that writes `listed` (checked by the caller) into base.
+PatchContent content_of_listed(const std::vector<TensorRef>& base,
+                               const std::map<std::string, const TensorRef*>& base_by_name,
+                               const std::map<std::string, Listed>& listed, const EncodeOptions& options,
+                               const StateDigests& base_digests, StateDigests* target_digests,
+                               const Metadata& metadata) {
   PatchContent c;
   std::vector<Range> ranges;
   std::vector<std::size_t> entry_of_range;
   std::vector<const TensorRef*> range_tensor;
-  std::vector<const TensorChanges*> range_changes;
+  std::vector<const Listed*> range_changes;
   for (const auto& [name, b] : base_by_name) {
     PatchEntry e;
     if (const auto format = sparse_format(b->dtype)) {
@@ -444,8 +438,8 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
       ranges.push_back({name, *format, 0, b->bytes / format->bytes, history});
       entry_of_range.push_back(c.entries.size());
       range_tensor.push_back(b);
-      const auto it = changes_by_name.find(name);
-      range_changes.push_back(it != changes_by_name.end() ? it->second : nullptr);
+      const auto it = listed.find(name);
+      range_changes.push_back(it != listed.end() ? &it->second : nullptr);
     }
     c.target_layout.push_back({b->name, b->dtype, b->shape});
     c.target_bytes.push_back(b->bytes);
@@ -458,20 +452,22 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
   // they touch (old_sum: the old blocks, new_sum: the blocks with the changes written).
   const Scan scan = [&](const SegmentPlan& seg, ScannedSegment& out) {
     out.changes.clear();
-    const TensorChanges* ch = range_changes[seg.range];
+    const Listed* ch = range_changes[seg.range];
     if (!ch) return;
     const TensorRef& t = *range_tensor[seg.range];
     const SparseFormat& f = ranges[seg.range].format;
     const unsigned w = f.bytes;
-    const auto first = std::lower_bound(ch->indices.begin(), ch->indices.end(), index_t(seg.begin));
-    const auto last = std::lower_bound(first, ch->indices.end(), index_t(seg.begin + seg.elements));
+    const index_t* listed_end = ch->indices + ch->count;
+    const index_t* first = std::lower_bound(ch->indices, listed_end, ch->origin + index_t(seg.begin));
+    const index_t* last = std::lower_bound(first, listed_end, ch->origin + index_t(seg.begin + seg.elements));
     Changes& out_changes = out.changes;
-    for (auto it = first; it != last; ++it) {
-      const std::size_t k = std::size_t(it - ch->indices.begin());
-      const auto old_bits = std::uint32_t(load_value(t.data, std::uint64_t(*it), w));
-      if (old_bits == ch->new_bits[k]) continue;
-      out_changes.indices.push_back(index_t(std::uint64_t(*it) - seg.begin));
-      out_changes.values.push_back(ch->new_bits[k]);
+    for (const index_t* it = first; it != last; ++it) {
+      const std::size_t k = std::size_t(it - ch->indices);
+      const std::uint64_t i = std::uint64_t(ch->index(k));
+      const auto old_bits = std::uint32_t(load_value(t.data, i, w));
+      if (old_bits == ch->bits(k)) continue;
+      out_changes.indices.push_back(index_t(i - seg.begin));
+      out_changes.values.push_back(ch->bits(k));
       out_changes.old_values.push_back(old_bits);
     }
     if (out_changes.indices.empty()) return;
@@ -512,7 +508,82 @@ std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, con
     target_digests->state = c.target_state;
   }
   c.base_layout = layout_digest(base);
-  return write_patch(options, c);
+  return c;
+}
+
+EncodeSummary summary_of(const PatchContent& c, std::size_t bytes) {
+  EncodeSummary s;
+  s.bytes = bytes;
+  s.parts = c.parts.size();
+  for (const EncodedPart& p : c.parts) {
+    s.index_stream.coded += p.part.index.coded;
+    s.index_stream.raw += p.part.index.raw;
+    s.value_stream.coded += p.part.value.coded;
+    s.value_stream.raw += p.part.value.raw;
+  }
+  s.whole_raw = c.whole_stream.size();
+  for (const PatchEntry& e : c.entries)
+    if (e.kind == EntryKind::sparse) s.changed += e.count;
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_changes(const std::vector<TensorRef>& base, const std::vector<TensorChanges>& changes,
+                                         const EncodeOptions& options, const StateDigests& base_digests,
+                                         StateDigests* target_digests, const Metadata& metadata) {
+  check_codings(options);
+  const auto base_by_name = by_name(base, "base");
+  check_sizes(base);
+  std::map<std::string, Listed> listed;
+  for (const TensorChanges& ch : changes) {
+    const auto it = base_by_name.find(ch.name);
+    PULSE_CHECK(it != base_by_name.end(), "changes name tensor '" + ch.name + "', which the base does not hold");
+    const auto format = sparse_format(it->second->dtype);
+    PULSE_CHECK(format || ch.indices.empty(),
+                "changes name tensor '" + ch.name + "' of " + it->second->dtype + ", which is not coded sparsely");
+    PULSE_CHECK(ch.indices.size() == ch.new_bits.size(), "changes of tensor '" + ch.name + "' have " +
+                                                             std::to_string(ch.indices.size()) + " indices and " +
+                                                             std::to_string(ch.new_bits.size()) + " values");
+    PULSE_CHECK(listed.emplace(ch.name, Listed{ch.indices.data(), ch.indices.size(), 0, ch.new_bits.data(), nullptr}).second,
+                "changes name tensor '" + ch.name + "' twice");
+    if (!format) continue;
+    const std::uint64_t n = it->second->bytes / format->bytes;
+    for (std::size_t k = 0; k < ch.indices.size(); ++k) {
+      PULSE_CHECK(ch.indices[k] >= 0 && std::uint64_t(ch.indices[k]) < n && (k == 0 || ch.indices[k] > ch.indices[k - 1]),
+                  "changes of tensor '" + ch.name + "' are not sorted distinct indices below " + std::to_string(n));
+      PULSE_CHECK(ch.new_bits[k] <= format->mask(),
+                  "changes of tensor '" + ch.name + "' hold a value wider than " + it->second->dtype);
+    }
+  }
+  return write_patch(options, content_of_listed(base, base_by_name, listed, options, base_digests, target_digests, metadata));
+}
+
+EncodedPatch encode_change_set(const std::vector<TensorRef>& base, const ChangeSet& changes, const EncodeOptions& options,
+                               const StateDigests& base_digests, StateDigests* target_digests, const Metadata& metadata) {
+  check_codings(options);
+  const auto base_by_name = by_name(base, "base");
+  check_sizes(base);
+  std::vector<index_t> offsets{0};
+  for (const TensorRef& t : base) {
+    const auto format = sparse_format(t.dtype);
+    PULSE_CHECK(format && format->bytes == 2, "a change set's state holds 16-bit elements; tensor '" + t.name +
+                                                  "' is " + t.dtype);
+    offsets.push_back(offsets.back() + index_t(t.bytes / 2));
+  }
+  check_change_set(changes, offsets);
+  std::map<std::string, Listed> listed;
+  for (std::size_t t = 0; t < base.size(); ++t) {
+    const auto begin = std::size_t(changes.tensor_begin[t]);
+    if (changes.count(t) > 0)
+      listed[base[t].name] = Listed{changes.indices.data() + begin, std::size_t(changes.count(t)), offsets[t], nullptr,
+                                    changes.new_bits.data() + begin};
+  }
+  const PatchContent c = content_of_listed(base, base_by_name, listed, options, base_digests, target_digests, metadata);
+  EncodedPatch out;
+  out.bytes = write_patch(options, c);
+  out.summary = summary_of(c, out.bytes.size());
+  return out;
 }
 
 std::vector<SliceParts> encode_slice_parts(const std::vector<TensorSlice>& slices, const EncodeOptions& options) {

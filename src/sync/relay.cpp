@@ -241,6 +241,35 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
                     const TensorLoader& previous_loader) {
   const Metadata no_metadata;
   if (!previous_metadata) previous_metadata = &no_metadata;
+  publish_locked(version, state, metadata, options, state_loader, [&](const RelayHead& current) -> std::optional<MadePatch> {
+    if (!previous) return std::nullopt;
+    // Hashed once here, then not again by encode.
+    const StateDigests base = digests_of(*previous, *previous_metadata, previous_loader);
+    PULSE_CHECK(base.state == current.state,
+                "relay: the previous weights given are not the relay's head version " + std::to_string(current.version));
+    EncodeOptions enc = options.encode;
+    enc.base_version = current.version;
+    enc.target_version = version;
+    StateDigests target;
+    auto patch = encode_patch(*previous, state, enc, &base, &target, *previous_metadata, metadata, previous_loader,
+                              state_loader);
+    return MadePatch{std::move(patch), target.state};
+  });
+}
+
+void Relay::publish_encoded(std::uint64_t version, const std::vector<TensorRef>& state,
+                            const std::vector<std::uint8_t>& patch, const Digest& base_state, const Digest& target_state,
+                            const PublishOptions& options) {
+  publish_locked(version, state, {}, options, {}, [&](const RelayHead& current) -> std::optional<MadePatch> {
+    PULSE_CHECK(base_state == current.state, "relay: the patch given is not from the relay's head version " +
+                                                 std::to_string(current.version));
+    return MadePatch{patch, target_state};
+  });
+}
+
+void Relay::publish_locked(std::uint64_t version, const std::vector<TensorRef>& state, const Metadata& metadata,
+                           const PublishOptions& options, const TensorLoader& state_loader,
+                           const std::function<std::optional<MadePatch>(const RelayHead& head)>& make_patch) {
   PULSE_CHECK(options.anchor_every >= 1 && options.keep_anchors >= 1, "relay: anchor_every and keep_anchors must be >= 1");
   PublishLock lock(path(kRelayLockName));
   remove_temporary_files();  // with the lock held, every writer of these is gone
@@ -252,20 +281,12 @@ void Relay::publish(std::uint64_t version, const std::vector<TensorRef>& state, 
   // The relay's id is drawn at its first publish (or the first since format 1) and kept.
   const RelayId relay_id = current && current->format >= 2 ? current->relay : new_relay_id();
   std::optional<Digest> digest;  // the state's, once known
-  if (current && previous && current->version + 1 == version) {
-    // Hashed once here, then not again by encode.
-    const StateDigests base = digests_of(*previous, *previous_metadata, previous_loader);
-    PULSE_CHECK(base.state == current->state,
-                "relay: the previous weights given are not the relay's head version " + std::to_string(current->version));
-    EncodeOptions enc = options.encode;
-    enc.base_version = current->version;
-    enc.target_version = version;
-    StateDigests target;
-    const auto patch = encode_patch(*previous, state, enc, &base, &target, *previous_metadata, metadata,
-                                    previous_loader, state_loader);
-    lock.confirm();
-    write_file_atomically(patch_path(current->version, version), patch.data(), patch.size());
-    digest = target.state;
+  if (current && current->version + 1 == version) {
+    if (const std::optional<MadePatch> made = make_patch(*current)) {
+      lock.confirm();
+      write_file_atomically(patch_path(current->version, version), made->bytes.data(), made->bytes.size());
+      digest = made->target_state;
+    }
   }
   if (!digest || version % options.anchor_every == 0 || anchor_versions().empty()) {
     lock.confirm();

@@ -69,6 +69,14 @@ class Relay {
                const std::vector<TensorRef>* previous, const Metadata* previous_metadata, const PublishOptions& options,
                const TensorLoader& state_loader = {}, const TensorLoader& previous_loader = {});
 
+  // Publishes `state` as `version` with a patch from the head version that the caller encoded
+  // (options.encode's coding, base and target versions version - 1 and version: the bytes the
+  // publish above would write, e.g. encode_change_set's) between states of digests base_state
+  // (which must be the head's) and target_state: the previous version is neither needed nor
+  // hashed again. A relay whose head is not version - 1 gets an anchor only.
+  void publish_encoded(std::uint64_t version, const std::vector<TensorRef>& state, const std::vector<std::uint8_t>& patch,
+                       const Digest& base_state, const Digest& target_state, const PublishOptions& options);
+
   // Brings a receiver to the head version: from `have` (at have_version) by patches (fast path),
   // and if that fails from the newest anchor at or before the head, then each older one (slow
   // path). The result's state digest is checked against HEAD. A receiver with `have` never moves
@@ -92,6 +100,15 @@ class Relay {
   std::string patch_path(std::uint64_t from, std::uint64_t to) const;
 
  private:
+  struct MadePatch {
+    std::vector<std::uint8_t> bytes;
+    Digest target_state;
+  };
+  // publish's steps under the lock; make_patch, given the head when it is version - 1, makes the
+  // patch from it (or nullopt: none).
+  void publish_locked(std::uint64_t version, const std::vector<TensorRef>& state, const Metadata& metadata,
+                      const PublishOptions& options, const TensorLoader& state_loader,
+                      const std::function<std::optional<MadePatch>(const RelayHead& head)>& make_patch);
   void retain(std::uint64_t keep_anchors) const;
   // Publishing keeps the relay's signer: a signed relay only with its key, an unsigned one unsigned.
   void check_same_signer(const RelayHead& current, const SecretKey* key) const;

@@ -1,6 +1,5 @@
 #include "train/changed_list.hpp"
 
-#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -11,11 +10,23 @@ namespace pulse {
 
 namespace {
 
-// A free function: nvcc rejects a device lambda in a private member function.
+// Free functions: nvcc rejects a device lambda in a private member function.
 void narrow_indices(const DefaultExec& space, const Kokkos::View<const index_t*>& wide,
                     const Kokkos::View<std::uint32_t*>& narrow, index_t count) {
   Kokkos::parallel_for("pulse::changed::narrow", FlatPolicy<DefaultExec>(space, 0, count),
                        KOKKOS_LAMBDA(const index_t j) { narrow(j) = std::uint32_t(wide(j)); });
+}
+
+// begins(t) = where tensor t's first segment's changes start in the gathered list (starts: per
+// segment, as gather_changes left them); tensors without a segment (empty ones) keep -1.
+void first_segment_starts(const DefaultExec& space, const TensorSegments<DefaultMem>& segs,
+                          const Kokkos::View<const index_t*>& starts, const Kokkos::View<index_t*>& begins) {
+  Kokkos::deep_copy(space, begins, index_t(-1));
+  const auto segments = segs.segments;
+  Kokkos::parallel_for("pulse::changed::tensor_begins",
+                       FlatPolicy<DefaultExec>(space, 0, index_t(segments.extent(0))), KOKKOS_LAMBDA(const index_t j) {
+                         if (j == 0 || segments(j - 1).tensor != segments(j).tensor) begins(segments(j).tensor) = starts(j);
+                       });
 }
 
 }  // namespace
@@ -28,29 +39,37 @@ bool ChangeCompactor::reserve(index_t count) {
   return true;
 }
 
-ChangedList ChangeCompactor::compact(const Kokkos::View<const bf16_bits*>& before,
-                                     const Kokkos::View<const bf16_bits*>& after, TransferCounter& copies) {
+void ChangeCompactor::compact(const Kokkos::View<const bf16_bits*>& before, const Kokkos::View<const bf16_bits*>& after,
+                              const std::vector<index_t>& offsets, TransferCounter& copies, sync::ChangeSet& out) {
   const DefaultExec space;
   index_t count = compact_changed(space, before, after, indices_, values_);
   if (reserve(count)) count = compact_changed(space, before, after, indices_, values_);
-  return download(count, index_t(after.extent(0)), copies);
+  download(count, index_t(after.extent(0)), copies, out);
+  out.tensor_begin = sync::tensor_begins(out.indices, offsets);
 }
 
-ChangedList ChangeCompactor::gather(const TensorSegments<DefaultMem>& segs, const ChangeStaging<DefaultMem>& staging,
-                                    TransferCounter& copies) {
+void ChangeCompactor::gather(const TensorSegments<DefaultMem>& segs, const ChangeStaging<DefaultMem>& staging,
+                             TransferCounter& copies, sync::ChangeSet& out) {
   const DefaultExec space;
   index_t count = gather_changes(space, segs, staging, indices_, values_);
   if (reserve(count)) count = gather_changes(space, segs, staging, indices_, values_);
-  return download(count, segs.num_elements, copies);
+  if (index_t(tensor_begin_.extent(0)) != index_t(segs.num_tensors))
+    tensor_begin_ = Kokkos::View<index_t*>("pulse::changed::tensor_begin", segs.num_tensors);
+  first_segment_starts(space, segs, staging.starts, tensor_begin_);
+  download(count, segs.num_elements, copies, out);
+  out.tensor_begin = copies.to_host(tensor_begin_);
+  out.tensor_begin.push_back(count);
+  for (std::size_t t = out.tensor_begin.size() - 1; t-- > 0;)  // an empty tensor begins where the next does
+    if (out.tensor_begin[t] < 0) out.tensor_begin[t] = out.tensor_begin[t + 1];
 }
 
-ChangedList ChangeCompactor::download(index_t count, index_t num_elements, TransferCounter& copies) {
+void ChangeCompactor::download(index_t count, index_t num_elements, TransferCounter& copies, sync::ChangeSet& out) {
   const DefaultExec space;
-  ChangedList list;
-  list.values = copies.to_host(Kokkos::subview(values_, std::make_pair(index_t(0), count)));
+  out.old_bits.clear();
+  out.new_bits = copies.to_host(Kokkos::subview(values_, std::make_pair(index_t(0), count)));
   if (std::uint64_t(num_elements) > std::numeric_limits<std::uint32_t>::max()) {
-    list.indices = copies.to_host(Kokkos::subview(indices_, std::make_pair(index_t(0), count)));
-    return list;
+    out.indices = copies.to_host(Kokkos::subview(indices_, std::make_pair(index_t(0), count)));
+    return;
   }
   // Indices below 2^32 cross as 32-bit words: 6 bytes per changed element instead of 10.
   if (index_t(narrow_.extent(0)) < count)
@@ -58,29 +77,7 @@ ChangedList ChangeCompactor::download(index_t count, index_t num_elements, Trans
                                            indices_.extent(0));
   narrow_indices(space, indices_, narrow_, count);
   const std::vector<std::uint32_t> words = copies.to_host(Kokkos::subview(narrow_, std::make_pair(index_t(0), count)));
-  list.indices.assign(words.begin(), words.end());
-  return list;
-}
-
-std::vector<index_t> per_tensor_counts(const ChangedList& list, const std::vector<index_t>& offsets) {
-  PULSE_CHECK(!offsets.empty(), "per_tensor_counts: no tensor offsets");
-  std::vector<index_t> counts(offsets.size() - 1, 0);
-  auto at = list.indices.begin();
-  for (std::size_t t = 0; t + 1 < offsets.size(); ++t) {
-    const auto end = std::lower_bound(at, list.indices.end(), offsets[t + 1]);
-    counts[t] = index_t(end - at);
-    at = end;
-  }
-  return counts;
-}
-
-void apply_changes(const ChangedList& list, std::vector<bf16_bits>& weights) {
-  PULSE_CHECK(list.indices.size() == list.values.size(), "changed list: indices and values differ in length");
-  for (std::size_t j = 0; j < list.indices.size(); ++j) {
-    PULSE_CHECK(list.indices[j] >= 0 && std::size_t(list.indices[j]) < weights.size(),
-                "changed list: index " + std::to_string(list.indices[j]) + " outside " + std::to_string(weights.size()));
-    weights[std::size_t(list.indices[j])] = list.values[j];
-  }
+  out.indices.assign(words.begin(), words.end());
 }
 
 }  // namespace pulse

@@ -50,6 +50,12 @@ float ParameterStore::step(std::int64_t t, const Kokkos::View<const float*>& gra
   return norm.total;
 }
 
+const sync::ChangeSet& ParameterStore::gather_changes(TransferCounter& copies) {
+  PULSE_CHECK(staging_.indices.extent(0) > 0, "ParameterStore: gathering changes without staging");
+  compactor_.gather(segs_, staging_, copies, changes_);
+  return changes_;
+}
+
 void ParameterStore::weights_from_master() { cast_to_bf16(DefaultExec(), master_, weights_); }
 
 ParameterStore::Moments ParameterStore::moments_fp32() const {

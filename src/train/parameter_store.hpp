@@ -1,8 +1,8 @@
 #pragma once
 // A trainer's weights and optimizer state in the default memory space: the FP32 master weights
 // and Adam moments (mixed precision) or BF16 moments (pure BF16), the BF16 weights the forward
-// pass reads, and AdamW's changed-list staging. One place owns them, so the optimizer step and
-// the list of checkpointed buffers cannot drift apart.
+// pass reads, AdamW's change staging and the step's change set on the host. One place owns them,
+// so the optimizer step and the list of checkpointed buffers cannot drift apart.
 #include <cstdint>
 #include <vector>
 
@@ -10,6 +10,9 @@
 #include "kernels/adamw.hpp"
 #include "kernels/segments.hpp"
 #include "kernels/types.hpp"
+#include "sync/change_set.hpp"
+#include "train/changed_list.hpp"
+#include "train/transfer_counter.hpp"
 
 namespace pulse {
 
@@ -40,8 +43,12 @@ class ParameterStore {
 
   Precision precision() const { return precision_; }
   const TensorSegments<DefaultMem>& segments() const { return segs_; }
-  // What the last step(..., list = true) changed, per segment (ChangeCompactor::gather reads it).
+  // What the last step(..., list = true) changed, per segment (gather_changes reads it).
   const ChangeStaging<DefaultMem>& staging() const { return staging_; }
+  // The step's change set on the host: gather_changes fills it from the staging after a listed
+  // step (else a comparison of versions does, SparsityMeter::measure); trainer 0 publishes it.
+  sync::ChangeSet& changes() { return changes_; }
+  const sync::ChangeSet& gather_changes(TransferCounter& copies);
 
   // Every checkpointed buffer, in checkpoint order: visit(name, view) with an FP32 or BF16 view.
   // One list for save and load.
@@ -59,6 +66,8 @@ class ParameterStore {
   Kokkos::View<float*> master_, m_, v_;                  // mixed
   Kokkos::View<bf16_bits*> weights_, grad_bf16_, m16_, v16_;  // weights_: bf16(master) in mixed
   ChangeStaging<DefaultMem> staging_;
+  ChangeCompactor compactor_;
+  sync::ChangeSet changes_;
 };
 
 }  // namespace pulse

@@ -4,13 +4,12 @@
 #include <utility>
 
 #include "core/error.hpp"
-#include "coding/digest.hpp"
 
 namespace pulse {
 
 Publisher::Publisher(const Communicator& sync, const TensorTable& table, const TrainConfig& c, SyncRole role,
                      bool keep_versions)
-    : table_(table), role_(role), keep_versions_(keep_versions || role != SyncRole::trainer),
+    : table_(table), role_(role), keep_versions_(role != SyncRole::trainer || (keep_versions && c.async_lag > 0)),
       versions_kept_(std::size_t(c.async_lag) + 1) {
   if (role_ != SyncRole::trainer)
     weight_sync_ = std::make_unique<WeightSync>(sync, table_, c.relay, c.anchor_every, c.keep_anchors);
@@ -28,8 +27,8 @@ void Publisher::remember_version(std::vector<bf16_bits> weights) {
 }
 
 void Publisher::start(std::vector<bf16_bits> weights, bool resumed) {
-  // Every trainer's fresh history starts with its weights (kept in its checkpoints).
-  if (role_ != SyncRole::receiver && !resumed) remember_version(weights);
+  // Every fresh history that is kept starts with trainer 0's weights (kept in checkpoints).
+  if (role_ != SyncRole::receiver && keep_versions_ && !resumed) remember_version(weights);
   if (role_ == SyncRole::receiver) weights.assign(table_.num_elements(), 0);
   if (weight_sync_) weight_sync_->bootstrap(version_, weights);  // receivers start from trainer 0's bytes
   if (role_ != SyncRole::receiver) return;
@@ -38,29 +37,33 @@ void Publisher::start(std::vector<bf16_bits> weights, bool resumed) {
   if (!resumed) remember_version(std::move(weights));
 }
 
-Publication Publisher::publish(const ChangedList& changes, const Kokkos::View<const bf16_bits*>& trainer_weights,
+std::vector<bf16_bits>& Publisher::next_version() {
+  PULSE_CHECK(!history_.empty(), "internal: no version to publish from");
+  if (versions_kept_ > 1) {
+    std::vector<bf16_bits> slot;
+    if (history_.size() == versions_kept_) {
+      slot = std::move(history_.front());
+      history_.pop_front();
+    }
+    slot = history_.back();
+    history_.push_back(std::move(slot));
+  }
+  return history_.back();
+}
+
+Publication Publisher::publish(sync::ChangeSet* changes, const Kokkos::View<const bf16_bits*>& trainer_weights,
                                TransferCounter& copies) {
   ++version_;
   Publication out;
-  std::vector<bf16_bits> current;
   if (role_ == SyncRole::trainer) {
-    // Other trainers hold no previous version on the host: they copy the new one whole.
-    current = copies.to_host(trainer_weights);
-    out.sync.state = sync::compute_digests(bf16_tensor_refs(table_, current)).state;
-  } else {
-    current = history_.back();
-    const std::vector<bf16_bits>* previous = nullptr;
-    if (role_ == SyncRole::sender) {
-      // Trainer 0: its changed list turns the previous version into the new one, and the patch
-      // is coded from the list (no comparison of the two versions).
-      apply_changes(changes, current);
-      previous = &history_.back();
-    }
-    Kokkos::Timer timer;
-    out.sync = weight_sync_->step(version_, previous, role_ == SyncRole::sender ? &changes : nullptr, current);
-    out.seconds = timer.seconds();
+    // Other trainers hold no previous version on the host: they copy the new one whole, and only
+    // when they sample rollouts from it later.
+    if (keep_versions_) remember_version(copies.to_host(trainer_weights));
+    return out;
   }
-  if (keep_versions_) remember_version(std::move(current));
+  Kokkos::Timer timer;
+  out.sync = weight_sync_->step(version_, role_ == SyncRole::sender ? changes : nullptr, next_version());
+  out.seconds = timer.seconds();
   return out;
 }
 

@@ -2,8 +2,10 @@
 // The publisher role of pulse-train: the versions of the BF16 weights a rank holds on the host
 // (newest last, as many as rollouts with async_lag may still be sampled from) and PULSESync
 // between them: trainer 0 sends each new version as a patch (WeightSync) and the inference ranks
-// turn their copy into it. The other trainers only count versions, and keep them when they
-// generate rollouts themselves (no inference ranks).
+// turn their copy into it. The newest version is updated in place; with async_lag the versions
+// before it are copies. The other trainers only count versions, and keep them (copied from the
+// device) when they generate rollouts themselves (no inference ranks) from older versions
+// (async_lag > 0).
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -13,7 +15,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/tensor_table.hpp"
-#include "train/changed_list.hpp"
+#include "sync/change_set.hpp"
 #include "train/rank_checkpoint.hpp"
 #include "train/train_config.hpp"
 #include "train/transfer_counter.hpp"
@@ -26,8 +28,8 @@ enum class SyncRole { sender, receiver, trainer };
 
 // What publishing a version came to on this rank.
 struct Publication {
-  SyncStepStats sync;  // the WeightSync step's (sender, receivers); sync.state on every rank:
-                       // the digest of the weights this rank now holds
+  SyncStepStats sync;  // the WeightSync step's (sender, receivers); sync.state there: the digest
+                       // of the weights this rank now holds (zero on the other trainers: none hashed)
   double seconds = 0;  // in the WeightSync step
 };
 
@@ -44,10 +46,11 @@ class Publisher {
   // are the newest version of its checkpoint.
   void start(std::vector<bf16_bits> weights, bool resumed);
 
-  // Collective over the sync ranks: the next version. Trainer 0 makes it from the previous one
-  // and `changes` and sends the patch; inference ranks apply it; the other trainers copy
-  // `trainer_weights` to the host.
-  Publication publish(const ChangedList& changes, const Kokkos::View<const bf16_bits*>& trainer_weights,
+  // Collective over the sync ranks: the next version. Trainer 0 passes the step's change set
+  // (null elsewhere), codes the patch from it and writes it into its copy; inference ranks apply
+  // the patch to theirs; the other trainers copy `trainer_weights` to the host only when they
+  // keep versions.
+  Publication publish(sync::ChangeSet* changes, const Kokkos::View<const bf16_bits*>& trainer_weights,
                       TransferCounter& copies);
 
   std::uint64_t version() const { return version_; }
@@ -60,13 +63,16 @@ class Publisher {
 
  private:
   void remember_version(std::vector<bf16_bits> weights);
+  // The newest version, ready to become the next in place: with async_lag, a copy of it goes
+  // behind it first (into the oldest kept version's buffer).
+  std::vector<bf16_bits>& next_version();
 
   const TensorTable& table_;
   SyncRole role_;
   bool keep_versions_;
   std::size_t versions_kept_;  // async_lag + 1
   std::unique_ptr<WeightSync> weight_sync_;  // sender and receivers
-  std::deque<std::vector<bf16_bits>> history_;
+  std::deque<std::vector<bf16_bits>> history_;  // oldest first
   std::uint64_t version_ = 0;
 };
 

@@ -28,16 +28,17 @@ StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weight
   return s;
 }
 
-StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, ChangedList& changes,
+StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes,
                                     TransferCounter& copies) {
-  changes = compactor_.compact(ring_.snapshot(1), weights, copies);
+  compactor_.compact(ring_.snapshot(1), weights, offsets_, copies, changes);
   return measure(weights, changes);
 }
 
-StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, const ChangedList& changes) {
+StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, const sync::ChangeSet& changes) {
+  PULSE_CHECK(changes.num_tensors() + 1 == offsets_.size(), "SparsityMeter: the change set does not fit the tensor table");
   StepSparsity s;
-  s.changed = index_t(changes.indices.size());
-  s.per_tensor = per_tensor_counts(changes, offsets_);
+  s.changed = index_t(changes.size());
+  for (std::size_t t = 0; t < changes.num_tensors(); ++t) s.per_tensor.push_back(changes.count(t));
   s.kstep = kstep_and_push(weights, s.changed);
   return s;
 }

@@ -9,6 +9,7 @@
 #include "kernels/segments.hpp"
 #include "kernels/sparsity.hpp"
 #include "kernels/types.hpp"
+#include "sync/change_set.hpp"
 #include "train/changed_list.hpp"
 #include "train/transfer_counter.hpp"
 
@@ -28,12 +29,12 @@ class SparsityMeter {
   void start(const Kokkos::View<const bf16_bits*>& weights);
   // Compares weights with the versions before it, then remembers it.
   StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights);
-  // The same, and the changed elements as a list (compacted once on the device; per-tensor counts
-  // and the k = 1 sparsity come from it), which is all that crosses to the host.
-  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, ChangedList& changes, TransferCounter& copies);
-  // The same from a list made elsewhere (AdamW's own, kernels/adamw.hpp): changes must be what
+  // The same, and the changed elements as a change set (compacted once on the device; per-tensor
+  // counts and the k = 1 sparsity come from it), which is all that crosses to the host.
+  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes, TransferCounter& copies);
+  // The same from a set made elsewhere (AdamW's own, kernels/adamw.hpp): changes must be what
   // changed between the last version remembered and weights.
-  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, const ChangedList& changes);
+  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, const sync::ChangeSet& changes);
 
   // The ring for a checkpoint, oldest first, and its restoration.
   std::vector<std::vector<bf16_bits>> snapshots() const;

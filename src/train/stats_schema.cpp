@@ -29,8 +29,8 @@ std::vector<StatsColumn> make_schema() {
       {"/steps/clip_fraction", f64, step, one, "1", "fraction of completion tokens whose ratio was clipped"},
       {"/steps/mean_ratio", f64, step, one, "1", "mean importance ratio pi/pi_old over completion tokens"},
       {"/steps/encode_s", f64, step, one, "s", "patch encode time on trainer 0"},
-      {"/steps/apply_s", f64, step, one, "s", "patch apply time, slowest inference rank"},
-      {"/steps/verify_s", f64, step, one, "s", "digest verification time, slowest inference rank"},
+      {"/steps/apply_s", f64, step, one, "s",
+       "patch apply time with the check of the target digest, slowest inference rank"},
       {"/steps/step_s", f64, step, one, "s", "wall time of the step"},
       {"/steps/measure_s", f64, step, one, "s", "sparsity, gradient and Adam statistics time on trainer 0"},
       {"/steps/sync_s", f64, step, one, "s", "PULSESync time on trainer 0 (encode + send)"},
@@ -48,7 +48,6 @@ std::vector<StatsColumn> make_schema() {
       {"/steps/patch_bytes", i64, step, one, "bytes", "coded PULSESync patch sent to the inference ranks"},
       {"/steps/patch_raw_bytes", i64, step, one, "bytes", "the patch's index and value streams before compression"},
       {"/steps/dense_bytes", i64, step, one, "bytes", "the BF16 weights sent densely"},
-      {"/steps/verify_ok", i64, step, one, "1", "1 when every inference rank's digest equals the patch's target digest"},
       {"/steps/policy_version", i64, step, one, "1", "weights version after the step"},
       {"/steps/rollout_version", i64, step, one, "1", "weights version that generated the rollouts of the step"},
       {"/steps/outer_step", i64, step, one, "1",
@@ -82,7 +81,8 @@ std::vector<StatsColumn> make_schema() {
       {"/ranks/wait_cpu_s", f64, rank, one, "s",
        "CPU seconds the rank spent in those calls: near wait_s when MPI spins, near 0 when the wait sleeps"},
       {"/ranks/weights_digest", i64, rank, one, "1",
-       "first 8 bytes of the xxh3-128 state digest of the BF16 weights the rank holds after the step"},
+       "first 8 bytes of the xxh3-128 state digest of the BF16 weights the rank holds after the step "
+       "(trainer 0 and inference ranks; 0 on the other trainers, which hash nothing)"},
       {"/ranks/version", i64, rank, one, "1", "weights version the rank holds after the step"},
       // arrays of an absorption step
       {"/absorption/step_NNNNNN/ratio_counts", i64, array, StatsColumns::log2_bins, "elements",

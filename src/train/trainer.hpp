@@ -51,6 +51,7 @@ class Trainer {
   TrainStepResult step(std::int64_t t, bool keep_master_before, TransferCounter& copies);
 
   const ParameterStore& params() const { return *params_; }
+  ParameterStore& params() { return *params_; }
   Kokkos::View<const bf16_bits*> weights() const { return params_->weights(); }
 
   // Adds every checkpointed buffer (the store's, the outer loop's, the batch) to state.

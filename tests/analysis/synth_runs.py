@@ -122,7 +122,6 @@ def write(path, seed=1, lr=3e-6, mu=1, lag=0, model="tiny", steps=40, absorption
         s["sync_s"] = np.full(steps, 0.01)
         s["encode_s"] = np.full(steps, 0.002)
         s["apply_s"] = np.full(steps, 0.001)
-        s["verify_ok"] = np.ones(steps, np.int64)
         s["outer_step"] = np.ones(steps, np.int64)
         s["gate_density"] = np.full(steps, np.nan)
         f["kstep/sparsity"] = kstep

@@ -160,7 +160,6 @@ def expected_summary(path):
             "mean_dense_bytes": s["dense_bytes"].sum() / len(s["step"]),
             "compression_vs_dense": s["dense_bytes"].sum() / s["patch_bytes"].sum(),
             "bits_per_changed": 8 * s["patch_bytes"].sum() / s["changed"].sum(),
-            "verified_fraction": s["verify_ok"].sum() / len(s["step"]),
             "mean_trainer_bytes_sent": sent.sum() / len(sent), "outer_steps": int(s["outer_step"].sum()),
             "mean_gate_density": gate.sum() / len(gate) if len(gate) else math.nan,
             "final_reward": s["reward"][-1], "mean_reward": s["reward"].sum() / len(s["step"]),
