@@ -74,7 +74,7 @@ def apply(state, patch, *, public_key=None, threads=0):
     tensors are unchanged. Tensors the patch adds or removes are added to or removed from the dict.
     Returns the patch's target version. threads: the parts decoded at once (0: every core)."""
     receiver = Receiver(state, threads=threads)
-    receiver.apply(patch, public_key=public_key)
+    receiver._apply(patch, _key(public_key, 32, "public_key"), rehash=False)  # hashed just now, by Receiver()
     return receiver.version
 
 
@@ -619,8 +619,11 @@ class Receiver:
 
     def apply(self, patch, *, public_key=None):
         key = _key(public_key, 32, "public_key") if public_key is not None else self._key
+        return self._apply(patch, key, rehash=True)
+
+    def _apply(self, patch, key, rehash):
         flat = _same_ties(self.state, self.aliases, "Receiver", writable=True)
-        change = self._receiver.apply(flat, patch, key)
+        change = self._receiver.apply(flat, patch, key, rehash)
         if change["removed"] or change["added"]:
             _mirror_layout(self.state, change, framework_of(self.state), self.aliases)
         return change["written"]

@@ -31,10 +31,12 @@ CompressedCopy::Chunk CompressedCopy::encode_chunk(const std::byte* data, std::s
   c.compressed = coded.size() < n;
   const std::vector<std::uint8_t>& kept = c.compressed ? coded : top;
   c.top = kept.size();
-  c.bytes.reserve(c.top + (width - 1) * n);  // exactly: the chunks are the copy
-  c.bytes.assign(kept.begin(), kept.end());
-  for (unsigned p = 0; p + 1 < width; ++p)
-    for (std::size_t i = 0; i < n; ++i) c.bytes.push_back(in[i * width + p]);
+  c.bytes.resize(c.top + (width - 1) * n);  // exactly: the chunks are the copy
+  std::memcpy(c.bytes.data(), kept.data(), c.top);
+  for (unsigned p = 0; p + 1 < width; ++p) {
+    std::uint8_t* plane = c.bytes.data() + c.top + p * n;
+    for (std::size_t i = 0; i < n; ++i) plane[i] = in[i * width + p];
+  }
   return c;
 }
 
@@ -55,18 +57,19 @@ void CompressedCopy::decode_chunk(const Chunk& c, std::size_t bytes, unsigned wi
 }
 
 void CompressedCopy::assign(const std::vector<sync::TensorRef>& state, unsigned threads) {
-  std::vector<Tensor> next(state.size());
+  // Each old chunk is dropped as the new one in its place is made: the copy grows by a chunk per
+  // thread at most, never by a tensor.
+  tensors_.resize(state.size());
   for (std::size_t t = 0; t < state.size(); ++t) {
     const sync::TensorRef& ref = state[t];
-    next[t].width = plane_count(ref.dtype);
-    next[t].chunks.resize((ref.bytes + kChunkBytes - 1) / kChunkBytes);
-    sync::parallel_for(threads, next[t].chunks.size(), [&](std::size_t c) {
+    Tensor& kept = tensors_[t];
+    kept.width = plane_count(ref.dtype);
+    kept.chunks.resize((ref.bytes + kChunkBytes - 1) / kChunkBytes);
+    sync::parallel_for(threads, kept.chunks.size(), [&](std::size_t c) {
       const std::size_t at = c * kChunkBytes;
-      next[t].chunks[c] = encode_chunk(ref.data + at, std::min(kChunkBytes, ref.bytes - at), next[t].width);
+      kept.chunks[c] = encode_chunk(ref.data + at, std::min(kChunkBytes, ref.bytes - at), kept.width);
     });
-    if (t < tensors_.size()) std::vector<Chunk>().swap(tensors_[t].chunks);
   }
-  tensors_ = std::move(next);
   layout_ = state;
   for (auto& ref : layout_) ref.data = nullptr;
 }

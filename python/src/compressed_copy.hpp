@@ -19,7 +19,7 @@ class CompressedCopy {
   static constexpr std::size_t kChunkBytes = std::size_t(1) << 20;  // divides encode's pieces and segments
 
   // Replaces the copy with these tensors' bytes (chunks compressed on `threads` threads, 0: the
-  // cores), tensor by tensor: the old copy of a tensor is dropped as the new one is made.
+  // cores), chunk by chunk. The copy is not usable if this throws.
   void assign(const std::vector<sync::TensorRef>& state, unsigned threads);
   // The copy's tensors, not in memory (data null): encode_patch reads them with loader().
   const std::vector<sync::TensorRef>& layout() const { return layout_; }

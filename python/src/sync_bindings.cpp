@@ -102,7 +102,10 @@ class Receiver {
     digests_ = digests_on(s.refs, threads_);
   }
 
-  py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key) {
+  // rehash false: the state is known to hold what this receiver hashed last (it was built over
+  // it just now), so it is not hashed again.
+  py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key,
+                 bool rehash) {
     const std::optional<PublicKey> key = public_key_from(public_key);
     const StateBuffers s = state_buffers(state, true);
     const PatchBytes patch(patch_buffer);
@@ -110,8 +113,8 @@ class Receiver {
     StateChange change;
     try {
       py::gil_scoped_release release;
-      const StateDigests now = digests_on(s.refs, threads_);
-      check_unchanged(now);
+      const StateDigests now = rehash ? digests_on(s.refs, threads_) : digests_;
+      if (rehash) check_unchanged(now);
       PatchLimits limits;
       limits.max_patch_bytes = patch_bytes_limit(s.refs);
       const ParsedPatch p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
@@ -165,6 +168,8 @@ class Sender {
     std::optional<SecretKey> key;
     if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
     PULSE_CHECK(kept_ != Kept::reference || previous, "Sender: the version sent is needed");
+    PULSE_CHECK(!lost_, "Sender: keeping version " + std::to_string(version_ + 1) +
+                            " failed (out of memory?), so it is not held; build a new Sender");
     const StateBuffers t = state_buffers(state, false);
     std::optional<StateBuffers> held;
     if (kept_ == Kept::reference) held = state_buffers(*previous, false);
@@ -185,7 +190,12 @@ class Sender {
       const TensorLoader base_loader = kept_ == Kept::compressed ? compressed_.loader() : TensorLoader{};
       patch = encode_patch(base, t.refs, coding.options(version_, version_ + 1, key ? &*key : nullptr), &digests_,
                            &after, {}, {}, base_loader);
-      remember(t.refs, coding.threads);
+      try {
+        remember(t.refs, coding.threads);
+      } catch (...) {
+        lost_ = true;  // the copy is part old, part new
+        throw;
+      }
       digests_ = std::move(after);
     }
     ++version_;
@@ -229,6 +239,7 @@ class Sender {
   CompressedCopy compressed_;                // Kept::compressed
   StateDigests digests_;
   std::uint64_t version_;
+  bool lost_ = false;
 };
 
 py::list checkpoint_entries(Checkpoint&& c) {
@@ -404,7 +415,7 @@ void bind_sync(py::module_& m) {
   py::class_<Receiver>(m, "Receiver")
       .def(py::init<const py::list&, std::uint64_t, unsigned>(), py::arg("state"), py::arg("version"),
            py::arg("threads") = 0)
-      .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"))
+      .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"), py::arg("rehash") = true)
       .def_property_readonly("version", &Receiver::version);
   py::class_<Sender>(m, "Sender")
       .def(py::init<const py::list&, std::uint64_t, const std::string&, unsigned>(), py::arg("state"),
