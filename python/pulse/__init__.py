@@ -603,7 +603,8 @@ class Receiver:
     """The inference side: applies each patch to its state in place (transactionally, see apply).
     Before each patch it checks that the state is still the version it last wrote (every tensor
     hashed, on every core), so a dict that another writer changed is refused in one line instead
-    of diverging silently from the sender. Tensors that share memory (tied weights) are received
+    of diverging silently from the sender (every byte: torch's version counters miss writes
+    through .data or numpy views). Tensors that share memory (tied weights) are received
     once, under the first name in the dict, and written through their shared memory; `aliases`
     names the others ({alias: name received})."""
 
