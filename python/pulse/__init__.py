@@ -74,7 +74,7 @@ def apply(state, patch, *, public_key=None, threads=0):
     tensors are unchanged. Tensors the patch adds or removes are added to or removed from the dict.
     Returns the patch's target version. threads: the parts decoded at once (0: every core)."""
     receiver = Receiver(state, threads=threads)
-    receiver.apply(patch, public_key=public_key)
+    receiver._apply(patch, _key(public_key, 32, "public_key"), rehash=False)  # hashed just now, by Receiver()
     return receiver.version
 
 
@@ -553,21 +553,35 @@ class Sender:
     optimizer step returns the patch from that version to the state now.
 
     copy=True (the default): the Sender keeps a copy of the version sent, so the trainer writes
-    the next version into the same tensors (state and copy: 2x the model). copy=False: it keeps
+    the next version into the same tensors (state and copy: 2x the model). copy="compressed": the
+    same, the copy kept compressed (each tensor's sign-and-exponent bytes zstd-compressed, the
+    mantissa bytes as they are: about 0.7x of LLM-like BF16 weights, so state and copy take about
+    1.7x), for CPU time at each patch (the copy is read back and the new version compressed;
+    `threads` of them at once); the patches are the same bytes. copy=False: it keeps
     the tensors of the version sent themselves, for a trainer that makes each version as new
     tensors (`patch(new_state)`, e.g. a checkpoint it loads or casts): the two versions, 2x, and no
     copy. Writing a sent version in place is then refused at the next patch (it is hashed again).
+    `kept_bytes`: the bytes the Sender holds of the version sent.
     Tensors that share memory (tied weights: both names in state_dict(), one storage) are synced
     once, under the first name in the dict; `aliases` names the others ({alias: name synced})."""
 
+    _KEPT = {True: "copy", "compressed": "compressed", False: "reference"}
+
     def __init__(self, state, *, version=0, values="keydiff", indices=None, compressor="zstd", level=3,
                  signing_key=None, copy=True, threads=0):
+        if not any(copy is k or (isinstance(copy, str) and copy == k) for k in self._KEPT):
+            raise Error(f"Sender: copy must be True, False or \"compressed\", not {copy!r}")
+        kept = self._KEPT[copy]
         self.state = state
         self._coding = _coding(values, indices, compressor, level, threads)
         self._key = _key(signing_key, 64, "signing_key")
         flat, self.aliases = synced_entries(state)
-        self._sender = _pulse.Sender(flat, version, bool(copy))
-        self._sent = None if copy else flat  # copy=False: the version sent, held by reference
+        self._sender = _pulse.Sender(flat, version, kept, _threads(threads))
+        self._sent = flat if kept == "reference" else None  # the version sent, held by reference
+
+    @property
+    def kept_bytes(self):
+        return self._sender.kept_bytes
 
     @property
     def version(self):
@@ -589,7 +603,8 @@ class Receiver:
     """The inference side: applies each patch to its state in place (transactionally, see apply).
     Before each patch it checks that the state is still the version it last wrote (every tensor
     hashed, on every core), so a dict that another writer changed is refused in one line instead
-    of diverging silently from the sender. Tensors that share memory (tied weights) are received
+    of diverging silently from the sender (every byte: torch's version counters miss writes
+    through .data or numpy views). Tensors that share memory (tied weights) are received
     once, under the first name in the dict, and written through their shared memory; `aliases`
     names the others ({alias: name received})."""
 
@@ -605,8 +620,11 @@ class Receiver:
 
     def apply(self, patch, *, public_key=None):
         key = _key(public_key, 32, "public_key") if public_key is not None else self._key
+        return self._apply(patch, key, rehash=True)
+
+    def _apply(self, patch, key, rehash):
         flat = _same_ties(self.state, self.aliases, "Receiver", writable=True)
-        change = self._receiver.apply(flat, patch, key)
+        change = self._receiver.apply(flat, patch, key, rehash)
         if change["removed"] or change["added"]:
             _mirror_layout(self.state, change, framework_of(self.state), self.aliases)
         return change["written"]

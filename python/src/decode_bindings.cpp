@@ -40,15 +40,9 @@ struct Decoded {
 
 py::dict decode(const py::list& base, const std::map<std::string, std::string>& metadata,
                 const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key, unsigned threads) {
-  std::optional<PublicKey> key;
-  if (public_key) {
-    const std::string s = *public_key;
-    PULSE_CHECK(s.size() == PublicKey{}.size(), "public_key must be 32 bytes, got " + std::to_string(s.size()));
-    key.emplace();
-    std::copy(s.begin(), s.end(), reinterpret_cast<char*>(key->data()));
-  }
+  const std::optional<PublicKey> key = public_key_from(public_key);
   const StateBuffers s = state_buffers(base, false);
-  const py::buffer_info patch_info = patch_buffer.request();
+  const PatchBytes patch(patch_buffer);
   std::vector<Decoded> out;
   ParsedPatch p;
   Digest target_state{};
@@ -56,8 +50,7 @@ py::dict decode(const py::list& base, const std::map<std::string, std::string>& 
     py::gil_scoped_release release;
     PatchLimits limits;
     limits.max_patch_bytes = patch_bytes_limit(s.refs);
-    p = parse_patch(static_cast<const std::uint8_t*>(patch_info.ptr), std::size_t(patch_info.size * patch_info.itemsize),
-                    limits, key ? &*key : nullptr);
+    p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
     PatchDecoder decoder(p, s.refs, /*hash_targets=*/true, nullptr, threads);
     const StateDigests before = compute_digests(s.refs, metadata, threads);
     decoder.check_base(before.state);

@@ -26,13 +26,7 @@ class PySlicedApply {
                 const Metadata& metadata, const std::optional<py::bytes>& public_key, unsigned threads)
       : tensors_(layout.size()) {
     try {
-      std::optional<PublicKey> key;
-      if (public_key) {
-        const std::string s = *public_key;
-        PULSE_CHECK(s.size() == PublicKey{}.size(), "public_key must be 32 bytes, got " + std::to_string(s.size()));
-        key.emplace();
-        std::copy(s.begin(), s.end(), reinterpret_cast<char*>(key->data()));
-      }
+      const std::optional<PublicKey> key = public_key_from(public_key);
       std::vector<TensorLayout> tensors;
       std::vector<TensorRef> refs;
       for (const py::handle item : layout) {
@@ -74,12 +68,11 @@ class PySlicedApply {
         pieces.push_back(r);
         buffers_.push_back(std::move(info));
       }
-      const py::buffer_info patch_info = patch_buffer.request();
+      const PatchBytes patch(patch_buffer);
       py::gil_scoped_release release;
       PatchLimits limits;
       limits.max_patch_bytes = patch_bytes_limit(refs);
-      const ParsedPatch p = parse_patch(static_cast<const std::uint8_t*>(patch_info.ptr),
-                                        std::size_t(patch_info.size * patch_info.itemsize), limits, key ? &*key : nullptr);
+      const ParsedPatch p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
       apply_.emplace(p, tensors, pieces, metadata, threads);
     } catch (const Error& e) {
       error_ = e.what();

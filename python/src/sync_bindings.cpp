@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "bindings.hpp"
+#include "compressed_copy.hpp"
 #include "core/error.hpp"
 #include "io/safetensors.hpp"
 #include "state.hpp"
@@ -25,16 +26,6 @@ using namespace pulse::sync;
 
 namespace pulse::python {
 namespace {
-
-template <class Key>
-Key key_from_bytes(const py::bytes& b, const char* what) {
-  const std::string s = b;
-  Key k;
-  PULSE_CHECK(s.size() == k.size(), std::string(what) + " must be " + std::to_string(k.size()) + " bytes, got " +
-                                        std::to_string(s.size()));
-  std::memcpy(k.data(), s.data(), k.size());
-  return k;
-}
 
 struct Coding {
   std::string values, indices, compressor;
@@ -57,14 +48,6 @@ struct Coding {
 py::bytes to_bytes(const std::vector<std::uint8_t>& v) {
   return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
 }
-
-// The patch's bytes, pinned while parse and apply read them without the GIL.
-struct PatchBytes {
-  py::buffer_info info;
-  explicit PatchBytes(const py::buffer& b) : info(b.request()) {}
-  const std::uint8_t* data() const { return static_cast<const std::uint8_t*>(info.ptr); }
-  std::size_t size() const { return std::size_t(info.size * info.itemsize); }
-};
 
 py::bytes encode(const py::list& base, const py::list& target, std::uint64_t base_version, std::uint64_t target_version,
                  const Coding& coding, const std::optional<py::bytes>& signing_key) {
@@ -119,17 +102,19 @@ class Receiver {
     digests_ = digests_on(s.refs, threads_);
   }
 
-  py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key) {
-    std::optional<PublicKey> key;
-    if (public_key) key = key_from_bytes<PublicKey>(*public_key, "public_key");
+  // rehash false: the state is known to hold what this receiver hashed last (it was built over
+  // it just now), so it is not hashed again.
+  py::dict apply(const py::list& state, const py::buffer& patch_buffer, const std::optional<py::bytes>& public_key,
+                 bool rehash) {
+    const std::optional<PublicKey> key = public_key_from(public_key);
     const StateBuffers s = state_buffers(state, true);
     const PatchBytes patch(patch_buffer);
     std::uint64_t written = 0;
     StateChange change;
     try {
       py::gil_scoped_release release;
-      const StateDigests now = digests_on(s.refs, threads_);
-      check_unchanged(now);
+      const StateDigests now = rehash ? digests_on(s.refs, threads_) : digests_;
+      if (rehash) check_unchanged(now);
       PatchLimits limits;
       limits.max_patch_bytes = patch_bytes_limit(s.refs);
       const ParsedPatch p = parse_patch(patch.data(), patch.size(), limits, key ? &*key : nullptr);
@@ -163,30 +148,38 @@ class Receiver {
 };
 
 // Keeps the previous version's digests, and its bytes: a copy (the caller then writes the next
-// version into the same tensors), or the caller's own tensors, which it hands back with the next
+// version into the same tensors), a compressed copy (the same, in about 0.7 of the bytes for
+// BF16 weights, for CPU time), or the caller's own tensors, which it hands back with the next
 // state and must not have written in between (checked: they are hashed again first).
 class Sender {
  public:
-  Sender(const py::list& state, std::uint64_t version, bool keep_copy) : keep_copy_(keep_copy), version_(version) {
+  enum class Kept { copy, compressed, reference };
+
+  Sender(const py::list& state, std::uint64_t version, const std::string& kept, unsigned threads)
+      : kept_(parse_kept(kept)), version_(version) {
     const StateBuffers s = state_buffers(state, false);
     py::gil_scoped_release release;
-    if (keep_copy_) remember(s.refs);
-    digests_ = digests_on(s.refs, 0);
+    remember(s.refs, threads);
+    digests_ = digests_on(s.refs, threads);
   }
 
   py::bytes patch(const py::list& state, const std::optional<py::list>& previous, const Coding& coding,
                   const std::optional<py::bytes>& signing_key) {
     std::optional<SecretKey> key;
     if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
-    PULSE_CHECK(keep_copy_ || previous, "Sender: the version sent is needed");
+    PULSE_CHECK(kept_ != Kept::reference || previous, "Sender: the version sent is needed");
+    PULSE_CHECK(!lost_, "Sender: keeping version " + std::to_string(version_ + 1) +
+                            " failed (out of memory?), so it is not held; build a new Sender");
     const StateBuffers t = state_buffers(state, false);
     std::optional<StateBuffers> held;
-    if (!keep_copy_) held = state_buffers(*previous, false);
+    if (kept_ == Kept::reference) held = state_buffers(*previous, false);
     std::vector<std::uint8_t> patch;
     {
       py::gil_scoped_release release;
-      const std::vector<TensorRef> base = keep_copy_ ? previous_refs() : held->refs;
-      if (!keep_copy_) {
+      const std::vector<TensorRef> base = kept_ == Kept::reference ? held->refs
+                                          : kept_ == Kept::copy    ? previous_refs()
+                                                                   : compressed_.layout();
+      if (kept_ == Kept::reference) {
         const auto changed = changed_tensors(digests_, digests_on(base, coding.threads));
         PULSE_CHECK(changed.empty(), "Sender(copy=False): tensor '" + (changed.empty() ? "" : changed.front()) +
                                          "' of version " + std::to_string(version_) +
@@ -194,9 +187,15 @@ class Sender {
                                          "use copy=True to write the next version into the same ones");
       }
       StateDigests after;
+      const TensorLoader base_loader = kept_ == Kept::compressed ? compressed_.loader() : TensorLoader{};
       patch = encode_patch(base, t.refs, coding.options(version_, version_ + 1, key ? &*key : nullptr), &digests_,
-                           &after);
-      if (keep_copy_) remember(t.refs);
+                           &after, {}, {}, base_loader);
+      try {
+        remember(t.refs, coding.threads);
+      } catch (...) {
+        lost_ = true;  // the copy is part old, part new
+        throw;
+      }
       digests_ = std::move(after);
     }
     ++version_;
@@ -204,14 +203,28 @@ class Sender {
   }
 
   std::uint64_t version() const { return version_; }
+  // The bytes this Sender holds of the version sent (none when it holds the caller's tensors).
+  std::size_t kept_bytes() const {
+    std::size_t total = 0;
+    for (const auto& b : bytes_) total += b.size();
+    return kept_ == Kept::compressed ? compressed_.stored_bytes() : total;
+  }
 
  private:
+  static Kept parse_kept(const std::string& kept) {
+    if (kept == "copy") return Kept::copy;
+    if (kept == "compressed") return Kept::compressed;
+    PULSE_CHECK(kept == "reference", "Sender: keep the version sent as copy, compressed or reference, not " + kept);
+    return Kept::reference;
+  }
   std::vector<TensorRef> previous_refs() const {
     std::vector<TensorRef> refs = layout_;
     for (std::size_t i = 0; i < refs.size(); ++i) refs[i].data = bytes_[i].data(), refs[i].bytes = bytes_[i].size();
     return refs;
   }
-  void remember(const std::vector<TensorRef>& refs) {
+  void remember(const std::vector<TensorRef>& refs, unsigned threads) {
+    if (kept_ == Kept::compressed) compressed_.assign(refs, threads);
+    if (kept_ != Kept::copy) return;
     layout_ = refs;
     bytes_.resize(refs.size());
     for (std::size_t i = 0; i < refs.size(); ++i) {
@@ -220,11 +233,13 @@ class Sender {
       layout_[i].data = nullptr;
     }
   }
-  bool keep_copy_;
-  std::vector<TensorRef> layout_;
+  Kept kept_;
+  std::vector<TensorRef> layout_;            // Kept::copy: the version sent in bytes_
   std::vector<std::vector<std::byte>> bytes_;
+  CompressedCopy compressed_;                // Kept::compressed
   StateDigests digests_;
   std::uint64_t version_;
+  bool lost_ = false;
 };
 
 py::list checkpoint_entries(Checkpoint&& c) {
@@ -400,19 +415,20 @@ void bind_sync(py::module_& m) {
   py::class_<Receiver>(m, "Receiver")
       .def(py::init<const py::list&, std::uint64_t, unsigned>(), py::arg("state"), py::arg("version"),
            py::arg("threads") = 0)
-      .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"))
+      .def("apply", &Receiver::apply, py::arg("state"), py::arg("patch"), py::arg("public_key"), py::arg("rehash") = true)
       .def_property_readonly("version", &Receiver::version);
   py::class_<Sender>(m, "Sender")
-      .def(py::init<const py::list&, std::uint64_t, bool>())
+      .def(py::init<const py::list&, std::uint64_t, const std::string&, unsigned>(), py::arg("state"),
+           py::arg("version"), py::arg("kept"), py::arg("threads") = 0)
       .def("patch", &Sender::patch, py::arg("state"), py::arg("previous"), py::arg("coding"), py::arg("signing_key"))
-      .def_property_readonly("version", &Sender::version);
+      .def_property_readonly("version", &Sender::version)
+      .def_property_readonly("kept_bytes", &Sender::kept_bytes);
 
   py::class_<Relay>(m, "Relay")
       .def(py::init<std::string>())
       .def("head",
            [](const Relay& r, const std::optional<py::bytes>& public_key) -> py::object {
-             std::optional<PublicKey> key;
-             if (public_key) key = key_from_bytes<PublicKey>(*public_key, "public_key");
+             const std::optional<PublicKey> key = public_key_from(public_key);
              const auto h = r.head(key ? &*key : nullptr);
              if (!h) return py::none();
              return py::dict(py::arg("version") = h->version, py::arg("state") = to_hex(h->state),
@@ -437,8 +453,7 @@ void bind_sync(py::module_& m) {
            })
       .def("pull", [](const Relay& r, const std::optional<py::list>& have, std::uint64_t have_version,
                       const std::optional<py::bytes>& public_key, std::uint64_t min_version) {
-        std::optional<PublicKey> key;
-        if (public_key) key = key_from_bytes<PublicKey>(*public_key, "public_key");
+        const std::optional<PublicKey> key = public_key_from(public_key);
         std::optional<Checkpoint> held;
         if (have) held = checkpoint_copy(state_buffers(*have, false));
         PullResult result;

@@ -5,6 +5,8 @@ Each role runs in its own fresh process (tests/apps/peak_rss.py), as a trainer o
 server would:
   sender:   state = pulse.load(base) (torch); Sender(state); the target's values read into
             the state tensor by tensor (the optimizer step, in place); patch()
+  sender_compressed: the same with Sender(state, copy="compressed") (the version sent kept
+            compressed)
   sender_loads[_reference]: Sender(pulse.load(base)[, copy=False]); patch(pulse.load(target)):
             each version made as new tensors (copy=False: the Sender holds the version sent
             by reference instead of copying it)
@@ -44,12 +46,12 @@ def folder_tensors(folder):
     return out
 
 
-def role_sender(base, target, patch_path, values):
+def role_sender(base, target, patch_path, values, copy=True):
     import numpy as np
     import torch
     import pulse
     state = pulse.load(base, framework="torch")
-    sender = pulse.Sender(state, values=values)
+    sender = pulse.Sender(state, values=values, copy=copy)
     for name, (path, offset, dtype, shape) in folder_tensors(target).items():  # read into the tensor: no copy
         assert dtype == "BF16"
         with open(path, "rb") as f:
@@ -90,7 +92,8 @@ def role_decode(base, patch_path, values):
     assert sum(len(c.indices) for c in decoded.changes.values()) == pulse.inspect(patch)["changed"]
 
 
-ROLES = {"sender": role_sender, "receiver": role_receiver, "decode": role_decode,
+ROLES = {"sender": role_sender, "sender_compressed": lambda *a: role_sender(*a, copy="compressed"),
+         "receiver": role_receiver, "decode": role_decode,
          "sender_loads": lambda *a: role_sender_loads(*a, "copy"),
          "sender_loads_reference": lambda *a: role_sender_loads(*a, "reference")}
 
@@ -100,7 +103,7 @@ def main():
     ap.add_argument("--layout", default="qwen2-1.5b", choices=sorted(llama_folder.LAYOUTS))
     ap.add_argument("--dir", help="where the temporary folder pair goes (default: the system's temp folder)")
     ap.add_argument("--values", default="keydiff")
-    ap.add_argument("--roles", default="sender,sender_loads,sender_loads_reference,receiver,decode")
+    ap.add_argument("--roles", default="sender,sender_compressed,sender_loads,sender_loads_reference,receiver,decode")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
