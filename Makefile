@@ -36,12 +36,16 @@ run: build-run
 	$(MPIRUN) -n 2 $(BUILD)/apps/pulse-train --config jobs/configs/default.toml --precision bf16 --out runs/default-bf16.h5 --overwrite
 	cd analysis && $(PYTHON) -m pulse_analysis report ../runs/default.h5 ../runs/default-bf16.h5 -o ../runs/default
 
+# Every test once: the fast lane's tiers (unit, mpi) first, so a broken build or kernel fails in
+# minutes, then the other tiers (oracle, e2e, fuzz, slow; cmake/PulseTestHarness.cmake).
+FAST_TIERS = '^(unit|mpi)$$'
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L $(FAST_TIERS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -LE $(FAST_TIERS)
 
-# The unit and MPI tests without the slow app runs: a first answer in about a minute after the build.
+# The fast lane alone: the unit and MPI tiers.
 test-fast: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L '^(unit|mpi)$$' -LE '^slow$$'
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L $(FAST_TIERS)
 
 # The determinism tests again under every OpenBLAS kernel set the CPU runs (AVX2, and AVX-512
 # where present) at 1 and 2 BLAS threads (cmake/determinism-check.sh).

@@ -1,13 +1,26 @@
 # One helper registers every test (Cabana's test_harness idea):
-#   pulse_add_test(NAME n SOURCES a.cpp... [MPI] [NPROCS np...] [LABELS l...] [ARGS a...] [TIMEOUT s])
+#   pulse_add_test(NAME n SOURCES a.cpp... [MPI] [NPROCS np...] [TIER t] [LABELS l...] [ARGS a...] [TIMEOUT s])
 # builds one GoogleTest executable; an MPI test runs at np 1, 2 and 4 (or NPROCS) through
 # MPIEXEC_EXECUTABLE.
-#   pulse_add_python_test(NAME n SCRIPT file.py [ARGS a...] [LABELS l...] [TIMEOUT s] [NEEDS module...]
+#   pulse_add_python_test(NAME n TIER t SCRIPT file.py [ARGS a...] [LABELS l...] [TIMEOUT s] [NEEDS module...]
 #                         [PULSE_MODULE])
 # runs a script with Debian's python (PULSE_PYTHON), e.g. the PyTorch oracles. Each module in NEEDS
 # (torch, h5py, ...) must import: a missing one skips the test (exit 77), and fails it when the
 # environment variable CI is set, so CI never passes without the listed dependencies.
 # PULSE_MODULE puts the build tree's `pulse` package (build/python) and pulse_analysis on PYTHONPATH.
+#
+# Every test carries exactly one tier label (docs/testing.md): unit (one process, seconds), mpi
+# (under mpirun), oracle (against an independent implementation: PyTorch, h5py, the reference
+# decoder), e2e (built apps, scripts, installs, run whole), fuzz, slow (e2e runs of tens of
+# seconds and more). A C++ test's tier is unit, or mpi with MPI, unless TIER says otherwise.
+# `make test-fast` runs unit and mpi; `make test` runs them first, then every other tier. LABELS
+# adds selections that are not tiers: determinism (make test-determinism), gpu (tests/gpu/check.sh).
+set(PULSE_TEST_TIERS unit mpi oracle e2e fuzz slow)
+function(pulse_check_tier name tier)
+  if(NOT tier IN_LIST PULSE_TEST_TIERS)
+    message(FATAL_ERROR "test ${name}: tier '${tier}' is not one of ${PULSE_TEST_TIERS}")
+  endif()
+endfunction()
 
 set(PULSE_TEST_NPROCS 1 2 4 CACHE STRING "Rank counts at which MPI tests run")
 
@@ -28,7 +41,15 @@ add_library(pulse_test_main_mpi STATIC ${CMAKE_CURRENT_LIST_DIR}/../tests/suppor
 target_link_libraries(pulse_test_main_mpi PUBLIC pulse GTest::gtest)
 
 function(pulse_add_test)
-  cmake_parse_arguments(T "MPI" "NAME;TIMEOUT" "SOURCES;LABELS;ARGS;NPROCS" ${ARGN})
+  cmake_parse_arguments(T "MPI" "NAME;TIMEOUT;TIER" "SOURCES;LABELS;ARGS;NPROCS" ${ARGN})
+  if(NOT T_TIER)
+    if(T_MPI)
+      set(T_TIER mpi)
+    else()
+      set(T_TIER unit)
+    endif()
+  endif()
+  pulse_check_tier(${T_NAME} ${T_TIER})
   add_executable(${T_NAME} ${T_SOURCES})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
@@ -43,17 +64,18 @@ function(pulse_add_test)
         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${PULSE_MPIEXEC_EXTRA_FLAGS}
                 ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_NAME}> ${MPIEXEC_POSTFLAGS} ${T_ARGS})
       set_tests_properties(${T_NAME}_np${np} PROPERTIES
-        PROCESSORS ${np} TIMEOUT ${T_TIMEOUT} LABELS "mpi;${T_LABELS}")
+        PROCESSORS ${np} TIMEOUT ${T_TIMEOUT} LABELS "${T_TIER};${T_LABELS}")
     endforeach()
   else()
     target_link_libraries(${T_NAME} PRIVATE pulse_test_main)
     add_test(NAME ${T_NAME} COMMAND ${T_NAME} ${T_ARGS})
-    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "unit;${T_LABELS}")
+    set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_TIER};${T_LABELS}")
   endif()
 endfunction()
 
 function(pulse_add_python_test)
-  cmake_parse_arguments(T "PULSE_MODULE" "NAME;SCRIPT;TIMEOUT" "ARGS;LABELS;NEEDS" ${ARGN})
+  cmake_parse_arguments(T "PULSE_MODULE" "NAME;SCRIPT;TIMEOUT;TIER" "ARGS;LABELS;NEEDS" ${ARGN})
+  pulse_check_tier(${T_NAME} "${T_TIER}")
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
@@ -62,7 +84,7 @@ function(pulse_add_python_test)
     COMMAND ${PULSE_PYTHON} ${PROJECT_SOURCE_DIR}/tests/support/run_python_test.py "--needs=${_needs}" --
             ${T_SCRIPT} ${T_ARGS})
   # exit 77: a module in NEEDS is missing outside CI (in CI, with CI set, that fails instead)
-  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "python;${T_LABELS}" SKIP_RETURN_CODE 77)
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_TIER};${T_LABELS}" SKIP_RETURN_CODE 77)
   if(T_PULSE_MODULE)
     set_tests_properties(${T_NAME} PROPERTIES
       ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python:${PROJECT_SOURCE_DIR}/analysis")

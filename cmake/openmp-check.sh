@@ -47,7 +47,8 @@ fi
 cmake -S . -B "$OMP" -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_BENCHMARKS=OFF -DPULSE_ENABLE_PYTHON=OFF \
   -DPULSE_FORCE_DEVICE_PATHS=OFF $LAUNCHER ${PULSE_PYTHON:+-DPULSE_PYTHON=$PULSE_PYTHON} >/dev/null
 cmake --build "$OMP" -j "$JOBS"
-(cd "$OMP" && ctest --output-on-failure -j "$JOBS" -L 'unit|mpi|app' -E 'fuzz|slurm|install|compile_fail|random_kill|pulse_measure')
+(cd "$OMP" && ctest --output-on-failure -j "$JOBS" -L '^(unit|mpi|e2e|slow)$' \
+  -E 'compile_fail|random_kill|pulse_measure|slurm|install|configure_python|analysis_(figures|run_rules|report)|pulse_(module|seams|sliced|recorder)')
 
 # 2. the OpenMP build that takes the device code paths
 FORCED_TARGETS="kernel_digest test_adamw test_adamw_changes test_changed_list test_sparsity test_gate test_patch test_model test_sft_trainer test_loco

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from . import paper, predict, tensor_kinds
-from .runs import FOLLOWS_FROM_MODEL
+from .runs import FOLLOWS_FROM_MODEL, exchanges, trainer_bytes
 
 PAPER = dict(color="0.45")  # style of every reference mark
 SWEEP_SCRIPTS = {"staleness": "jobs/staleness.sbatch", "lr": "jobs/lr.sbatch", "scale": "jobs/scale.sbatch",
@@ -442,15 +442,13 @@ class Figures:
         self.save(fig, "training")
 
     def comm(self, rows):
-        from . import report
-
-        runs = [r for r in self.runs if report.exchanges(r)]
+        runs = [r for r in self.runs if exchanges(r)]
         if not runs:
             self.missing["comm"] = "no run with >= 2 trainer ranks (one trainer sends to no one): jobs/loco.sbatch"
             return
         gated = [r for r in runs if "gate_density" in r.steps and np.isfinite(r.steps["gate_density"]).any()]
         fig, axes = self.plt.subplots(1, 3 if gated else 2, figsize=(16 if gated else 11, 4.5))
-        per_step = [report.trainer_bytes(r).astype(float) for r in runs]
+        per_step = [trainer_bytes(r).astype(float) for r in runs]
         for r, b in zip(runs, per_step):
             axes[0].plot(r.steps["step"], b, ".-", label=f"{r.trainer_sync}: {r.name}")
             axes[1].plot(r.steps["step"], np.cumsum(b), label=f"{r.trainer_sync}: {r.name}")

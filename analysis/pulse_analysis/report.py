@@ -29,7 +29,7 @@ import numpy as np
 
 from . import bandwidth, paper, predict
 from .figures import Figures
-from .runs import Run, group_runs
+from .runs import Run, exchanges, group_runs, trainer_bytes
 
 # column -> definition (what the tests recompute); k-step columns k<K>_mean_sparsity are added
 # per k value: mean over the rows where /kstep/sparsity is finite.
@@ -70,20 +70,6 @@ def _mean_finite(x):
     x = np.asarray(x, dtype=float)
     x = x[np.isfinite(x)]
     return float(x.mean()) if x.size else math.nan
-
-
-def exchanges(run):
-    """Whether the run's trainers exchanged anything: at least two trainer ranks and the bytes they
-    sent on record (one trainer has no one to send to)."""
-    return len(run.trainer_ranks) >= 2 and "bytes_sent" in run.ranks
-
-
-def trainer_bytes(run):
-    """Trainer-to-trainer bytes (gradients or pseudo-gradients) the trainer ranks hand to MPI in
-    each step (row), summed over trainer ranks; files without /ranks/trainer_bytes_sent (written
-    before it existed) give all bytes the trainer ranks sent."""
-    name = "trainer_bytes_sent" if "trainer_bytes_sent" in run.ranks else "bytes_sent"
-    return run.ranks[name][:, run.trainer_ranks].sum(axis=1)
 
 
 def summary_row(run, k_values):

@@ -165,3 +165,17 @@ def group_runs(runs):
         out.append((label, rs))
     labels = [label for label, _ in out]
     return [(f"{label} [{rs[0].name}]" if labels.count(label) > 1 else label, rs) for label, rs in out]
+
+
+def exchanges(run):
+    """Whether the run's trainers exchanged anything: at least two trainer ranks and the bytes they
+    sent on record (one trainer has no one to send to)."""
+    return len(run.trainer_ranks) >= 2 and "bytes_sent" in run.ranks
+
+
+def trainer_bytes(run):
+    """Trainer-to-trainer bytes (gradients or pseudo-gradients) the trainer ranks hand to MPI in
+    each step (row), summed over trainer ranks; files without /ranks/trainer_bytes_sent (written
+    before it existed) give all bytes the trainer ranks sent."""
+    name = "trainer_bytes_sent" if "trainer_bytes_sent" in run.ranks else "bytes_sent"
+    return run.ranks[name][:, run.trainer_ranks].sum(axis=1)

@@ -5,7 +5,7 @@
 // in a patch have a fixed size). It covers what a unit is: the same tensors (names, dtypes,
 // shapes) and metadata on both sides, all of sparse-coded dtypes (BF16, F16, F32), encoded with
 // the default options (gap-varint indices, keydiff values, zstd) and unsigned. The format is
-// src/sync/FORMAT.md; tests/test_patch_size.cpp holds this equal to encode_patch's size.
+// src/sync/FORMAT.md; tests/measure/test_patch_size.cpp holds this equal to encode_patch's size.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -3,7 +3,7 @@ into the output tensor by tensor and patched there, sync/file_apply.hpp): the ou
 byte-identical to the load-whole path's (--no-stream) for keydiff and expclass patches, on one
 thread or several (--threads), in place too; it keeps the base's header bytes; and a corrupt
 patch, a wrong base, a truncated base, a failing write or --threads -1 leave no output, an
-existing output untouched and no temporary file (tests/test_stream_apply.cpp: mid-stream).
+existing output untouched and no temporary file (tests/sync/test_stream_apply.cpp: mid-stream).
     test_pulse_sync_stream_apply.py --app build/apps/pulse-sync
 """
 import argparse
