@@ -102,11 +102,47 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
   const index_t capacity = static_cast<index_t>(indices_out.extent(0));
   index_t count = 0;
   if constexpr (takes_host_path<ExecSpace>) {
-    // Host: blocks of 64 elements, in two kernels. The first packs each block's keep flags into
-    // a 64-bit mask: the flags come from a loop the compiler vectorises and are packed eight at a
-    // time. The second scans the masks and writes the kept elements; at the sparsity of weight
-    // updates most masks are 0. (One scan over the elements would read them twice on a threaded
-    // backend, whose scan calls its body once to count and once to write.)
+    if (space.concurrency() == 1) {
+      // One thread: one pass in blocks of 256 elements. The keep flags come from a loop the
+      // compiler vectorises and are read eight bytes at a time: at the sparsity of weight updates
+      // most words are 0, and a set word names its kept elements by its set bits (little-endian:
+      // flag j + t is byte t), written while the block is still in cache.
+      constexpr index_t block = 256;
+      Kokkos::parallel_reduce(
+          label, FlatPolicy<ExecSpace>(space, 0, 1),
+          [=](index_t, index_t& kept) {
+            // A local copy: the byte stores to flags below could otherwise alias the functor's
+            // view pointers, and the compiler would reload them per element instead of vectorising.
+            const Keep keep_local = keep;
+            std::uint8_t flags[block];
+            for (index_t begin = 0; begin < n; begin += block) {
+              const index_t length = begin + block <= n ? block : n - begin;
+              if (length == block) {  // a fixed trip count unrolls into straight vector code
+                for (index_t j = 0; j < block; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
+              } else {
+                std::memset(flags, 0, sizeof flags);
+                for (index_t j = 0; j < length; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
+              }
+              for (index_t j = 0; j < length; j += 8) {
+                std::uint64_t word;
+                std::memcpy(&word, flags + j, sizeof word);
+                for (; word != 0; word &= word - 1, ++kept) {
+                  if (kept >= capacity) continue;
+                  const index_t i = begin + j + (__builtin_ctzll(word) >> 3);
+                  indices_out(kept) = i;
+                  values_out(kept) = value(i);
+                }
+              }
+            }
+          },
+          count);
+      return count;
+    }
+    // Threads: blocks of 64 elements, in two kernels. The first packs each block's keep flags
+    // into a 64-bit mask: the flags come from a loop the compiler vectorises and are packed eight
+    // at a time. The second scans the masks and writes the kept elements; at the sparsity of
+    // weight updates most masks are 0. (One scan over the elements would read them twice on a
+    // threaded backend, whose scan calls its body once to count and once to write.)
     constexpr int block = 64;
     const index_t num_blocks = (n + block - 1) / block;
     // Plain host memory rather than a Kokkos allocation per call: pulse-sync compacts in chunks
@@ -173,10 +209,26 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
 template <class ExecSpace, class OldView, class NewView>
 index_t count_changed(const ExecSpace& space, const OldView& old_bits, const NewView& new_bits) {
   detail::check_bf16_pair(old_bits, new_bits);
+  const index_t n = static_cast<index_t>(old_bits.extent(0));
   index_t count = 0;
-  Kokkos::parallel_reduce(
-      "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, old_bits.extent(0)),
-      KOKKOS_LAMBDA(const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+  if constexpr (takes_host_path<ExecSpace>) {
+    // Blocks of count_block_length: a block's count sums in 16-bit lanes, the compare's width
+    // (a 64-bit count per element would widen every compare result four times).
+    constexpr index_t length = detail::count_block_length;
+    Kokkos::parallel_reduce(
+        "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, (n + length - 1) / length),
+        [=](const index_t b, index_t& c) {
+          const index_t begin = b * length, end = begin + length < n ? begin + length : n;
+          detail::BlockCount changed = 0;
+          for (index_t i = begin; i < end; ++i) changed += old_bits(i) != new_bits(i);
+          c += changed;
+        },
+        count);
+  } else {
+    Kokkos::parallel_reduce(
+        "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, n),
+        KOKKOS_LAMBDA(const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+  }
   return count;
 }
 
