@@ -6,7 +6,7 @@
 // buffer), STREAM triad (12 B per element), xxh3 (the codec's hash) and a 1024^3 SGEMM.
 // With one thread (Kokkos Serial, or OMP_NUM_THREADS=1) every time is the process's CPU time, so
 // a loaded machine slows the figures less; with more threads it is wall time (context `clock`).
-//   taskset -c 1 pulse-bench-kernels --benchmark_format=json
+//   OPENBLAS_NUM_THREADS=1 taskset -c 1 pulse-bench-kernels --benchmark_format=json
 // OpenMP scaling, side by side (the JSON context records kokkos_concurrency):
 //   OMP_NUM_THREADS=1 pulse-bench-kernels --benchmark_filter='/16777216/' --benchmark_repetitions=5
 //   OMP_NUM_THREADS=2 pulse-bench-kernels --benchmark_filter='/16777216/' --benchmark_repetitions=5

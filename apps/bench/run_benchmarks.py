@@ -34,9 +34,11 @@ def main():
     pulse_json, torch_json = os.path.join(args.out, "pulse.json"), os.path.join(args.out, "torch.json")
     size_filter = "|".join(str(s) for s in sizes)
     one_core = ["taskset", "-c", "1"] if shutil.which("taskset") and os.cpu_count() > 1 else []
+    # one BLAS thread: the SGEMM limit is one core's, in CPU time
+    one_blas_thread = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     subprocess.run(one_core + [os.path.join(args.build, "apps", "bench", "pulse-bench-kernels"),
                     f"--benchmark_filter=/({size_filter})/", "--benchmark_out=" + pulse_json,
-                    "--benchmark_out_format=json"], check=True)
+                    "--benchmark_out_format=json"], check=True, env=one_blas_thread)
     subprocess.run(one_core + [sys.executable, os.path.join(os.path.dirname(__file__), "torch_peers.py"),
                     "--sizes", args.sizes, "--out", torch_json], check=True)
     sync_json, torch_sync_json = os.path.join(args.out, "pulse_sync.json"), os.path.join(args.out, "torch_sync.json")
