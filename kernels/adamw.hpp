@@ -11,6 +11,9 @@
 //          .bfloat16() model; scalar operands of mul_/div/add are first rounded to BF16, those
 //          of add_(alpha), addcmul_ and addcdiv_ stay FP32 (what PyTorch 1.13 does).
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels/bf16.hpp"
 #include "kernels/segments.hpp"
@@ -77,12 +80,17 @@ KOKKOS_INLINE_FUNCTION float adamw_mixed_element(const AdamWScalars& s, bool dec
   return w + (s.neg_step_size * m) / denom;
 }
 
-// One element of the BF16 step: every PyTorch op rounds its result to BF16.
-KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool decay, bf16_bits w_bits,
-                                                    bf16_bits g_bits, bf16_bits& m_bits, bf16_bits& v_bits) {
+// One element of the BF16 step: every PyTorch op rounds its result to BF16. Scale and Decay say
+// whether the gradient-scaling and weight-decay factors can differ from 1: a factor of 1 leaves
+// a BF16 value as it is (a NaN may keep its payload, but every result it reaches is a rounded,
+// so canonical, NaN), so those two multiply-and-rounds are skipped with the same bits out.
+template <bool Scale, bool Decay>
+KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bf16_bits w_bits, bf16_bits g_bits,
+                                                    bf16_bits& m_bits, bf16_bits& v_bits) {
   float g = bf16_to_float(g_bits);
-  g = round_to_bf16(g * s.grad_scale);
-  const float w = round_to_bf16(bf16_to_float(w_bits) * (decay ? s.decay : 1.0f));
+  if (Scale) g = round_to_bf16(g * s.grad_scale);
+  float w = bf16_to_float(w_bits);
+  if (Decay) w = round_to_bf16(w * s.decay);
   float m = round_to_bf16(bf16_to_float(m_bits) * s.beta1);
   m = round_to_bf16(fmaf(g, s.one_minus_beta1, m));
   float v = round_to_bf16(bf16_to_float(v_bits) * s.beta2);
@@ -90,9 +98,31 @@ KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool 
   float denom = round_to_bf16(sqrtf(v));
   denom = round_to_bf16(denom / s.bias_correction2_sqrt);
   denom = round_to_bf16(denom + s.eps);
-  m_bits = float_to_bf16(m);
-  v_bits = float_to_bf16(v);
+  m_bits = bf16_of_rounded(m);
+  v_bits = bf16_of_rounded(v);
   return float_to_bf16(w + (s.neg_step_size * m) / denom);
+}
+
+// The element with both factors applied, as PyTorch runs it (decay: the tensor has weight decay).
+KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool decay, bf16_bits w_bits,
+                                                    bf16_bits g_bits, bf16_bits& m_bits, bf16_bits& v_bits) {
+  return decay ? adamw_bf16_element<true, true>(s, w_bits, g_bits, m_bits, v_bits)
+               : adamw_bf16_element<true, false>(s, w_bits, g_bits, m_bits, v_bits);
+}
+
+// Calls body(std::integral_constant<bool, Scale>, std::integral_constant<bool, Decay>) with the
+// element variant a segment needs: one loop per variant, without a per-element test.
+template <class Body>
+KOKKOS_INLINE_FUNCTION void with_bf16_variant(const AdamWScalars& s, bool decay, const Body& body) {
+  using yes = std::true_type;
+  using no = std::false_type;
+  const bool scale = s.grad_scale != 1.0f;
+  decay = decay && s.decay != 1.0f;
+  if (scale) {
+    if (decay) body(yes(), yes()); else body(yes(), no());
+  } else {
+    if (decay) body(no(), yes()); else body(no(), no());
+  }
 }
 
 }  // namespace detail
@@ -207,14 +237,17 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
         const bool decay = decay_mask(seg.tensor) != 0;
         // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
         const AdamWScalars sl = s;
-        const index_t seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
-          bf16_bits mi = m(i), vi = v(i);
-          const bf16_bits old = weights(i);
-          const bf16_bits w = detail::adamw_bf16_element(sl, decay, old, grad(i), mi, vi);
-          weights(i) = w;
-          m(i) = mi;
-          v(i) = vi;
-          return w != old;
+        index_t seg_changed = 0;
+        detail::with_bf16_variant(sl, decay, [&](auto scale, auto decayed) {
+          seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
+            bf16_bits mi = m(i), vi = v(i);
+            const bf16_bits old = weights(i);
+            const bf16_bits w = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value>(sl, old, grad(i), mi, vi);
+            weights(i) = w;
+            m(i) = mi;
+            v(i) = vi;
+            return w != old;
+          });
         });
         Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
       },
@@ -256,19 +289,26 @@ template <class ExecSpace, class Team, class Update, class IndexView, class Valu
 KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, const Update& update,
                                           const IndexView& indices, const ValueView& values, const CountView& counts) {
   if constexpr (takes_host_path<ExecSpace>) {
-    // Blocks of 512: the update loop vectorises when nothing else is in it, then a branchless
-    // compaction (write at k, advance k by the flag). k never passes i, so the writes stay in
-    // the segment's part of the staging.
+    // Blocks of 512: the update loop vectorises when nothing else is in it, then the block's
+    // change flags are read eight bytes at a time: at a weight update's sparsity most words are
+    // 0, and a set word names its changes by its set bits (little-endian: flag j + t is byte t).
+    // The flags past the segment's end stay 0, so a short last block reads no stale flags.
     constexpr index_t block = 512;
     bf16_bits bits[block];
     std::uint8_t changed[block];
     index_t k = seg.begin;
     for (index_t b = seg.begin; b < seg.end; b += block) {
-      const index_t e = b + block < seg.end ? b + block : seg.end;
-      for (index_t i = b; i < e; ++i) changed[i - b] = update(i, true, bits[i - b]) ? 1 : 0;
-      for (index_t i = b; i < e; ++i) {
-        indices(k) = i, values(k) = bits[i - b];
-        k += changed[i - b];
+      const index_t length = b + block < seg.end ? block : seg.end - b;
+      if (length < block) std::memset(changed + length, 0, std::size_t(block - length));
+      for (index_t j = 0; j < length; ++j) changed[j] = update(b + j, true, bits[j]) ? 1 : 0;
+      for (index_t j = 0; j < length; j += 8) {
+        std::uint64_t word;
+        std::memcpy(&word, changed + j, sizeof word);
+        for (; word != 0; word &= word - 1) {
+          const index_t at = j + (__builtin_ctzll(word) >> 3);
+          indices(k) = b + at, values(k) = bits[at];
+          ++k;
+        }
       }
     }
     counts(team.league_rank()) = k - seg.begin;
@@ -340,14 +380,16 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
         const bool decay = decay_mask(seg.tensor) != 0;
         // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
         const AdamWScalars sl = s;
-        auto update = [&](const index_t i, const bool write, bf16_bits& bits) -> bool {
-          bf16_bits mi = m(i), vi = v(i);
-          const bf16_bits old = weights(i);
-          bits = detail::adamw_bf16_element(sl, decay, old, grad(i), mi, vi);
-          if (write) weights(i) = bits, m(i) = mi, v(i) = vi;
-          return bits != old;
-        };
-        detail::segment_stage<ExecSpace>(team, seg, update, indices, values, counts);
+        detail::with_bf16_variant(sl, decay, [&](auto scale, auto decayed) {
+          auto update = [&](const index_t i, const bool write, bf16_bits& bits) -> bool {
+            bf16_bits mi = m(i), vi = v(i);
+            const bf16_bits old = weights(i);
+            bits = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value>(sl, old, grad(i), mi, vi);
+            if (write) weights(i) = bits, m(i) = mi, v(i) = vi;
+            return bits != old;
+          };
+          detail::segment_stage<ExecSpace>(team, seg, update, indices, values, counts);
+        });
       });
 }
 

@@ -3,6 +3,7 @@
 // patterns, so +0/-0 and NaN payload changes count), per tensor, compacted into sorted
 // (index, new bits) lists, against the last k snapshots, and how many gradients are tiny.
 // All counts are integer reductions, so results are identical on every backend.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -92,9 +93,14 @@ void check_bf16_pair(const OldView& old_bits, const NewView& new_bits) {
 // satisfy keep. The caller sizes the outputs from a guess (say the previous step's count): if
 // the returned count exceeds the capacity, only the first `capacity` entries were written, so
 // grow the outputs to the count and call again. One call reads [0, n) once.
-template <class ExecSpace, class Keep, class Value, class IndexView, class ValueView>
+//
+// prefetch(begin, end), host backends on one thread only: a hint that elements [begin, end) are
+// read next (one core's hardware prefetcher alone does not keep its read stream at the read
+// bound); the results do not depend on it.
+template <class ExecSpace, class Keep, class Value, class IndexView, class ValueView, class Prefetch>
 index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, const Keep& keep,
-                   const Value& value, const IndexView& indices_out, const ValueView& values_out) {
+                   const Value& value, const IndexView& indices_out, const ValueView& values_out,
+                   const Prefetch& prefetch) {
   static_assert(std::is_same_v<typename IndexView::value_type, index_t>);
   PULSE_CHECK(indices_out.extent(0) == values_out.extent(0),
               "compaction outputs differ in capacity: " + std::to_string(indices_out.extent(0)) + " indices vs " +
@@ -102,11 +108,49 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
   const index_t capacity = static_cast<index_t>(indices_out.extent(0));
   index_t count = 0;
   if constexpr (takes_host_path<ExecSpace>) {
-    // Host: blocks of 64 elements, in two kernels. The first packs each block's keep flags into
-    // a 64-bit mask: the flags come from a loop the compiler vectorises and are packed eight at a
-    // time. The second scans the masks and writes the kept elements; at the sparsity of weight
-    // updates most masks are 0. (One scan over the elements would read them twice on a threaded
-    // backend, whose scan calls its body once to count and once to write.)
+    if (space.concurrency() == 1) {
+      // One thread: one pass in blocks of 256 elements. The keep flags come from a loop the
+      // compiler vectorises and are read eight bytes at a time: at the sparsity of weight updates
+      // most words are 0, and a set word names its kept elements by its set bits (little-endian:
+      // flag j + t is byte t), written while the block is still in cache.
+      constexpr index_t block = 256, prefetch_distance = 4096;
+      Kokkos::parallel_reduce(
+          label, FlatPolicy<ExecSpace>(space, 0, 1),
+          [=](index_t, index_t& kept) {
+            // A local copy: the byte stores to flags below could otherwise alias the functor's
+            // view pointers, and the compiler would reload them per element instead of vectorising.
+            const Keep keep_local = keep;
+            std::uint8_t flags[block];
+            for (index_t begin = 0; begin < n; begin += block) {
+              const index_t length = begin + block <= n ? block : n - begin;
+              if (begin + prefetch_distance < n)
+                prefetch(begin + prefetch_distance, std::min(begin + prefetch_distance + block, n));
+              if (length == block) {  // a fixed trip count unrolls into straight vector code
+                for (index_t j = 0; j < block; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
+              } else {
+                std::memset(flags, 0, sizeof flags);
+                for (index_t j = 0; j < length; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
+              }
+              for (index_t j = 0; j < length; j += 8) {
+                std::uint64_t word;
+                std::memcpy(&word, flags + j, sizeof word);
+                for (; word != 0; word &= word - 1, ++kept) {
+                  if (kept >= capacity) continue;
+                  const index_t i = begin + j + (__builtin_ctzll(word) >> 3);
+                  indices_out(kept) = i;
+                  values_out(kept) = value(i);
+                }
+              }
+            }
+          },
+          count);
+      return count;
+    }
+    // Threads: blocks of 64 elements, in two kernels. The first packs each block's keep flags
+    // into a 64-bit mask: the flags come from a loop the compiler vectorises and are packed eight
+    // at a time. The second scans the masks and writes the kept elements; at the sparsity of
+    // weight updates most masks are 0. (One scan over the elements would read them twice on a
+    // threaded backend, whose scan calls its body once to count and once to write.)
     constexpr int block = 64;
     const index_t num_blocks = (n + block - 1) / block;
     // Plain host memory rather than a Kokkos allocation per call: pulse-sync compacts in chunks
@@ -168,15 +212,37 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
   return count;
 }
 
+template <class ExecSpace, class Keep, class Value, class IndexView, class ValueView>
+index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, const Keep& keep,
+                   const Value& value, const IndexView& indices_out, const ValueView& values_out) {
+  return compact_if(space, label, n, keep, value, indices_out, values_out, [](index_t, index_t) {});
+}
+
 // ---- changed elements between two BF16 snapshots ----
 
 template <class ExecSpace, class OldView, class NewView>
 index_t count_changed(const ExecSpace& space, const OldView& old_bits, const NewView& new_bits) {
   detail::check_bf16_pair(old_bits, new_bits);
+  const index_t n = static_cast<index_t>(old_bits.extent(0));
   index_t count = 0;
-  Kokkos::parallel_reduce(
-      "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, old_bits.extent(0)),
-      KOKKOS_LAMBDA(const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+  if constexpr (takes_host_path<ExecSpace>) {
+    // Blocks of count_block_length: a block's count sums in 16-bit lanes, the compare's width
+    // (a 64-bit count per element would widen every compare result four times).
+    constexpr index_t length = detail::count_block_length;
+    Kokkos::parallel_reduce(
+        "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, (n + length - 1) / length),
+        [=](const index_t b, index_t& c) {
+          const index_t begin = b * length, end = begin + length < n ? begin + length : n;
+          detail::BlockCount changed = 0;
+          for (index_t i = begin; i < end; ++i) changed += old_bits(i) != new_bits(i);
+          c += changed;
+        },
+        count);
+  } else {
+    Kokkos::parallel_reduce(
+        "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, n),
+        KOKKOS_LAMBDA(const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+  }
   return count;
 }
 
@@ -225,7 +291,13 @@ index_t compact_changed(const ExecSpace& space, const OldView& old_bits, const N
   return compact_if(
       space, "pulse::sparsity::compact", static_cast<index_t>(old_bits.extent(0)),
       KOKKOS_LAMBDA(const index_t i) { return old_bits(i) != new_bits(i); },
-      KOKKOS_LAMBDA(const index_t i) { return new_bits(i); }, indices_out, values_out);
+      KOKKOS_LAMBDA(const index_t i) { return new_bits(i); }, indices_out, values_out,
+      [=](const index_t begin, const index_t end) {
+        for (index_t i = begin; i < end; i += 32) {  // 32 BF16 values: a 64-byte cache line
+          __builtin_prefetch(&old_bits(i));
+          __builtin_prefetch(&new_bits(i));
+        }
+      });
 }
 
 // ---- k-step sparsity ----

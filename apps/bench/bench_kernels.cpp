@@ -1,19 +1,27 @@
-// Kernel benchmarks (Google Benchmark): BF16 cast, AdamW in both precisions, diff-count and
-// diff-compact at 99% sparsity, each reporting bytes/s and its fraction of two bandwidths this
-// same binary measures at start-up: STREAM triad (counter triad_fraction) and a Kokkos
-// deep_copy between two views of the default memory space, device to device on a GPU
-// (counter copy_fraction; the GPU targets are stated against it).
-//   pulse-bench-kernels --benchmark_format=json
+// Kernel benchmarks (Google Benchmark): BF16 cast, AdamW in both precisions (the plain pass and
+// the staged pass pulse-train's trainer 0 runs), diff-count and diff-compact at 99% sparsity,
+// each reporting bytes/s and, as counter `fraction`, its share of the bound named in its label.
+// The bounds are the machine's limits, measured by this same binary at start-up with the same
+// clock (JSON context): copy (Kokkos deep_copy, 8 B per float), read-only (a reduction over a
+// buffer), STREAM triad (12 B per element), xxh3 (the codec's hash) and a 1024^3 SGEMM.
+// With one thread (Kokkos Serial, or OMP_NUM_THREADS=1) every time is the process's CPU time, so
+// a loaded machine slows the figures less; with more threads it is wall time (context `clock`).
+//   OPENBLAS_NUM_THREADS=1 taskset -c 1 pulse-bench-kernels --benchmark_format=json
 // OpenMP scaling, side by side (the JSON context records kokkos_concurrency):
 //   OMP_NUM_THREADS=1 pulse-bench-kernels --benchmark_filter='/16777216/' --benchmark_repetitions=5
 //   OMP_NUM_THREADS=2 pulse-bench-kernels --benchmark_filter='/16777216/' --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
+#include <time.h>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
+#include <chrono>
+#include <vector>
 
+#include "coding/digest.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/bf16.hpp"
+#include "kernels/blas_gemm.hpp"
 #include "kernels/segments.hpp"
 #include "kernels/sparsity.hpp"
 
@@ -21,8 +29,35 @@ using namespace pulse;
 
 namespace {
 
-double g_triad_bytes_per_second = 0;
-double g_copy_bytes_per_second = 0;
+// The machine's limits, bytes/s (SGEMM: FLOP/s), measured at start-up.
+struct Bounds {
+  double copy = 0, read = 0, triad = 0, xxh3 = 0, sgemm = 0;
+};
+Bounds g_bounds;
+
+// Seconds on the clock every figure uses: the process's CPU time on one thread, else wall time.
+bool g_cpu_clock = true;
+
+double now_seconds() {
+  if (!g_cpu_clock) return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+// Best of five runs of body, in seconds.
+template <class Body>
+double best_seconds(Body&& body) {
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    Kokkos::fence();
+    const double start = now_seconds();
+    body();
+    Kokkos::fence();
+    best = std::min(best, now_seconds() - start);
+  }
+  return best;
+}
 
 // Deterministic pseudo-random floats in (-1, 1) without a device RNG.
 KOKKOS_INLINE_FUNCTION float hash_unit(std::uint64_t i, std::uint64_t seed) {
@@ -39,20 +74,24 @@ Kokkos::View<float*> random_floats(index_t n, std::uint64_t seed, float scale) {
   return v;
 }
 
-// Times one call of body per iteration, fenced, and reports bytes/s and both fractions.
+// Times one call of body per iteration, fenced, and reports bytes/s and, as counter fraction,
+// its share of the bound (bytes/s) named in the label; copy_fraction: its share of copy.
 template <class Body>
-void run_timed(benchmark::State& state, double bytes_per_iteration, Body&& body) {
+void run_timed(benchmark::State& state, double bytes_per_iteration, const char* bound_name, double bound,
+               Body&& body) {
   for (auto _ : state) {
-    Kokkos::Timer timer;
+    const double start = now_seconds();
     body();
     Kokkos::fence();
-    state.SetIterationTime(timer.seconds());
+    state.SetIterationTime(now_seconds() - start);
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes_per_iteration * state.iterations()));
-  state.counters["triad_fraction"] = benchmark::Counter(bytes_per_iteration / g_triad_bytes_per_second,
-                                                        benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["copy_fraction"] = benchmark::Counter(bytes_per_iteration / g_copy_bytes_per_second,
-                                                       benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string("of ") + bound_name);
+  state.counters["fraction"] =
+      benchmark::Counter(bytes_per_iteration / bound, benchmark::Counter::kIsIterationInvariantRate);
+  // Against copy for every kernel: the GPU targets are stated so (tests/gpu/check.sh).
+  state.counters["copy_fraction"] =
+      benchmark::Counter(bytes_per_iteration / g_bounds.copy, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void triad(const Kokkos::View<float*>& a, const Kokkos::View<float*>& b, const Kokkos::View<float*>& c) {
@@ -60,53 +99,74 @@ void triad(const Kokkos::View<float*>& a, const Kokkos::View<float*>& b, const K
                        KOKKOS_LAMBDA(index_t i) { a(i) = b(i) + 3.0f * c(i); });
 }
 
-// STREAM convention: 12 bytes per element (two reads, one write).
-double measure_triad(index_t n) {
-  auto a = random_floats(n, 1, 1.0f), b = random_floats(n, 2, 1.0f), c = random_floats(n, 3, 1.0f);
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    Kokkos::fence();
-    Kokkos::Timer timer;
-    triad(a, b, c);
-    Kokkos::fence();
-    best = std::min(best, timer.seconds());
-  }
-  return 12.0 * n / best;
+// Reads every 4-byte word once (an integer sum, which vectorises); returns it so it is not elided.
+std::uint32_t read_all(const Kokkos::View<float*>& x) {
+  const Kokkos::View<const std::uint32_t*, Kokkos::MemoryUnmanaged> words(reinterpret_cast<const std::uint32_t*>(x.data()),
+                                                                         x.extent(0));
+  std::uint32_t sum = 0;
+  Kokkos::parallel_reduce(
+      "pulse::bench::read", Kokkos::RangePolicy<DefaultExec>(0, x.extent(0)),
+      KOKKOS_LAMBDA(index_t i, std::uint32_t & s) { s += words(i); }, sum);
+  return sum;
 }
 
-// Copy convention: 8 bytes per float (one read, one write).
-double measure_copy(index_t n) {
-  auto src = random_floats(n, 1, 1.0f);
-  Kokkos::View<float*> dst("dst", n);  // initialised: no first-touch page faults in the timing
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    Kokkos::fence();
-    Kokkos::Timer timer;
-    Kokkos::deep_copy(DefaultExec(), dst, src);
-    Kokkos::fence();
-    best = std::min(best, timer.seconds());
-  }
-  return 8.0 * n / best;
+using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, DefaultMem>;
+constexpr int sgemm_size = 1024;
+
+Matrix filled_matrix(const char* label, float scale) {
+  Matrix x(std::string(label), sgemm_size, sgemm_size);
+  Kokkos::parallel_for(
+      "pulse::bench::fill_matrix", Kokkos::RangePolicy<DefaultExec>(0, sgemm_size * sgemm_size),
+      KOKKOS_LAMBDA(const int i) { x.data()[i] = scale * float((i * 37) % 101 - 50); });
+  return x;
+}
+
+// The machine's limits, best of five each. STREAM conventions: copy 8 B and triad 12 B per float
+// (write-allocate traffic not counted), read 4 B; xxh3 over the bytes; SGEMM 2 * 1024^3 FLOP.
+Bounds measure_bounds(index_t n) {
+  Bounds bounds;
+  auto a = random_floats(n, 1, 1.0f), b = random_floats(n, 2, 1.0f), c = random_floats(n, 3, 1.0f);
+  bounds.triad = 12.0 * n / best_seconds([&] { triad(a, b, c); });
+  bounds.copy = 8.0 * n / best_seconds([&] { Kokkos::deep_copy(DefaultExec(), a, b); });
+  std::uint32_t sum = 0;
+  bounds.read = 4.0 * n / best_seconds([&] { sum += read_all(c); });
+  benchmark::DoNotOptimize(sum);
+  std::vector<std::uint8_t> bytes(4 * std::size_t(n));
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::uint8_t(i * 131 >> 7);
+  bounds.xxh3 = double(bytes.size()) / best_seconds([&] { benchmark::DoNotOptimize(sync::digest_bytes(bytes.data(), bytes.size())); });
+  const Matrix ma = filled_matrix("a", 1e-2f), mb = filled_matrix("b", 1e-2f), mc("c", sgemm_size, sgemm_size);
+  bounds.sgemm = 2.0 * sgemm_size * sgemm_size * sgemm_size / best_seconds([&] {
+    blas_gemm(DefaultExec(), Transpose::no, Transpose::no, sgemm_size, sgemm_size, sgemm_size, 1.0f, ma, mb, 0.0f, mc);
+  });
+  return bounds;
 }
 
 void BM_DeviceCopy(benchmark::State& state) {
   const index_t n = state.range(0);
   auto src = random_floats(n, 1, 1.0f);
   Kokkos::View<float*> dst("dst", n);  // initialised: no first-touch page faults in the timing
-  run_timed(state, 8.0 * n, [&] { Kokkos::deep_copy(DefaultExec(), dst, src); });
+  run_timed(state, 8.0 * n, "copy", g_bounds.copy, [&] { Kokkos::deep_copy(DefaultExec(), dst, src); });
+}
+
+void BM_ReadOnly(benchmark::State& state) {
+  const index_t n = state.range(0);
+  auto x = random_floats(n, 1, 1.0f);
+  std::uint32_t sum = 0;
+  run_timed(state, 4.0 * n, "read", g_bounds.read, [&] { sum += read_all(x); });
+  benchmark::DoNotOptimize(sum);
 }
 
 void BM_Triad(benchmark::State& state) {
   const index_t n = state.range(0);
   auto a = random_floats(n, 1, 1.0f), b = random_floats(n, 2, 1.0f), c = random_floats(n, 3, 1.0f);
-  run_timed(state, 12.0 * n, [&] { triad(a, b, c); });
+  run_timed(state, 12.0 * n, "triad", g_bounds.triad, [&] { triad(a, b, c); });
 }
 
 void BM_CastToBf16(benchmark::State& state) {
   const index_t n = state.range(0);
   auto x = random_floats(n, 4, 1.0f);
   Kokkos::View<bf16_bits*> y("y", n);
-  run_timed(state, 6.0 * n, [&] { cast_to_bf16(DefaultExec(), x, y); });
+  run_timed(state, 6.0 * n, "copy", g_bounds.copy, [&] { cast_to_bf16(DefaultExec(), x, y); });
 }
 
 // A model-like table: 64 tensors, every other one without weight decay.
@@ -173,7 +233,7 @@ void BM_AdamWMixed(benchmark::State& state) {
   const auto mask = bench_decay_mask();
   const AdamWHyper h = bench_hyper(Precision::mixed);
   std::int64_t step = 10;
-  run_timed(state, 30.0 * n, [&] {
+  run_timed(state, 30.0 * n, "triad", g_bounds.triad, [&] {
     adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), x.master, x.grad, x.m,
                 x.v, x.copy, false);
   });
@@ -187,7 +247,7 @@ void BM_AdamWBf16(benchmark::State& state) {
   const auto mask = bench_decay_mask();
   const AdamWHyper h = bench_hyper(Precision::bf16);
   std::int64_t step = 10;
-  run_timed(state, 14.0 * n, [&] {
+  run_timed(state, 14.0 * n, "triad", g_bounds.triad, [&] {
     adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), x.w, x.g, x.m, x.v);
   });
 }
@@ -203,7 +263,10 @@ void BM_AdamWMixedStaged(benchmark::State& state) {
   const auto staging = make_change_staging(segs);
   const AdamWHyper h = bench_hyper(Precision::mixed);
   std::int64_t step = 10;
-  run_timed(state, 32.0 * n, [&] {
+  // One step before the timing: the staging's pages are written first there, as in a run.
+  adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), x.master, x.grad, x.m, x.v,
+              x.copy, staging);
+  run_timed(state, 32.0 * n, "triad", g_bounds.triad, [&] {
     adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::mixed), x.master, x.grad, x.m,
                 x.v, x.copy, staging);
   });
@@ -218,7 +281,8 @@ void BM_AdamWBf16Staged(benchmark::State& state) {
   const auto staging = make_change_staging(segs);
   const AdamWHyper h = bench_hyper(Precision::bf16);
   std::int64_t step = 10;
-  run_timed(state, 14.0 * n, [&] {
+  adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), x.w, x.g, x.m, x.v, staging);
+  run_timed(state, 14.0 * n, "triad", g_bounds.triad, [&] {
     adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, ++step, 1.0f, Precision::bf16), x.w, x.g, x.m, x.v,
                staging);
   });
@@ -252,7 +316,7 @@ void BM_DiffCount(benchmark::State& state) {
   const index_t n = state.range(0);
   const auto d = diff_inputs(n);
   index_t count = 0;
-  run_timed(state, 4.0 * n, [&] { count = count_changed(DefaultExec(), d.before, d.after); });
+  run_timed(state, 4.0 * n, "read", g_bounds.read, [&] { count = count_changed(DefaultExec(), d.before, d.after); });
   state.counters["sparsity"] = 1.0 - double(count) / n;
 }
 
@@ -263,13 +327,14 @@ void BM_DiffCompact(benchmark::State& state) {
   Kokkos::View<index_t*> indices("indices", d.changed);
   Kokkos::View<bf16_bits*> values("values", d.changed);
   index_t count = 0;
-  run_timed(state, 4.0 * n + 10.0 * d.changed,
+  run_timed(state, 4.0 * n + 10.0 * d.changed, "read", g_bounds.read,
             [&] { count = compact_changed(DefaultExec(), d.before, d.after, indices, values); });
   state.counters["sparsity"] = 1.0 - double(count) / n;
 }
 
 #define PULSE_BENCH(fn) BENCHMARK(fn)->Arg(1 << 24)->Arg(1 << 28)->UseManualTime()->Unit(benchmark::kMillisecond)
 PULSE_BENCH(BM_DeviceCopy);
+PULSE_BENCH(BM_ReadOnly);
 PULSE_BENCH(BM_Triad);
 PULSE_BENCH(BM_CastToBf16);
 PULSE_BENCH(BM_AdamWMixed);
@@ -285,10 +350,14 @@ int main(int argc, char** argv) {
   Kokkos::ScopeGuard kokkos(argc, argv);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  g_triad_bytes_per_second = measure_triad(index_t(1) << 26);
-  g_copy_bytes_per_second = measure_copy(index_t(1) << 26);
-  benchmark::AddCustomContext("triad_bytes_per_second", std::to_string(g_triad_bytes_per_second));
-  benchmark::AddCustomContext("copy_bytes_per_second", std::to_string(g_copy_bytes_per_second));
+  g_cpu_clock = DefaultExec().concurrency() == 1;
+  g_bounds = measure_bounds(index_t(1) << 26);
+  benchmark::AddCustomContext("clock", g_cpu_clock ? "process_cpu" : "wall");
+  benchmark::AddCustomContext("copy_bytes_per_second", std::to_string(g_bounds.copy));
+  benchmark::AddCustomContext("read_bytes_per_second", std::to_string(g_bounds.read));
+  benchmark::AddCustomContext("triad_bytes_per_second", std::to_string(g_bounds.triad));
+  benchmark::AddCustomContext("xxh3_bytes_per_second", std::to_string(g_bounds.xxh3));
+  benchmark::AddCustomContext("sgemm_flops_per_second", std::to_string(g_bounds.sgemm));
   benchmark::AddCustomContext("kokkos_execution_space", DefaultExec::name());
   // Thread count (OMP_NUM_THREADS on OpenMP) and code path: scaling is read across runs.
   benchmark::AddCustomContext("kokkos_concurrency", std::to_string(DefaultExec().concurrency()));

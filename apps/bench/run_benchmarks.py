@@ -1,7 +1,8 @@
 """make bench: runs pulse's kernel benchmarks and the PyTorch peers on this machine in one
-invocation, writes both JSON files and prints bandwidth, triad and copy fractions and speed-up,
-then a whole pulse-train step split into compute, wait, measure, sync and statistics
-(bench_train_step.py).
+invocation, writes both JSON files and prints bandwidth, each kernel's fraction of its bound and
+speed-up. The kernels run on one core (taskset -c 1 where available): a one-thread figure in CPU
+time, against limits the same process measures. Then a whole pulse-train step split into compute,
+wait, measure, sync and statistics (bench_train_step.py).
     python3 run_benchmarks.py --build build --out runs/bench [--sizes 16777216]
 With PULSE_BENCH_BIG=llama-7b (or qwen2-1.5b) in the environment it also runs
 apps/bench/big_folder_bench.py on a generated folder pair of that layout (off by default).
@@ -9,12 +10,15 @@ apps/bench/big_folder_bench.py on a generated folder pair of that layout (off by
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
-# pulse benchmark -> PyTorch peer
+# pulse benchmark -> PyTorch peer (the staged AdamW steps also list their changes; PyTorch's do not)
 PEERS = {"BM_CastToBf16": "cast", "BM_AdamWMixed": "adamw_mixed", "BM_AdamWBf16": "adamw_bf16",
-         "BM_DiffCount": "diff_count", "BM_DiffCompact": "diff_compact", "BM_Triad": None, "BM_DeviceCopy": None}
+         "BM_AdamWMixedStaged": "adamw_mixed", "BM_AdamWBf16Staged": "adamw_bf16",
+         "BM_DiffCount": "diff_count", "BM_DiffCompact": "diff_compact"}
+BOUNDS = ("copy", "read", "triad", "xxh3")
 
 
 def main():
@@ -30,10 +34,13 @@ def main():
     sizes = [int(s) for s in args.sizes.split(",")]
     pulse_json, torch_json = os.path.join(args.out, "pulse.json"), os.path.join(args.out, "torch.json")
     size_filter = "|".join(str(s) for s in sizes)
-    subprocess.run([os.path.join(args.build, "apps", "bench", "pulse-bench-kernels"),
+    one_core = ["taskset", "-c", "1"] if shutil.which("taskset") and os.cpu_count() > 1 else []
+    # one BLAS thread: the SGEMM limit is one core's, in CPU time
+    one_blas_thread = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    subprocess.run(one_core + [os.path.join(args.build, "apps", "bench", "pulse-bench-kernels"),
                     f"--benchmark_filter=/({size_filter})/", "--benchmark_out=" + pulse_json,
-                    "--benchmark_out_format=json"], check=True)
-    subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "torch_peers.py"),
+                    "--benchmark_out_format=json"], check=True, env=one_blas_thread)
+    subprocess.run(one_core + [sys.executable, os.path.join(os.path.dirname(__file__), "torch_peers.py"),
                     "--sizes", args.sizes, "--out", torch_json], check=True)
     sync_json, torch_sync_json = os.path.join(args.out, "pulse_sync.json"), os.path.join(args.out, "torch_sync.json")
     subprocess.run([os.path.join(args.build, "apps", "bench", "pulse-bench-sync"), "--benchmark_out=" + sync_json,
@@ -42,15 +49,16 @@ def main():
                     "--elements", str(1 << 28), "--out", torch_sync_json], check=True)
     ours = json.load(open(pulse_json))
     theirs = {(r["kernel"], r["n"]): r["seconds"] for r in json.load(open(torch_json))["results"]}
-    triad = float(ours["context"]["triad_bytes_per_second"])
-    copy = float(ours["context"]["copy_bytes_per_second"])
-    print(f"\nSTREAM triad (this binary): {triad / 1e9:.2f} GB/s, Kokkos deep_copy: {copy / 1e9:.2f} GB/s")
-    print(f"{'kernel':<16}{'elements':>11}{'ms':>10}{'GB/s':>8}{'triad':>7}{'copy':>7}{'torch ms':>10}{'speed-up':>9}")
+    context = ours["context"]
+    print(f"\nLimits (this binary, {context['clock']} time): " +
+          ", ".join(f"{b} {float(context[b + '_bytes_per_second']) / 1e9:.2f} GB/s" for b in BOUNDS) +
+          f", SGEMM {float(context['sgemm_flops_per_second']) / 1e9:.1f} GFLOP/s")
+    print(f"{'kernel':<20}{'elements':>11}{'ms':>10}{'GB/s':>8}{'fraction':>9} {'of':<6}{'torch ms':>10}{'speed-up':>9}")
     for b in ours["benchmarks"]:
         name, n = b["name"].split("/")[0], int(b["name"].split("/")[1])
         ms = b["real_time"] if b["time_unit"] == "ms" else b["real_time"] / 1e6
         peer = theirs.get((PEERS.get(name), n))
-        line = f"{name:<16}{n:>11}{ms:>10.2f}{b['bytes_per_second'] / 1e9:>8.2f}{b['triad_fraction']:>7.2f}{b['copy_fraction']:>7.2f}"
+        line = f"{name:<20}{n:>11}{ms:>10.2f}{b['bytes_per_second'] / 1e9:>8.2f}{b['fraction']:>9.2f} {b['label'][3:]:<6}"
         if peer:
             line += f"{peer * 1e3:>10.2f}{peer * 1e3 / ms:>8.1f}x"
         print(line)

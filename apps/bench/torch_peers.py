@@ -1,6 +1,7 @@
 """The PyTorch code a user would write for the same jobs as pulse's kernel benchmarks, timed on
 one thread: the BF16 cast, torch.optim.AdamW(foreach=False) on FP32 and on BF16 parameters,
-and the BF16 diff (count; mask / nonzero / gather) at 99% sparsity. Writes JSON.
+and the BF16 diff (count; mask / nonzero / gather) at 99% sparsity. Times are the process's CPU
+time, as pulse-bench-kernels measures on one thread. Writes JSON.
     python3 torch_peers.py --sizes 16777216,268435456 --out torch.json
 """
 import argparse
@@ -15,9 +16,9 @@ def best_time(fn, repeats, warmup=1):
         fn()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return min(times)
 
 

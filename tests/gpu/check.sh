@@ -4,8 +4,8 @@
 # that the GPU kernels reproduce the CPU kernels bit for bit. Everything it writes goes to DIR:
 #   device.txt            nvidia-smi -L and the Kokkos configuration
 #   gtest_<test>.json     GoogleTest results (--gtest_output=json) of each kernel test
-#   bench_kernels.json    pulse-bench-kernels --benchmark_format=json (bytes/s, triad_fraction,
-#                         copy_fraction = fraction of the device-to-device deep_copy bandwidth)
+#   bench_kernels.json    pulse-bench-kernels --benchmark_format=json (bytes/s, fraction of the
+#                         bound in the label, copy_fraction = of the device-to-device deep_copy)
 #   digest_gpu.txt        kernel_digest --check on the GPU (also compares with host loops)
 #   digest_serial.txt     kernel_digest --check --serial: the same binary on Kokkos::Serial
 #   digest_cpu.txt        kernel_digest in a CPU build, when one is available (see below)

@@ -1,5 +1,6 @@
 // BF16 cast, ulp and key against an independent scalar reference: the cast is checked for all
-// 2^32 float bit patterns, the BF16 quantities for all 2^16 BF16 patterns.
+// 2^32 float bit patterns (and on a large unaligned output, the streamed path), the BF16
+// quantities for all 2^16 BF16 patterns.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,6 +83,46 @@ TEST(Bf16Cast, HandDerivedCases) {
   EXPECT_EQ(cast(0xFF800000), 0xFF80);
   EXPECT_EQ(cast(0x7F800001), 0x7FC0);  // signalling NaN -> canonical quiet NaN
   EXPECT_EQ(cast(0xFFC12345), 0x7FC0);  // negative NaN with payload -> canonical NaN
+}
+
+// Large outputs take the streamed path on x86 hosts (non-temporal stores from a 16-byte boundary,
+// in chunks): an output that starts off that boundary and ends inside a chunk gets the
+// reference's bits, and nothing around it is written.
+TEST(Bf16Cast, LargeUnalignedOutputMatchesReference) {
+  const std::size_t n = std::size_t(pulse::streamed_cast_elements) + 4099, skip = 3, total = n + skip + 2;
+  Kokkos::View<std::uint32_t*> in("in", total);
+  Kokkos::View<bf16_bits*> out("out", total);
+  auto in_host = Kokkos::create_mirror_view(in);
+  for (std::size_t i = 0; i < total; ++i) in_host(i) = static_cast<std::uint32_t>(i * 2654435761u);
+  Kokkos::deep_copy(in, in_host);
+  Kokkos::deep_copy(out, bf16_bits(0xABCD));
+  const Kokkos::View<const float*, Kokkos::MemoryUnmanaged> in_range(reinterpret_cast<const float*>(in.data()) + skip, n);
+  pulse::cast_to_bf16(pulse::DefaultExec(), in_range, Kokkos::subview(out, std::make_pair(skip, skip + n)));
+  auto out_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < total; ++i) {
+    const bf16_bits expected = i >= skip && i < skip + n ? reference_cast(in_host(i)) : bf16_bits(0xABCD);
+    if (out_host(i) != expected && ++mismatches <= 5)
+      ADD_FAILURE() << "element " << i << ": 0x" << std::hex << out_host(i) << ", expected 0x" << expected;
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+// The AdamW element's per-op rounding: round_to_bf16 gives the cast's bits in the high half, and
+// bf16_of_rounded takes them back without rounding again, for every float bit pattern.
+TEST(Bf16Round, AgreesWithTheCastForAllFloatBitPatterns) {
+  std::uint64_t mismatches = 0;
+  for (std::uint64_t u = 0; u < (std::uint64_t(1) << 32); ++u) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(u);
+    float x, rounded;
+    std::memcpy(&x, &bits, 4);
+    const bf16_bits cast = pulse::float_to_bf16(x);
+    rounded = pulse::round_to_bf16(x);
+    std::uint32_t r;
+    std::memcpy(&r, &rounded, 4);
+    mismatches += (r != std::uint32_t(cast) << 16) + (pulse::bf16_of_rounded(rounded) != cast);
+  }
+  EXPECT_EQ(mismatches, 0u);
 }
 
 // Every BF16 bit pattern, in order. A free function: nvcc does not allow a device lambda in
