@@ -87,7 +87,7 @@ def role_decode(base, patch_path, values):
     with open(patch_path, "rb") as f:
         patch = f.read()
     decoded = pulse.decode(patch, pulse.load(base, framework="torch"))
-    assert sum(len(c.indices) for c in decoded.changes.values()) == pulse.inspect(patch)["changed"]
+    assert sum(len(c.indices) for c in decoded.changes.values()) == pulse.inspect(patch)["total_changed"]
 
 
 ROLES = {"sender": role_sender, "receiver": role_receiver, "decode": role_decode,
