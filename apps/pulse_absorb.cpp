@@ -32,7 +32,7 @@ struct Options {
   index_t elements = index_t(1) << 22;
   int steps = 64;
   double lr = 3e-6;
-  std::string precision = "mixed";
+  std::string precision = name_of(precision_names, Precision::mixed);
   std::uint64_t seed = 1;
   float weight_std = 0.02f;
   float grad_std = 1e-3f;
@@ -59,8 +59,7 @@ TensorTable synthetic_table(index_t elements) {
 }
 
 int run(const Options& opt) {
-  PULSE_CHECK(opt.precision == "mixed" || opt.precision == "bf16", "--precision must be mixed or bf16");
-  const Precision precision = opt.precision == "bf16" ? Precision::bf16 : Precision::mixed;
+  const Precision precision = *value_named(precision_names, opt.precision);  // a name of the table: --precision checks it
   // Fail on a bad output folder before any work is done.
   std::error_code ec;
   std::filesystem::create_directories(opt.out, ec);
@@ -154,7 +153,7 @@ int main(int argc, char** argv) {
   app.add_option("--elements", opt.elements, "approximate parameter count")->check(CLI::PositiveNumber);
   app.add_option("--steps", opt.steps, "optimizer steps")->check(CLI::Range(1, 1000000));
   app.add_option("--lr", opt.lr, "AdamW learning rate")->check(CLI::NonNegativeNumber);
-  app.add_option("--precision", opt.precision, "mixed (FP32 master) or bf16")->check(CLI::IsMember({"mixed", "bf16"}));
+  app.add_option("--precision", opt.precision, "mixed (FP32 master) or bf16")->check(CLI::IsMember(names_of(precision_names)));
   app.add_option("--seed", opt.seed, "random seed")->check(cli::unsigned_decimal());
   app.add_option("--weight-std", opt.weight_std, "std of the initial weights")->check(CLI::PositiveNumber);
   app.add_option("--grad-std", opt.grad_std, "std of the gradients")->check(CLI::PositiveNumber);

@@ -36,6 +36,7 @@
 #include "sync/file_apply.hpp"
 #include "coding/parallel.hpp"
 #include "sync/patch.hpp"
+#include "sync/patch_summary.hpp"
 #include "sync/relay.hpp"
 #include "sync/relay_names.hpp"
 #include "coding/signing.hpp"
@@ -96,9 +97,6 @@ std::string versus_dense(std::uint64_t patch_bytes, std::uint64_t dense_bytes) {
   return text;
 }
 
-double sparsity_percent(std::uint64_t changed, std::uint64_t elements) {
-  return elements ? 100.0 * (1.0 - double(changed) / double(elements)) : 100.0;
-}
 
 // One line per dtype of a patch's summary: changed counts and sparsity for sparse-coded
 // dtypes, bytes carried whole for the others.
@@ -114,91 +112,11 @@ void print_summary(const std::vector<DtypeSummary>& summary) {
   }
 }
 
-// The comparison of two checkpoints as one JSON object: the tensors in B's order (after those
-// removed), each with its counts or what happened to it, the totals per dtype, and the metadata.
-// Streamed: tensors compared on the threads, each a piece of a tensor of each checkpoint in
-// memory at a time.
-nlohmann::json diff_checkpoints(const std::string& a_path, const std::string& b_path, unsigned threads) {
-  const StreamedState a_state = StreamedState::open(a_path), b_state = StreamedState::open(b_path);
-  const auto &a = a_state.tensors(), &b = b_state.tensors();
-  std::map<std::string, const TensorRef*> a_by_name, b_by_name;
-  for (const auto& t : a) a_by_name[t.name] = &t;
-  for (const auto& t : b) b_by_name[t.name] = &t;
-  // Per tensor of B kept from A: whether its bytes differ, and how many elements.
-  struct Compared {
-    const TensorRef* a = nullptr;
-    bool differs = false;
-    std::uint64_t changed = 0;
-  };
-  std::vector<Compared> compared(b.size());
-  for (std::size_t j = 0; j < b.size(); ++j) {
-    const auto it = a_by_name.find(b[j].name);
-    if (it != a_by_name.end() && it->second->dtype == b[j].dtype && it->second->shape == b[j].shape)
-      compared[j].a = it->second;
-  }
-  parallel_for(threads, b.size(), [&](std::size_t j) {
-    Compared& c = compared[j];
-    if (!c.a) return;
-    const TensorRef &t = *c.a, &u = b[j];
-    const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
-    // In pieces (whole elements each): two of them in memory, whatever the tensor's size.
-    const std::size_t width = bits % 8 == 0 ? bits / 8 : 1;  // packed below a byte: compared as bytes
-    thread_local ByteBuffer a_buffer, b_buffer;
-    for (std::uint64_t offset = 0; offset < t.bytes; offset += StreamedState::kPieceBytes) {
-      const std::size_t length = std::size_t(std::min<std::uint64_t>(StreamedState::kPieceBytes, t.bytes - offset));
-      const std::byte* t_data = a_state.read_piece(std::size_t(&t - a.data()), offset, length, a_buffer);
-      const std::byte* u_data = b_state.read_piece(j, offset, length, b_buffer);
-      if (std::memcmp(t_data, u_data, length) == 0) continue;
-      c.differs = true;
-      for (std::size_t i = 0; i < length / width; ++i)
-        c.changed += std::memcmp(t_data + width * i, u_data + width * i, width) != 0;
-    }
-  });
-  struct Totals {
-    std::uint64_t elements = 0, changed = 0, differing_tensors = 0;
-  };
-  std::map<std::string, Totals> by_dtype;
-  nlohmann::json tensors = nlohmann::json::array();
-  for (const auto& t : a)
-    if (!b_by_name.count(t.name)) tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"status", "removed"}});
-  for (std::size_t j = 0; j < b.size(); ++j) {
-    const TensorRef& u = b[j];
-    const Compared& c = compared[j];
-    if (!c.a) {
-      const bool added = !a_by_name.count(u.name);
-      tensors.push_back({{"name", u.name}, {"dtype", u.dtype}, {"status", added ? "added" : "re-declared"}});
-      continue;
-    }
-    const TensorRef& t = *c.a;
-    const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
-    Totals& totals = by_dtype[t.dtype];
-    totals.differing_tensors += c.differs;
-    if (bits % 8 != 0) {
-      tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"differs", c.differs}});
-      continue;
-    }
-    const std::size_t n = t.bytes / (bits / 8);
-    totals.elements += n;
-    totals.changed += c.changed;
-    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"elements", n}, {"changed", c.changed},
-                       {"sparsity_percent", sparsity_percent(c.changed, n)}});
-  }
-  nlohmann::json totals = nlohmann::json::object();
-  for (const auto& [dtype, t] : by_dtype) {
-    if (io::dtype_bits(io::parse_dtype(dtype)) % 8 != 0)
-      totals[dtype] = {{"differing_tensors", t.differing_tensors}};
-    else
-      totals[dtype] = {{"elements", t.elements}, {"changed", t.changed}, {"sparsity_percent", sparsity_percent(t.changed, t.elements)}};
-  }
-  return {{"a", a_path},
-          {"b", b_path},
-          {"tensors", tensors},
-          {"totals", totals},
-          {"metadata_changed", a_state.metadata() != b_state.metadata()}};
-}
-
+// The comparison of two checkpoints (sync/patch_summary.hpp) and the paths compared.
 int cmd_diff(const std::string& a_path, const std::string& b_path, bool json, unsigned threads) {
-  const nlohmann::json d = diff_checkpoints(a_path, b_path, threads);
+  const StreamedState a = StreamedState::open(a_path), b = StreamedState::open(b_path);
+  nlohmann::json d = nlohmann::json::parse(diff_json(diff_states(a, b, threads)));
+  d["a"] = a_path, d["b"] = b_path;
   if (json) {
     std::printf("%s\n", cli::json_text(d).c_str());
     return 0;
@@ -227,8 +145,20 @@ int cmd_diff(const std::string& a_path, const std::string& b_path, bool json, un
   return 0;
 }
 
+// A coding table's names less one: the history codings need a change history that sender and
+// receiver keep from version to version, which a patch file's receiver does not.
+template <class E, std::size_t N>
+std::vector<std::string> names_without(const NamedValue<E> (&names)[N], E left_out) {
+  std::vector<std::string> out;
+  for (const NamedValue<E>& n : names)
+    if (n.value != left_out) out.push_back(n.name);
+  return out;
+}
+
 struct EncodeArgs {
-  std::string base, target, out, values = "keydiff", indices = "gap-varint", compressor = "zstd", sign;
+  std::string base, target, out, sign;
+  std::string values = value_coding_name(EncodeOptions{}.values), indices = index_coding_name(EncodeOptions{}.indices),
+              compressor = compressor_name(EncodeOptions{}.compressor);
   std::string codec, bandwidth = "10Gbit";
   int level = 3;
   unsigned threads = 0;  // parts coded at once; 0: the cores
@@ -395,48 +325,11 @@ int cmd_verify(const std::string& path, const std::string& expected, bool json, 
   return 0;
 }
 
-nlohmann::json stream_json(const StreamSize& s) { return {{"coded", s.coded}, {"raw", s.raw}}; }
-
-// What inspect prints, as one JSON object.
-nlohmann::json patch_json(const ParsedPatch& p, std::size_t patch_bytes) {
-  const PatchHeader& h = p.header;
-  std::size_t kinds[3] = {0, 0, 0};
-  for (const auto& e : p.entries) ++kinds[static_cast<int>(e.kind)];
-  nlohmann::json summary = nlohmann::json::array(), added = nlohmann::json::array();
-  for (const auto& s : p.summary) {
-    nlohmann::json row = {{"dtype", s.dtype}, {"tensors", s.tensors}, {"elements", s.elements}, {"whole_bytes", s.whole_bytes}};
-    if (is_sparse_dtype(s.dtype)) row["changed"] = s.changed, row["sparsity_percent"] = sparsity_percent(s.changed, s.elements);
-    summary.push_back(row);
-  }
-  for (const auto& t : p.added) added.push_back({{"name", t.name}, {"dtype", t.dtype}});
-  nlohmann::json out = {
-      {"format_version", h.format_version},
-      {"bytes", patch_bytes},
-      {"signed", h.is_signed},
-      {"base_version", h.base_version},
-      {"target_version", h.target_version},
-      {"base_state", to_hex(h.base_state)},
-      {"target_state", to_hex(h.target_state)},
-      {"values", value_coding_name(h.values)},
-      {"indices", index_coding_name(h.indices)},
-      {"compressor", compressor_name(h.compressor)},
-      {"streams", {{"index", stream_json(h.index_stream)}, {"value", stream_json(h.value_stream)}, {"whole", stream_json(h.whole_stream)}}},
-      {"table_bytes", p.table_bytes},
-      {"entries", {{"tensors", p.entries.size()}, {"sparse", kinds[int(EntryKind::sparse)]}, {"same", kinds[int(EntryKind::same)]},
-                   {"whole", kinds[int(EntryKind::whole)]}}},
-      {"total_changed", h.total_changed},
-      {"summary", summary},
-      {"removed", p.removed},
-      {"added", added}};
-  if (h.changes_metadata) out["metadata"] = p.metadata;
-  return out;
-}
-
 int cmd_inspect(const std::string& path, bool json) {
   const auto bytes = read_regular_file(path, physical_memory_bytes(), "patch");
   const ParsedPatch p = parse_patch(bytes.data(), bytes.size());
   if (json) {
-    std::printf("%s\n", cli::json_text(patch_json(p, bytes.size())).c_str());
+    std::printf("%s\n", describe_patch(p).c_str());
     return 0;
   }
   const PatchHeader& h = p.header;
@@ -547,12 +440,12 @@ int main(int argc, char** argv) {
   encode->add_option("--base", enc.base, "base checkpoint (file or model folder)")->required()->check(kExistingState);
   encode->add_option("--target", enc.target, "target checkpoint (file or model folder)")->required()->check(kExistingState);
   encode->add_option("-o,--out", enc.out, "patch file to write")->required();
-  encode->add_option("--values", enc.values, "value coding")->check(CLI::IsMember({"keydiff", "raw", "expclass"}))->capture_default_str();
+  encode->add_option("--values", enc.values, "value coding")->check(CLI::IsMember(names_without(value_coding_names, ValueCoding::exponent_class_history)))->capture_default_str();
   encode->add_option("--indices", enc.indices, "index coding")
-      ->check(CLI::IsMember({"gap-varint", "gap-fixed", "expclass"}))
+      ->check(CLI::IsMember(names_without(index_coding_names, IndexCoding::exponent_class_history)))
       ->capture_default_str();
   encode->add_option("--compressor", enc.compressor, "stream compressor")
-      ->check(CLI::IsMember({"zstd", "lz4", "none"}))
+      ->check(CLI::IsMember(names_of(compressor_names)))
       ->capture_default_str();
   encode->add_option("--level", enc.level, "zstd level")->check(CLI::Range(-7, 22))->capture_default_str();
   encode->add_option("--threads", enc.threads, "threads coding the patch's parts (0: the cores; the bytes do not depend on it)")

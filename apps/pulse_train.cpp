@@ -319,8 +319,8 @@ void Run::write_root_attributes() {
   s.set_attribute("num_parameters", std::int64_t(n_));
   s.set_attribute("seq_len", std::int64_t(seq_len_));
   s.set_attribute("model", c_.model);
-  s.set_attribute("precision", c_.precision);
-  s.set_attribute("trainer_sync", c_.trainer_sync);
+  s.set_attribute("precision", std::string(name_of(precision_names, c_.precision)));
+  s.set_attribute("trainer_sync", std::string(loco::trainer_sync_name(c_.trainer_sync)));
 }
 
 void Run::write_absorption(std::int64_t t, const Kokkos::View<const float*>& before) {
@@ -496,7 +496,7 @@ int Run::train() {
     std::printf("pulse-train: %s (%lld parameters), %d trainer + %d inference ranks, %d x %d rollouts/step, "
                 "lr %g, %s, steps %lld..%d -> %s\n",
                 c_.model.c_str(), (long long)n_, num_trainers_, c_.inference_ranks, c_.prompts_per_step,
-                c_.group_size, c_.lr, c_.precision.c_str(), (long long)first_step_, c_.steps, c_.out.c_str());
+                c_.group_size, c_.lr, name_of(precision_names, c_.precision), (long long)first_step_, c_.steps, c_.out.c_str());
   // A stop during start-up: the initial state becomes checkpoint 0, so --resume starts from it.
   if (const int signal = stop_requested(world_)) {
     if (!c_.resume) save_checkpoint(0);
@@ -559,7 +559,8 @@ double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed) {
   row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
   row.set("/kstep/sparsity", sp.kstep);
   const ParameterStore::Moments moments = params.moments_fp32();
-  row.set("/steps/adam_ratio", adam_ratio_quantiles(moments.m, moments.v, 0.9, 0.999, 1e-8, t, adam_quantiles));
+  const AdamWHyper adam;  // the betas and eps the trainer steps with
+  row.set("/steps/adam_ratio", adam_ratio_quantiles(moments.m, moments.v, adam.beta1, adam.beta2, adam.eps, t, adam_quantiles));
   copies_.downloaded(adam_quantiles.size() * sizeof(double));
   return timer.seconds();
 }
@@ -589,7 +590,7 @@ void Run::step(std::int64_t t) {
   generator_->sample_ahead(t, c_.steps, *publisher_, copies_);
   // 2-3. GRPO gradients, allreduce, AdamW and (DiLoCo/PULSELoCo) the outer step; trainer 0 keeps
   // the master weights before it on absorption steps.
-  const bool absorb = c_.precision == "mixed" && c_.absorption_every > 0 && t % c_.absorption_every == 0;
+  const bool absorb = c_.precision == Precision::mixed && c_.absorption_every > 0 && t % c_.absorption_every == 0;
   if (trainer_) s.train = trainer_->step(t, rank_ == 0 && absorb, copies_);
   comm_s += s.train.comm_s;
   s.measure_s = s.train.measure_s;
@@ -616,7 +617,7 @@ void Run::step(std::int64_t t) {
   s.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
   if (rank_ == 0) {
     s.rollout_version = trainer_->batch().policy_version;
-    set_step_columns(row, t, s, n_, c_.trainer_sync == "ddp", copies_);
+    set_step_columns(row, t, s, n_, c_.trainer_sync == loco::TrainerSync::ddp, copies_);
     count_totals(t, s);
   }
   recorder_->finish_step(row, s.step_s, comm_s, digest_word(s.published.sync.state), s.version);
@@ -656,17 +657,19 @@ int main(int argc, char** argv) {
   cli::set_conventions(app, "pulse-train");
   add_train_options(app, config);
   cli::JsonSummary summary(app, "pulse-train");
-  bool print_schema = false;
+  bool print_schema = false, print_options = false;
   app.add_flag("--print-schema", print_schema,
                "print the statistics file's datasets (path, shape, type, units, description) as a Markdown table and exit");
+  app.add_flag("--print-options", print_options,
+               "print the settings (flag and TOML key, default, accepted values, meaning) as a Markdown table and exit");
   std::string command_line;
   for (int i = 0; i < argc; ++i) command_line += (i ? " " : "") + std::string(argv[i]);
   // Checks every rank makes identically: a bad config exits cleanly on all ranks, no files made.
   int code = -1;
   try {
     app.parse(argc, argv);
-    if (print_schema) {
-      if (rank == 0) std::cout << stats_schema_markdown();
+    if (print_schema || print_options) {
+      if (rank == 0) std::cout << (print_schema ? stats_schema_markdown() : train_options_markdown());
       code = 0;
     } else {
       validate(config, size);

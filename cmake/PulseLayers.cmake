@@ -26,7 +26,7 @@ set(PULSE_STATS_FILE_SOURCES io/stats_columns.cpp io/stats_file.cpp)
 set(PULSE_SYNC_SOURCES sync/change_entropy.cpp sync/change_history.cpp sync/change_set.cpp sync/checkpoint.cpp
   sync/codec_choice.cpp sync/compressed_checkpoint.cpp sync/exponent_class_coding.cpp
   sync/file_apply.cpp sync/model_folder.cpp sync/part_coding.cpp sync/patch.cpp sync/patch_decode.cpp
-  sync/patch_encode.cpp sync/patch_parse.cpp sync/patch_table.cpp sync/relay.cpp
+  sync/patch_encode.cpp sync/patch_parse.cpp sync/patch_summary.cpp sync/patch_table.cpp sync/relay.cpp
   sync/relay_lock_record.cpp sync/relay_names.cpp sync/relay_record.cpp sync/streamed_save.cpp
   sync/streamed_state.cpp sync/tensor_slice_spec.cpp)
 set(PULSE_COMM_SOURCES comm/agree.cpp comm/communicator.cpp comm/wait.cpp)

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "core/index.hpp"  // index_t, plain C++ for the Kokkos-free layers
+#include "core/precision.hpp"  // Precision, plain C++ for the settings
 
 namespace pulse {
 
@@ -13,11 +14,6 @@ namespace pulse {
 using bf16_bits = std::uint16_t;
 // Accumulation type of all reductions over floats.
 using accum_t = double;
-
-enum class Precision {
-  mixed,  // FP32 master weights, FP32 Adam moments, BF16 copy written in the same pass
-  bf16,   // weights and Adam moments stored in BF16, as PyTorch does for a .bfloat16() model
-};
 
 // Flat buffers may exceed 2^32 elements; the default RangePolicy index on CUDA is 32-bit.
 template <class ExecSpace>

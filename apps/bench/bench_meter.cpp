@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/adamw.hpp"
 #include "kernels/host_copy.hpp"
 #include "train/sparsity_meter.hpp"
 #include "train/train_config.hpp"
@@ -98,8 +99,9 @@ void BM_AdamRatio(benchmark::State& state) {
   }
   const auto m_d = to_device(m), v_d = to_device(v);
   std::int64_t step = 100;
+  const AdamWHyper adam;  // pulse-train's betas and eps
   for (auto _ : state) {
-    benchmark::DoNotOptimize(adam_ratio_quantiles(m_d, v_d, 0.9, 0.999, 1e-8, ++step, adam_quantiles));
+    benchmark::DoNotOptimize(adam_ratio_quantiles(m_d, v_d, adam.beta1, adam.beta2, adam.eps, ++step, adam_quantiles));
     Kokkos::fence();
   }
 }

@@ -53,9 +53,10 @@ def _key(key, size, what):
 
 
 def diff(base, target):
-    """Per-tensor and per-dtype changed elements and sparsity between two states:
-    {"tensors": {name: {dtype, elements, changed, sparsity, differs}}, "dtypes": {dtype: {elements,
-    changed, sparsity}}, "added": [...], "removed": [...]}."""
+    """Per-tensor and per-dtype changed elements and sparsity between two states: the object of
+    `pulse-sync diff --json` without its paths, {"tensors": [{name, dtype, elements, changed,
+    sparsity_percent} or {name, dtype, status: "added" | "removed" | "re-declared"}, ...],
+    "totals": {dtype: {elements, changed, sparsity_percent}}, "metadata_changed": False}."""
     return _pulse.diff(entries(base), entries(target))
 
 
@@ -85,7 +86,8 @@ def digest(state):
 
 
 def inspect(patch):
-    """A patch's header: versions, digests, coding, stream sizes, per-dtype summary, layout change."""
+    """A patch's header: versions, digests, coding, stream sizes, per-dtype summary, layout change;
+    the object of `pulse-sync inspect --json` (docs/pulse-sync.md)."""
     return _pulse.inspect(patch)
 
 

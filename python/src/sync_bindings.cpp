@@ -18,6 +18,7 @@
 #include "io/safetensors.hpp"
 #include "state.hpp"
 #include "sync/checkpoint.hpp"
+#include "sync/patch_summary.hpp"
 #include "sync/relay.hpp"
 #include "coding/signing.hpp"
 
@@ -258,108 +259,29 @@ Checkpoint checkpoint_copy(const StateBuffers& s) {
   return c;
 }
 
-py::dict diff(const py::list& base, const py::list& target) {
+// pulse-sync diff --json and inspect --json's objects (sync/patch_summary.hpp), as Python dicts.
+py::object json_object(const std::string& text) { return py::module_::import("json").attr("loads")(text); }
+
+py::object diff(const py::list& base, const py::list& target) {
   const StateBuffers a = state_buffers(base, false), b = state_buffers(target, false);
-  std::map<std::string, const TensorRef*> a_by_name;
-  for (const auto& t : a.refs) a_by_name[t.name] = &t;
-  struct Row {
-    std::string name, dtype;
-    std::uint64_t elements = 0, changed = 0;
-    bool differs = false, comparable = true;
-  };
-  std::vector<Row> rows;
-  std::vector<std::string> added;
+  std::string text;
   {
     py::gil_scoped_release release;
-    for (const auto& u : b.refs) {
-      const auto it = a_by_name.find(u.name);
-      if (it == a_by_name.end() || it->second->dtype != u.dtype || it->second->shape != u.shape) {
-        added.push_back(u.name);
-        continue;
-      }
-      const TensorRef& t = *it->second;
-      Row r{u.name, u.dtype};
-      r.differs = std::memcmp(t.data, u.data, t.bytes) != 0;
-      const std::size_t bits = io::dtype_bits(io::parse_dtype(t.dtype));
-      r.comparable = bits % 8 == 0;  // packed below a byte: only whole-tensor equality
-      if (r.comparable) {
-        const std::size_t width = bits / 8;
-        r.elements = t.bytes / width;
-        if (r.differs)
-          for (std::size_t i = 0; i < r.elements; ++i) r.changed += std::memcmp(t.data + width * i, u.data + width * i, width) != 0;
-      }
-      rows.push_back(r);
-    }
+    text = diff_json(diff_states(a.refs, b.refs, {}, {}, 0));  // dicts of tensors: no metadata
   }
-  std::set<std::string> in_b;
-  for (const auto& u : b.refs) in_b.insert(u.name);
-  py::dict tensors, dtypes;
-  for (const auto& r : rows) {
-    py::dict d;
-    d["dtype"] = r.dtype;
-    d["differs"] = r.differs;
-    if (r.comparable) {
-      d["elements"] = r.elements;
-      d["changed"] = r.changed;
-      d["sparsity"] = r.elements ? 1.0 - double(r.changed) / double(r.elements) : 1.0;
-      py::dict totals = dtypes.contains(r.dtype) ? py::dict(dtypes[r.dtype.c_str()]) : py::dict();
-      const std::uint64_t e = totals.contains("elements") ? totals["elements"].cast<std::uint64_t>() + r.elements : r.elements;
-      const std::uint64_t c = totals.contains("changed") ? totals["changed"].cast<std::uint64_t>() + r.changed : r.changed;
-      totals["elements"] = e;
-      totals["changed"] = c;
-      totals["sparsity"] = e ? 1.0 - double(c) / double(e) : 1.0;
-      dtypes[r.dtype.c_str()] = totals;
-    }
-    tensors[r.name.c_str()] = d;
-  }
-  py::list removed;
-  for (const auto& t : a.refs)
-    if (!in_b.count(t.name)) removed.append(t.name);
-  py::dict out;
-  out["tensors"] = tensors;
-  out["dtypes"] = dtypes;
-  out["added"] = added;
-  out["removed"] = removed;
-  return out;
+  return json_object(text);
 }
 
-py::dict inspect(const py::buffer& patch_buffer) {
+py::object inspect(const py::buffer& patch_buffer) {
   const PatchBytes patch(patch_buffer);
-  ParsedPatch p;
+  std::string text;
   try {
     py::gil_scoped_release release;
-    p = parse_patch(patch.data(), patch.size());
+    text = describe_patch(parse_patch(patch.data(), patch.size()));
   } catch (const Error& e) {
     throw PatchError(e.what());
   }
-  const PatchHeader& h = p.header;
-  py::dict out;
-  out["format_version"] = h.format_version;
-  out["bytes"] = patch.size();
-  out["signed"] = h.is_signed;
-  out["base_version"] = h.base_version;
-  out["target_version"] = h.target_version;
-  out["base_state"] = to_hex(h.base_state);
-  out["target_state"] = to_hex(h.target_state);
-  out["values"] = value_coding_name(h.values);
-  out["indices"] = index_coding_name(h.indices);
-  out["compressor"] = compressor_name(h.compressor);
-  out["changed"] = h.total_changed;
-  auto stream = [](const StreamSize& s) { return py::dict(py::arg("coded") = s.coded, py::arg("raw") = s.raw); };
-  out["streams"] = py::dict(py::arg("index") = stream(h.index_stream), py::arg("value") = stream(h.value_stream),
-                            py::arg("whole") = stream(h.whole_stream));
-  out["table_bytes"] = p.table_bytes;
-  py::dict dtypes;
-  for (const auto& s : p.summary)
-    dtypes[s.dtype.c_str()] = py::dict(py::arg("tensors") = s.tensors, py::arg("elements") = s.elements,
-                                       py::arg("changed") = s.changed, py::arg("whole_bytes") = s.whole_bytes);
-  out["dtypes"] = dtypes;
-  out["removed"] = p.removed;
-  py::list added;
-  for (const auto& t : p.added) added.append(py::make_tuple(t.name, t.dtype, py::tuple(py::cast(t.shape))));
-  out["added"] = added;
-  out["metadata"] = h.changes_metadata ? py::cast(p.metadata) : py::none();
-  return out;
+  return json_object(text);
 }
 
 }  // namespace

@@ -17,20 +17,9 @@
 
 namespace pulse::sync {
 
-const char* compressor_name(Compressor c) {
-  switch (c) {
-    case Compressor::none: return "none";
-    case Compressor::zstd: return "zstd";
-    case Compressor::lz4: return "lz4";
-  }
-  return "unknown";
-}
-
 Compressor parse_compressor(const std::string& name) {
-  if (name == "none") return Compressor::none;
-  if (name == "zstd") return Compressor::zstd;
-  if (name == "lz4") return Compressor::lz4;
-  throw_error(__FILE__, __LINE__, "unknown compressor '" + name + "' (none, zstd, lz4)");
+  if (const auto c = value_named(compressor_names, name)) return *c;
+  throw_error(__FILE__, __LINE__, "unknown compressor '" + name + "' (" + names_text(compressor_names) + ")");
 }
 
 std::vector<std::uint8_t> compress(Compressor c, int level, const std::vector<std::uint8_t>& raw) {

@@ -8,12 +8,16 @@
 #include <string>
 #include <vector>
 
+#include "core/enum_names.hpp"
+
 namespace pulse::sync {
 
 enum class Compressor : std::uint8_t { none = 0, zstd = 1, lz4 = 2 };
+inline constexpr NamedValue<Compressor> compressor_names[] = {
+    {Compressor::none, "none"}, {Compressor::zstd, "zstd"}, {Compressor::lz4, "lz4"}};
 
-const char* compressor_name(Compressor c);
-Compressor parse_compressor(const std::string& name);  // "none", "zstd", "lz4"
+inline const char* compressor_name(Compressor c) { return name_of(compressor_names, c); }
+Compressor parse_compressor(const std::string& name);  // throws pulse::Error listing the names
 
 std::vector<std::uint8_t> compress(Compressor c, int level, const std::vector<std::uint8_t>& raw);
 // Decompresses exactly raw_size bytes; throws pulse::Error if the input does not decode to that.

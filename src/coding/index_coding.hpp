@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/enum_names.hpp"
 #include "core/index.hpp"
 
 namespace pulse::sync {
@@ -18,6 +19,10 @@ enum class IndexCoding : std::uint8_t {
   exponent_class = 3,
   exponent_class_history = 4,  // its variant with signs in contexts of a change history
 };
+inline constexpr NamedValue<IndexCoding> index_coding_names[] = {{IndexCoding::gap_fixed, "gap-fixed"},
+                                                                 {IndexCoding::gap_varint, "gap-varint"},
+                                                                 {IndexCoding::exponent_class, "expclass"},
+                                                                 {IndexCoding::exponent_class_history, "expclass-history"}};
 
 // Narrowest of 1, 2, 4, 8 bytes that holds max_gap.
 int gap_width(std::uint64_t max_gap);

@@ -31,16 +31,6 @@ std::uint64_t fingerprint(Kokkos::View<const float*> theta) {
 
 }  // namespace
 
-const char* sparse_exchange_name(SparseExchange exchange) {
-  return exchange == SparseExchange::allgather ? "allgather" : "sparse-allreduce";
-}
-
-SparseExchange parse_sparse_exchange(const std::string& name) {
-  if (name == "allgather") return SparseExchange::allgather;
-  if (name == "sparse-allreduce") return SparseExchange::sparse_allreduce;
-  throw_error(__FILE__, __LINE__, "unknown sparse exchange '" + name + "' (allgather, sparse-allreduce)");
-}
-
 OuterSync::OuterSync(TrainerSync mode, const Communicator& trainers, Kokkos::View<const float*> initial_theta,
                      const OuterHyper& hyper, SparseExchange exchange, double dense_threshold)
     : mode_(mode), comm_(trainers), hyper_(hyper), exchange_(exchange), dense_threshold_(dense_threshold) {

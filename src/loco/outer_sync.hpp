@@ -21,13 +21,6 @@ struct OuterHyper {
   bool nesterov = true;
 };
 
-// allgather: every trainer's payload to every trainer (docs/loco.md). sparse_allreduce: a sparse
-// reduce-scatter by owner chunk plus an allgather of the owners' sums; above dense_threshold
-// mean density it switches to the dense exchange DiLoCo uses.
-enum class SparseExchange { allgather, sparse_allreduce };
-const char* sparse_exchange_name(SparseExchange exchange);            // "allgather", "sparse-allreduce"
-SparseExchange parse_sparse_exchange(const std::string& name);
-
 struct OuterStats {
   index_t fired = 0;   // entries this trainer sent (all of them for DiLoCo)
   double density = 0;  // fired / elements

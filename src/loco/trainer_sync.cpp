@@ -4,19 +4,15 @@
 
 namespace pulse::loco {
 
-const char* trainer_sync_name(TrainerSync mode) {
-  switch (mode) {
-    case TrainerSync::ddp: return "ddp";
-    case TrainerSync::diloco: return "diloco";
-    case TrainerSync::pulseloco: return "pulseloco";
-  }
-  throw_error(__FILE__, __LINE__, "invalid TrainerSync " + std::to_string(static_cast<int>(mode)));
+TrainerSync parse_trainer_sync(const std::string& name) {
+  if (const auto mode = value_named(trainer_sync_names, name)) return *mode;
+  throw_error(__FILE__, __LINE__, "unknown trainer sync '" + name + "' (" + names_text(trainer_sync_names) + ")");
 }
 
-TrainerSync parse_trainer_sync(const std::string& name) {
-  for (TrainerSync mode : {TrainerSync::ddp, TrainerSync::diloco, TrainerSync::pulseloco})
-    if (name == trainer_sync_name(mode)) return mode;
-  throw_error(__FILE__, __LINE__, "unknown trainer sync '" + name + "' (ddp, diloco, pulseloco)");
+SparseExchange parse_sparse_exchange(const std::string& name) {
+  if (const auto exchange = value_named(sparse_exchange_names, name)) return *exchange;
+  throw_error(__FILE__, __LINE__,
+              "unknown sparse exchange '" + name + "' (" + names_text(sparse_exchange_names) + ")");
 }
 
 }  // namespace pulse::loco

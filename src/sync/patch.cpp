@@ -18,32 +18,13 @@ bool operator==(const DtypeSummary& a, const DtypeSummary& b) {
 
 bool is_sparse_dtype(const std::string& dtype) { return sparse_format(dtype).has_value(); }
 
-const char* value_coding_name(ValueCoding v) {
-  return v == ValueCoding::raw                    ? "raw"
-         : v == ValueCoding::keydiff              ? "keydiff"
-         : v == ValueCoding::exponent_class       ? "expclass"
-                                                  : "expclass-history";
-}
 ValueCoding parse_value_coding(const std::string& name) {
-  if (name == "raw") return ValueCoding::raw;
-  if (name == "keydiff") return ValueCoding::keydiff;
-  if (name == "expclass") return ValueCoding::exponent_class;
-  if (name == "expclass-history") return ValueCoding::exponent_class_history;
-  throw_error(__FILE__, __LINE__, "unknown value coding '" + name + "' (raw, keydiff, expclass, expclass-history)");
-}
-const char* index_coding_name(IndexCoding i) {
-  return i == IndexCoding::gap_fixed                ? "gap-fixed"
-         : i == IndexCoding::gap_varint             ? "gap-varint"
-         : i == IndexCoding::exponent_class         ? "expclass"
-                                                    : "expclass-history";
+  if (const auto v = value_named(value_coding_names, name)) return *v;
+  throw_error(__FILE__, __LINE__, "unknown value coding '" + name + "' (" + names_text(value_coding_names) + ")");
 }
 IndexCoding parse_index_coding(const std::string& name) {
-  if (name == "gap-fixed") return IndexCoding::gap_fixed;
-  if (name == "gap-varint") return IndexCoding::gap_varint;
-  if (name == "expclass") return IndexCoding::exponent_class;
-  if (name == "expclass-history") return IndexCoding::exponent_class_history;
-  throw_error(__FILE__, __LINE__,
-              "unknown index coding '" + name + "' (gap-fixed, gap-varint, expclass, expclass-history)");
+  if (const auto i = value_named(index_coding_names, name)) return *i;
+  throw_error(__FILE__, __LINE__, "unknown index coding '" + name + "' (" + names_text(index_coding_names) + ")");
 }
 
 EncodeOptions exponent_class_options() {

@@ -43,6 +43,10 @@ enum class ValueCoding : std::uint8_t {
   // version (pulse-train's inference ranks), not relays or late joiners.
   exponent_class_history = 4,
 };
+inline constexpr NamedValue<ValueCoding> value_coding_names[] = {{ValueCoding::raw, "raw"},
+                                                                 {ValueCoding::keydiff, "keydiff"},
+                                                                 {ValueCoding::exponent_class, "expclass"},
+                                                                 {ValueCoding::exponent_class_history, "expclass-history"}};
 // Either expclass coding (3 or 4).
 inline bool is_exponent_class(ValueCoding v) {
   return v == ValueCoding::exponent_class || v == ValueCoding::exponent_class_history;
@@ -60,12 +64,10 @@ bool is_sparse_dtype(const std::string& dtype);
 // A model state's `__metadata__` (safetensors' string-to-string map): part of the state.
 using Metadata = std::map<std::string, std::string>;
 
-const char* value_coding_name(ValueCoding v);
-// "raw", "keydiff", "expclass", "expclass-history"
-ValueCoding parse_value_coding(const std::string& name);
-const char* index_coding_name(IndexCoding i);
-// "gap-fixed", "gap-varint", "expclass", "expclass-history"
-IndexCoding parse_index_coding(const std::string& name);
+inline const char* value_coding_name(ValueCoding v) { return name_of(value_coding_names, v); }
+ValueCoding parse_value_coding(const std::string& name);  // throws pulse::Error listing the names
+inline const char* index_coding_name(IndexCoding i) { return name_of(index_coding_names, i); }
+IndexCoding parse_index_coding(const std::string& name);  // throws pulse::Error listing the names
 
 class ChangeHistory;
 struct ChangeSet;

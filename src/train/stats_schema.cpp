@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "core/error.hpp"
-#include "train/train_config.hpp"
+#include "train/measured_points.hpp"
 
 namespace pulse {
 

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
-#include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "cli/unsigned_option.hpp"
 #include "core/error.hpp"
@@ -32,7 +35,7 @@ class ConfigFileReader : public CLI::ConfigTOML {
     const std::string file = config_option_->as<std::string>();
     if (file.empty()) return items;  // parse_toml(): recorded settings, whose paths are resolved already
     for (CLI::ConfigItem& item : items)
-      if (item.inputs.size() == 1 && std::find(config_path_keys.begin(), config_path_keys.end(), item.name) != config_path_keys.end())
+      if (const TrainOption* option = find_train_option(item.name); item.inputs.size() == 1 && option && option->path)
         item.inputs[0] = resolve_config_path(file, item.inputs[0]);
     return items;
   }
@@ -51,51 +54,223 @@ std::string resolve_config_path(const std::string& config_file, const std::strin
   return (fs::path(config_file).parent_path() / path).lexically_normal().string();
 }
 
+namespace {
+
+constexpr double inf = std::numeric_limits<double>::infinity();
+
+// TOML keeps 17 significant digits (the same double back); --help and the docs show the shortest
+// text that reads back as the same double.
+std::string toml_number(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+std::string shortest_number(double v) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, v).ptr);
+}
+
+// The values an option accepts. Infinity and NaN never are.
+struct Range {
+  double low = -inf, high = inf;
+  bool low_open = false, high_open = true;
+  bool contains(double v) const {
+    return std::isfinite(v) && (low_open ? v > low : v >= low) && (high_open ? v < high : v <= high);
+  }
+  // ">= 1", "> 0", "in 1..9" (integers), "in (0, 1)", "in [0, 1]"; "" for any.
+  std::string text(bool integer) const {
+    if (low == -inf) return "";
+    if (high == inf) return (low_open ? "> " : ">= ") + shortest_number(low);
+    if (integer) return "in " + shortest_number(low) + ".." + shortest_number(high);
+    return std::string(low_open ? "in (" : "in [") + shortest_number(low) + ", " + shortest_number(high) + (high_open ? ")" : "]");
+  }
+};
+Range at_least(double low) { return {low, inf, false, true}; }
+Range above(double low) { return {low, inf, true, true}; }
+Range in(double low, double high, bool low_open = false, bool high_open = false) {
+  return {low, high, low_open, high_open};
+}
+
+std::string quoted(const std::string& v) { return "\"" + v + "\""; }
+
+TrainOption row(const std::string& name, const std::string& help, const std::string& range) {
+  TrainOption o;
+  o.name = name, o.help = help, o.range = range;
+  return o;
+}
+
+template <class T>
+TrainOption number(const std::string& name, T TrainConfig::*member, const std::string& help, Range range = {}) {
+  TrainOption o = row(name, help, range.text(std::is_integral_v<T>));
+  const std::string shown_help = o.range.empty() ? help : help + " (" + o.range + ")";
+  o.add = [name, member, shown_help](CLI::App& app, TrainConfig& c) {
+    CLI::Option* option = app.add_option("--" + name, c.*member, shown_help);
+    if constexpr (std::is_same_v<T, std::uint64_t>) option->check(cli::unsigned_decimal());
+    return option;
+  };
+  o.toml = [member](const TrainConfig& c) {
+    if constexpr (std::is_floating_point_v<T>) return toml_number(c.*member);
+    else return std::to_string(c.*member);
+  };
+  o.shown = [member](const TrainConfig& c) {
+    if constexpr (std::is_floating_point_v<T>) return shortest_number(c.*member);
+    else return std::to_string(c.*member);
+  };
+  o.in_range = [member, range](const TrainConfig& c) { return range.contains(double(c.*member)); };
+  return o;
+}
+
+// A text; choices, when given, are the values it may take.
+TrainOption text(const std::string& name, std::string TrainConfig::*member, const std::string& help,
+                 const std::vector<std::string>& choices = {}) {
+  std::string range;
+  for (const std::string& choice : choices) range += (range.empty() ? "" : ", ") + choice;
+  TrainOption o = row(name, help, range);
+  o.add = [name, member, help, choices](CLI::App& app, TrainConfig& c) {
+    CLI::Option* option = app.add_option("--" + name, c.*member, help);
+    if (!choices.empty()) option->check(CLI::IsMember(choices));
+    return option;
+  };
+  o.toml = [member](const TrainConfig& c) { return quoted(c.*member); };
+  o.shown = [member](const TrainConfig& c) { return c.*member; };
+  o.in_range = [member, choices](const TrainConfig& c) {
+    return choices.empty() || std::find(choices.begin(), choices.end(), c.*member) != choices.end();
+  };
+  return o;
+}
+
+TrainOption path(const std::string& name, std::string TrainConfig::*member, const std::string& help) {
+  TrainOption o = text(name, member, help);
+  o.path = true;
+  return o;
+}
+
+// How this process starts: not recorded.
+TrainOption flag(const std::string& name, bool TrainConfig::*member, const std::string& help) {
+  TrainOption o = row(name, help, "");
+  o.recorded = false;
+  o.add = [name, member, help](CLI::App& app, TrainConfig& c) { return app.add_flag("--" + name, c.*member, help); };
+  o.toml = o.shown = [member](const TrainConfig& c) { return std::string(c.*member ? "true" : "false"); };
+  o.in_range = [](const TrainConfig&) { return true; };
+  return o;
+}
+
+// A mode: an enum, written as the names of its table.
+template <class E, std::size_t N>
+TrainOption choice(const std::string& name, E TrainConfig::*member, const NamedValue<E> (&names)[N],
+                   const std::string& help) {
+  TrainOption o = row(name, help, names_text(names));
+  o.add = [name, member, help, &names](CLI::App& app, TrainConfig& c) {
+    return app
+        .add_option_function<std::string>(
+            "--" + name, [&c, member, &names](const std::string& value) { c.*member = *value_named(names, value); },
+            help)
+        ->check(CLI::IsMember(names_of(names)))
+        ->default_str(name_of(names, c.*member));
+  };
+  o.toml = [member, &names](const TrainConfig& c) { return quoted(name_of(names, c.*member)); };
+  o.shown = [member, &names](const TrainConfig& c) { return std::string(name_of(names, c.*member)); };
+  o.in_range = [member, &names](const TrainConfig& c) { return *name_of(names, c.*member) != '\0'; };
+  return o;
+}
+
+TrainOption may_change_on_resume(TrainOption o) {
+  o.resume_may_change = true;
+  return o;
+}
+
+std::vector<TrainOption> make_train_options() {
+  using C = TrainConfig;
+  return {
+      // run and files
+      may_change_on_resume(path("out", &C::out, "statistics file (HDF5); checkpoints go to OUT's stem + .ckpt/")),
+      flag("overwrite", &C::overwrite, "replace an existing output"),
+      flag("resume", &C::resume, "continue the run in --out from its last checkpoint"),
+      flag("quiet", &C::quiet, "no per-step progress lines"),
+      may_change_on_resume(number("checkpoint-every", &C::checkpoint_every,
+                                  "steps between checkpoints (0: only on signals and at the end)", at_least(0))),
+      // model and task
+      text("model", &C::model, "GPT preset", {"tiny", "small", "base"}),
+      path("init", &C::init,
+           "BF16 weights to start from: a safetensors file (e.g. pulse-sft's model.safetensors) or a Hugging Face "
+           "folder"),
+      number("sft-steps", &C::sft_steps, "when --init does not exist, make it by this many SFT steps first (then cached)",
+             at_least(0)),
+      number("seed", &C::seed, "seed of initial weights, problems and sampling"),
+      number("digits", &C::digits, "addition operands have up to this many digits", in(1, 9)),
+      // GRPO
+      may_change_on_resume(number("steps", &C::steps, "GRPO optimizer steps", at_least(1))),
+      number("lr", &C::lr, "AdamW learning rate after warm-up", above(0)),
+      number("warmup-steps", &C::warmup_steps, "linear learning-rate warm-up steps", at_least(0)),
+      choice("precision", &C::precision, precision_names,
+             "mixed: FP32 master weights; bf16: BF16 weights and Adam state"),
+      number("weight-decay", &C::weight_decay, "AdamW weight decay", at_least(0)),
+      number("grad-clip", &C::grad_clip, "clip the global gradient norm to this (0: off)", at_least(0)),
+      number("prompts-per-step", &C::prompts_per_step, "prompts per rollout batch (all ranks together)", at_least(1)),
+      number("group-size", &C::group_size, "sampled completions per prompt (advantages are relative within a group)",
+             in(2, max_group_size)),
+      number("temperature", &C::temperature, "sampling temperature", at_least(0)),
+      number("clip-low", &C::clip_low, "DAPO ratio clip below 1", in(0, 1, true, true)),
+      number("clip-high", &C::clip_high, "DAPO ratio clip above 1", above(0)),
+      number("num-iterations", &C::num_iterations, "mu: optimizer steps per rollout batch (batch reuse)", at_least(1)),
+      number("async-lag", &C::async_lag, "S: rollouts used at step t come from weights version t-1-S", at_least(0)),
+      // ranks and PULSESync
+      number("inference-ranks", &C::inference_ranks,
+             "ranks that only generate rollouts (BF16 weights via PULSESync); fewer than the ranks", at_least(0)),
+      path("relay", &C::relay, "relay directory for patches (default: MPI broadcast)"),
+      number("anchor-every", &C::anchor_every, "relay: a full anchor every K versions", at_least(1)),
+      number("keep-anchors", &C::keep_anchors, "relay: newest anchors kept (with the patches after them)", at_least(1)),
+      // measurement
+      number("eval-every", &C::eval_every, "greedy pass@1 on held-out problems every N steps (0: never)", at_least(0)),
+      number("eval-problems", &C::eval_problems, "held-out problems per evaluation", in(1, 1 << 20)),
+      number("absorption-every", &C::absorption_every, "absorption histograms every N steps (0: never)", at_least(0)),
+      // trainer-to-trainer synchronisation
+      choice("trainer-sync", &C::trainer_sync, loco::trainer_sync_names,
+             "ddp: gradient allreduce every step; diloco, pulseloco: outer step every H"),
+      number("inner-steps", &C::inner_steps, "H: inner steps per outer step (diloco, pulseloco)", at_least(1)),
+      number("outer-lr", &C::outer_lr, "outer SGD learning rate (diloco, pulseloco)", above(0)),
+      number("outer-momentum", &C::outer_momentum, "outer Nesterov momentum (diloco, pulseloco)", in(0, 1, false, true)),
+      choice("sparse-exchange", &C::sparse_exchange, loco::sparse_exchange_names,
+             "pulseloco: allgather of payloads, or a sparse allreduce"),
+      number("dense-threshold", &C::dense_threshold, "pulseloco sparse-allreduce: go dense above this density",
+             in(0, 1)),
+  };
+}
+
+}  // namespace
+
+const std::vector<TrainOption>& train_options() {
+  static const std::vector<TrainOption> options = make_train_options();
+  return options;
+}
+
+const TrainOption* find_train_option(const std::string& name) {
+  for (const TrainOption& option : train_options())
+    if (option.name == name) return &option;
+  return nullptr;
+}
+
+std::string train_options_markdown() {
+  const TrainConfig defaults;
+  std::string table =
+      "| flag (`--config` key) | default | accepted | on `--resume` | meaning |\n"
+      "|---|---|---|---|---|\n";
+  for (const TrainOption& o : train_options()) {
+    const std::string shown = o.shown(defaults);
+    table += "| `--" + o.name + "` | " + (shown.empty() ? "" : "`" + shown + "`") + " | " + o.range + " | " +
+             (!o.recorded ? "not recorded" : o.resume_may_change ? "may change" : "must match") + " | " + o.help +
+             " |\n";
+  }
+  return table;
+}
+
 void add_train_options(CLI::App& app, TrainConfig& c) {
   app.set_config("--config", "", "TOML file of settings (keys are flag names; relative paths in it are relative to its "
                                  "folder); flags given on the command line win");
   app.config_formatter(std::make_shared<ConfigFileReader>(app.get_config_ptr()));
   app.allow_config_extras(CLI::config_extras_mode::error);
-  app.add_option("--out", c.out, "statistics file (HDF5); checkpoints go to OUT's stem + .ckpt/");
-  app.add_flag("--overwrite", c.overwrite, "replace an existing output");
-  app.add_flag("--resume", c.resume, "continue the run in --out from its last checkpoint");
-  app.add_flag("--quiet", c.quiet, "no per-step progress lines");
-  app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: only on signals and at the end)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--model", c.model, "GPT preset")->check(CLI::IsMember({"tiny", "small", "base"}));
-  app.add_option("--init", c.init, "BF16 weights to start from: a safetensors file (e.g. pulse-sft's model.safetensors) or a Hugging Face folder");
-  app.add_option("--sft-steps", c.sft_steps, "when --init does not exist, make it by this many SFT steps first (then cached)");
-  app.add_option("--seed", c.seed, "seed of initial weights, problems and sampling")->check(cli::unsigned_decimal());
-  app.add_option("--digits", c.digits, "addition operands have up to this many digits");
-  app.add_option("--steps", c.steps, "GRPO optimizer steps");
-  app.add_option("--lr", c.lr, "AdamW learning rate after warm-up");
-  app.add_option("--warmup-steps", c.warmup_steps, "linear learning-rate warm-up steps");
-  app.add_option("--precision", c.precision, "mixed: FP32 master weights; bf16: BF16 weights and Adam state")
-      ->check(CLI::IsMember({"mixed", "bf16"}));
-  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay");
-  app.add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)");
-  app.add_option("--prompts-per-step", c.prompts_per_step, "prompts per rollout batch (all ranks together)");
-  app.add_option("--group-size", c.group_size, "sampled completions per prompt");
-  app.add_option("--temperature", c.temperature, "sampling temperature");
-  app.add_option("--clip-low", c.clip_low, "DAPO ratio clip below 1");
-  app.add_option("--clip-high", c.clip_high, "DAPO ratio clip above 1");
-  app.add_option("--num-iterations", c.num_iterations, "mu: optimizer steps per rollout batch (batch reuse)");
-  app.add_option("--async-lag", c.async_lag, "S: rollouts used at step t come from weights version t-1-S");
-  app.add_option("--inference-ranks", c.inference_ranks, "ranks that only generate rollouts (BF16 weights via PULSESync)");
-  app.add_option("--relay", c.relay, "relay directory for patches (default: MPI broadcast)");
-  app.add_option("--anchor-every", c.anchor_every, "relay: a full anchor every K versions");
-  app.add_option("--keep-anchors", c.keep_anchors, "relay: newest anchors kept (with the patches after them)");
-  app.add_option("--eval-every", c.eval_every, "greedy pass@1 on held-out problems every N steps (0: never)");
-  app.add_option("--eval-problems", c.eval_problems, "held-out problems per evaluation");
-  app.add_option("--absorption-every", c.absorption_every, "absorption histograms every N steps (0: never)");
-  app.add_option("--trainer-sync", c.trainer_sync, "ddp: gradient allreduce every step; diloco, pulseloco: outer step every H")
-      ->check(CLI::IsMember({"ddp", "diloco", "pulseloco"}));
-  app.add_option("--inner-steps", c.inner_steps, "H: inner steps per outer step (diloco, pulseloco)");
-  app.add_option("--outer-lr", c.outer_lr, "outer SGD learning rate (diloco, pulseloco)");
-  app.add_option("--outer-momentum", c.outer_momentum, "outer Nesterov momentum (diloco, pulseloco)");
-  app.add_option("--sparse-exchange", c.sparse_exchange, "pulseloco: allgather of payloads, or a sparse allreduce")
-      ->check(CLI::IsMember({"allgather", "sparse-allreduce"}));
-  app.add_option("--dense-threshold", c.dense_threshold, "pulseloco sparse-allreduce: go dense above this density");
+  for (const TrainOption& option : train_options()) option.add(app, c);
 }
 
 namespace {
@@ -130,7 +305,6 @@ void check_path(const std::string& flag, const std::string& path) {
 // --out and the checkpoint folder next to it must be creatable before anything is written.
 void check_output(const std::string& out) {
   namespace fs = std::filesystem;
-  check_path("out", out);
   const fs::path p(out);
   PULSE_CHECK(!out.empty() && p.has_filename() && !p.stem().empty(), "config: out '" + out + "' names no file");
   std::error_code ec;
@@ -146,36 +320,16 @@ void check_output(const std::string& out) {
 }  // namespace
 
 void validate(const TrainConfig& c, int world_size) {
-  check_positive(c.sft_steps >= 0 && (c.sft_steps == 0 || !c.init.empty()), "sft-steps needs init (the file it caches)");
-  check_positive(c.steps >= 1, "steps must be at least 1, got " + std::to_string(c.steps));
-  check_positive(std::isfinite(c.lr) && c.lr > 0, "lr must be a positive number, got " + std::to_string(c.lr));
-  check_positive(c.warmup_steps >= 0, "warmup-steps must be >= 0");
-  check_positive(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "weight-decay must be >= 0");
-  check_positive(std::isfinite(c.grad_clip) && c.grad_clip >= 0, "grad-clip must be >= 0");
-  check_positive(c.digits >= 1 && c.digits <= 9, "digits must be in 1..9, got " + std::to_string(c.digits));
-  check_positive(c.prompts_per_step >= 1, "prompts-per-step must be at least 1");
-  check_positive(c.group_size >= 2, "group-size must be at least 2 (advantages are relative within a group)");
-  check_positive(c.group_size <= max_group_size, "group-size must be at most " + std::to_string(max_group_size) +
-                                                     ", got " + std::to_string(c.group_size));
-  check_positive(std::isfinite(c.temperature) && c.temperature >= 0, "temperature must be >= 0");
-  check_positive(c.clip_low > 0 && c.clip_low < 1 && c.clip_high > 0, "clip-low must be in (0, 1) and clip-high > 0");
-  check_positive(c.num_iterations >= 1, "num-iterations must be at least 1");
-  check_positive(c.async_lag >= 0, "async-lag must be >= 0");
-  check_positive(c.checkpoint_every >= 0, "checkpoint-every must be >= 0");
-  check_positive(c.anchor_every >= 1 && c.keep_anchors >= 1, "anchor-every and keep-anchors must be at least 1");
-  check_positive(c.eval_every >= 0 && c.eval_problems >= 1, "eval-every must be >= 0 and eval-problems >= 1");
-  check_positive(c.absorption_every >= 0, "absorption-every must be >= 0");
-  check_positive(c.inner_steps >= 1, "inner-steps must be at least 1");
-  check_positive(std::isfinite(c.outer_lr) && c.outer_lr > 0, "outer-lr must be positive");
-  check_positive(c.outer_momentum >= 0 && c.outer_momentum < 1, "outer-momentum must be in [0, 1)");
-  check_positive(c.dense_threshold >= 0 && c.dense_threshold <= 1, "dense-threshold must be in [0, 1]");
-  check_positive(c.trainer_sync == "ddp" || c.precision == "mixed",
-                 "trainer-sync " + c.trainer_sync + " needs precision mixed (FP32 local and global weights)");
+  for (const TrainOption& o : train_options())
+    check_positive(o.in_range(c), o.name + " must be " + o.range + ", got " + o.shown(c));
+  check_positive(c.sft_steps == 0 || !c.init.empty(), "sft-steps needs init (the file it caches)");
+  check_positive(c.trainer_sync == loco::TrainerSync::ddp || c.precision == Precision::mixed,
+                 std::string("trainer-sync ") + loco::trainer_sync_name(c.trainer_sync) +
+                     " needs precision mixed (FP32 local and global weights)");
   check_positive(!(c.overwrite && c.resume), "--overwrite and --resume exclude each other");
-  check_positive(c.eval_problems <= 1 << 20, "eval-problems must be at most 1048576");
+  for (const TrainOption& o : train_options())
+    if (o.path) check_path(o.name, o.shown(c));
   check_output(c.out);
-  check_path("init", c.init);
-  check_path("relay", c.relay);
   std::error_code ec;
   PULSE_CHECK(c.relay.empty() || c.resume || !std::filesystem::exists(c.relay, ec) ||
                   (std::filesystem::is_directory(c.relay, ec) && std::filesystem::is_empty(c.relay, ec)),
@@ -199,28 +353,16 @@ void validate(const TrainConfig& c, int world_size) {
                                              " x group-size " + std::to_string(c.group_size) + " gives " +
                                              std::to_string(rows) + " completions on one rank, more than " +
                                              std::to_string(max_rows_per_rank));
-  PULSE_CHECK(c.trainer_sync == "ddp" || c.inference_ranks == 0,
-              "config: trainer-sync " + c.trainer_sync + " runs without inference ranks (each trainer samples its own)");
+  PULSE_CHECK(c.trainer_sync == loco::TrainerSync::ddp || c.inference_ranks == 0,
+              std::string("config: trainer-sync ") + loco::trainer_sync_name(c.trainer_sync) +
+                  " runs without inference ranks (each trainer samples its own)");
 }
 
 std::string to_toml(const TrainConfig& c) {
-  std::ostringstream s;
-  s.precision(17);
-  auto str = [](const std::string& v) { return "\"" + v + "\""; };
-  s << "out = " << str(c.out) << "\ncheckpoint-every = " << c.checkpoint_every << "\nmodel = " << str(c.model)
- << "\ninit = " << str(c.init) << "\nsft-steps = " << c.sft_steps << "\nseed = " << c.seed << "\ndigits = " << c.digits << "\nsteps = " << c.steps
-    << "\nlr = " << c.lr << "\nwarmup-steps = " << c.warmup_steps << "\nprecision = " << str(c.precision)
-    << "\nweight-decay = " << c.weight_decay << "\ngrad-clip = " << c.grad_clip
-    << "\nprompts-per-step = " << c.prompts_per_step << "\ngroup-size = " << c.group_size
-    << "\ntemperature = " << c.temperature << "\nclip-low = " << c.clip_low << "\nclip-high = " << c.clip_high
-    << "\nnum-iterations = " << c.num_iterations << "\nasync-lag = " << c.async_lag
-    << "\ninference-ranks = " << c.inference_ranks << "\nrelay = " << str(c.relay)
-    << "\nanchor-every = " << c.anchor_every << "\nkeep-anchors = " << c.keep_anchors << "\neval-every = " << c.eval_every
-    << "\neval-problems = " << c.eval_problems << "\nabsorption-every = " << c.absorption_every
-    << "\ntrainer-sync = " << str(c.trainer_sync) << "\ninner-steps = " << c.inner_steps
-    << "\nouter-lr = " << c.outer_lr << "\nouter-momentum = " << c.outer_momentum
-    << "\nsparse-exchange = " << str(c.sparse_exchange) << "\ndense-threshold = " << c.dense_threshold << "\n";
-  return s.str();
+  std::string toml;
+  for (const TrainOption& o : train_options())
+    if (o.recorded) toml += o.name + " = " + o.toml(c) + "\n";
+  return toml;
 }
 
 TrainConfig parse_toml(const std::string& toml) {
@@ -269,12 +411,15 @@ std::string resume_changes(const std::string& recorded, const TrainConfig& now) 
   };
   std::vector<std::string> refused, changes;
   for (const std::string& key : differing_keys(recorded, current)) {
-    if (std::find(resume_changeable_keys.begin(), resume_changeable_keys.end(), key) == resume_changeable_keys.end())
+    if (const TrainOption* option = find_train_option(key); !option || !option->resume_may_change)
       refused.push_back(key);
     changes.push_back(key + " " + value(before, key) + " -> " + value(after, key));
   }
+  std::vector<std::string> changeable;
+  for (const TrainOption& option : train_options())
+    if (option.resume_may_change) changeable.push_back(option.name);
   PULSE_CHECK(refused.empty(), "--resume: settings differ from the checkpoint's in " + join(refused) + " (only " +
-                                   join(resume_changeable_keys) + " may change)");
+                                   join(changeable) + " may change)");
   return join(changes);
 }
 

@@ -1,13 +1,19 @@
 #pragma once
 // pulse-train's settings: every flag can also be set in a TOML file (--config), key = flag name
-// without the dashes ("inference-ranks = 1"). add_train_options() registers them all on a CLI11
-// app, so `pulse-train --help` documents each; validate() checks everything that can be checked
-// before a file is created.
+// without the dashes ("inference-ranks = 1"). train_options() is the one table of them (name,
+// meaning, accepted values); the command line, --config, to_toml(), validate(), the resume check
+// and docs/pulse-train.md (`pulse-train --print-options`) all read it. Defaults are TrainConfig's
+// member initialisers.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "core/precision.hpp"
+#include "loco/trainer_sync.hpp"
+#include "train/measured_points.hpp"
 
 namespace pulse {
 
@@ -28,7 +34,7 @@ struct TrainConfig {
   int steps = 100;
   double lr = 3e-6;
   int warmup_steps = 20;
-  std::string precision = "mixed";  // mixed: FP32 master + BF16 copy; bf16: BF16 weights and state
+  Precision precision = Precision::mixed;
   double weight_decay = 0.0;
   double grad_clip = 1.0;
   int prompts_per_step = 8;
@@ -47,28 +53,47 @@ struct TrainConfig {
   int eval_problems = 128;
   int absorption_every = 10;  // absorption histograms every N steps (0: never)
   // trainer-to-trainer synchronisation (DDP every step, or DiLoCo / PULSELoCo every H steps)
-  std::string trainer_sync = "ddp";
+  loco::TrainerSync trainer_sync = loco::TrainerSync::ddp;
   int inner_steps = 8;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
-  std::string sparse_exchange = "allgather";  // pulseloco: allgather | sparse-allreduce
-  double dense_threshold = 0.25;              // sparse-allreduce goes dense above this density
+  loco::SparseExchange sparse_exchange = loco::SparseExchange::allgather;
+  double dense_threshold = 0.25;  // sparse-allreduce goes dense above this density
 };
-
-// k-step distances and gradient thresholds every run measures.
-inline const std::vector<int> kstep_values = {1, 2, 4, 8, 16, 32};
-inline const std::vector<float> grad_thresholds = {0.0f, 1e-10f, 1e-8f, 1e-6f};
-inline const std::vector<double> adam_quantiles = {0.5, 0.9, 0.99, 0.999};
 
 // Sizes beyond these are refused by validate(): their buffers would not fit in memory (or an
 // int) and the run would fail only after its files exist.
 inline constexpr int max_group_size = 1024;
 inline constexpr long long max_rows_per_rank = 16384;  // completions one rank samples or trains on per step
 
-// Keys whose values are paths. In a --config file a relative one is relative to the file's folder.
-inline const std::vector<std::string> config_path_keys = {"out", "init", "relay"};
 // path as seen from the working folder when a config file at config_file names it.
 std::string resolve_config_path(const std::string& config_file, const std::string& path);
+
+// One setting: its flag (--name) and TOML key (name), its meaning, and the values validate()
+// accepts; its default is TrainConfig's member initialiser.
+struct TrainOption {
+  std::string name, help;
+  std::string range;  // the accepted values as --help and the docs say them ("" for any)
+  // In to_toml() and so in the recorded settings; false for how this process starts (overwrite,
+  // resume, quiet), which is not part of what the run is.
+  bool recorded = true;
+  // A path: relative in a --config file means relative to the file's folder.
+  bool path = false;
+  // A resumed run may change it: it changes neither the weights nor the statistics rows of the
+  // steps both runs make (steps: the run only ends elsewhere, and the evaluation at the last step
+  // moves with it; checkpoint-every: only when state is saved; out: where the files are, after
+  // they were moved).
+  bool resume_may_change = false;
+  std::function<CLI::Option*(CLI::App&, TrainConfig&)> add;  // registers --name
+  std::function<std::string(const TrainConfig&)> toml;       // the value as TOML text
+  std::function<std::string(const TrainConfig&)> shown;      // the value as --help and the docs show it
+  std::function<bool(const TrainConfig&)> in_range;
+};
+// In the order of --help and to_toml().
+const std::vector<TrainOption>& train_options();
+const TrainOption* find_train_option(const std::string& name);  // nullptr when there is none
+// The table as Markdown (flag, default, accepted values, meaning): what docs/pulse-train.md holds.
+std::string train_options_markdown();
 
 void add_train_options(CLI::App& app, TrainConfig& config);
 // Throws pulse::Error with a one-line reason; world_size is the MPI rank count. Also checks that
@@ -86,14 +111,9 @@ TrainConfig parse_toml(const std::string& toml);
 std::map<std::string, std::string> toml_values(const std::string& toml);
 // Keys whose values differ between two to_toml() texts, sorted; a key on one side only counts.
 std::vector<std::string> differing_keys(const std::string& a, const std::string& b);
-// Keys a resumed run may change: they cannot change the weights or the statistics rows of the
-// steps both runs make (steps: the run only ends elsewhere, and the evaluation at the last step
-// moves with it; checkpoint-every: only when state is saved; out: where the files are, after
-// they were moved).
-inline const std::vector<std::string> resume_changeable_keys = {"steps", "checkpoint-every", "out"};
 // What changed from the settings a checkpoint recorded (a to_toml() text) to `now`, as
-// "key old -> new, ..." ("" when nothing did). Throws pulse::Error naming every changed key
-// outside resume_changeable_keys.
+// "key old -> new, ..." ("" when nothing did). Throws pulse::Error naming every changed key that
+// is not an option with resume_may_change.
 std::string resume_changes(const std::string& recorded, const TrainConfig& now);
 
 }  // namespace pulse

@@ -26,14 +26,12 @@ Trainer::Trainer(const TrainConfig& c, const Communicator& trainers, const GPTCo
   model_ = std::make_unique<GPT>(config, rows, seq_len);
   // Score at the temperature the rollouts were drawn at (greedy rollouts record temperature 1).
   if (c_.temperature > 0) model_->set_temperature(static_cast<float>(c_.temperature));
-  const Precision precision = c_.precision == "mixed" ? Precision::mixed : Precision::bf16;
-  params_ = std::make_unique<ParameterStore>(table, precision, initial, trainers_.rank() == 0);
-  if (c_.trainer_sync != "ddp") {
+  params_ = std::make_unique<ParameterStore>(table, c_.precision, initial, trainers_.rank() == 0);
+  if (c_.trainer_sync != loco::TrainerSync::ddp) {
     // Resumed: the outer state restarts from the checkpoint's global weights (its buffers follow in load()).
     Kokkos::View<const float*> theta = params_->master();
     if (resumed) theta = to_device(resumed->get<float>("outer.theta_global", table.num_elements()));
-    outer_ = std::make_unique<loco::OuterSync>(loco::parse_trainer_sync(c_.trainer_sync), trainers_, theta,
-                                               outer_hyper(c_), loco::parse_sparse_exchange(c_.sparse_exchange),
+    outer_ = std::make_unique<loco::OuterSync>(c_.trainer_sync, trainers_, theta, outer_hyper(c_), c_.sparse_exchange,
                                                c_.dense_threshold);
   }
   if (resumed) load(*resumed);
@@ -47,7 +45,7 @@ TrainStepResult Trainer::step(std::int64_t t, bool keep_master_before, TransferC
   std::int64_t local_tokens = 0;
   for (const auto m : batch_.completion_mask) local_tokens += m;
   Kokkos::Timer timer;
-  const bool ddp = c_.trainer_sync == "ddp";
+  const bool ddp = c_.trainer_sync == loco::TrainerSync::ddp;
   r.tokens = allreduce_value(trainers_, local_tokens, ReduceOp::sum);
   double reward_sum = 0;
   for (const float x : batch_.rewards) reward_sum += x;
@@ -77,7 +75,7 @@ TrainStepResult Trainer::step(std::int64_t t, bool keep_master_before, TransferC
   r.measure_s += measure_timer.seconds();
   AdamWHyper h;
   h.lr = r.lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
-  h.beta1 = 0.9, h.beta2 = 0.999, h.eps = 1e-8, h.weight_decay = c_.weight_decay;
+  h.weight_decay = c_.weight_decay;  // betas and eps: AdamWHyper's defaults
   if (keep_master_before) {
     r.master_before = Kokkos::View<float*>("master_before", params_->weights().extent(0));
     Kokkos::deep_copy(r.master_before, params_->master());

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   try {
     pulse::TrainConfig relay_run;
-    relay_run.inference_ranks = 2, relay_run.relay = "runs/relay", relay_run.trainer_sync = "pulseloco";
+    relay_run.inference_ranks = 2, relay_run.relay = "runs/relay", relay_run.trainer_sync = pulse::loco::TrainerSync::pulseloco;
     relay_run.prompts_per_step = 16, relay_run.seed = 18446744073709551615ull, relay_run.lr = 1e-5;
     std::ofstream(dir + "/config-default.toml") << pulse::to_toml({});
     std::ofstream(dir + "/config-relay.toml") << pulse::to_toml(relay_run);

@@ -89,7 +89,7 @@ def role_decode(base, patch_path, values):
     with open(patch_path, "rb") as f:
         patch = f.read()
     decoded = pulse.decode(patch, pulse.load(base, framework="torch"))
-    assert sum(len(c.indices) for c in decoded.changes.values()) == pulse.inspect(patch)["changed"]
+    assert sum(len(c.indices) for c in decoded.changes.values()) == pulse.inspect(patch)["total_changed"]
 
 
 ROLES = {"sender": role_sender, "sender_compressed": lambda *a: role_sender(*a, copy="compressed"),

@@ -108,9 +108,16 @@ def test_diff_counts():
     a = {"w": torch.zeros(1000, dtype=torch.bfloat16), "x": np.zeros(10, np.float32)}
     b = copy_state(a)
     b["w"][[3, 5, 999]] = 1.0
-    d = pulse.diff(a, b)
-    assert d["tensors"]["w"]["changed"] == 3 and d["tensors"]["x"]["changed"] == 0
-    assert d["dtypes"]["BF16"]["sparsity"] == pytest.approx(1 - 3 / 1000)
+    b["y"] = np.zeros(4, np.float32)  # added
+    b["x"] = np.zeros(5, np.float32)  # re-declared
+    d = pulse.diff(a, b)  # pulse-sync diff --json's object, without the paths
+    rows = {t["name"]: t for t in d["tensors"]}
+    assert rows["w"] == {"name": "w", "dtype": "BF16", "elements": 1000, "changed": 3,
+                         "sparsity_percent": pytest.approx(100 * (1 - 3 / 1000))}
+    assert rows["x"]["status"] == "re-declared" and rows["y"]["status"] == "added"
+    assert d["totals"] == {"BF16": {"elements": 1000, "changed": 3, "sparsity_percent": rows["w"]["sparsity_percent"]}}
+    assert d["metadata_changed"] is False
+    assert [t["status"] for t in pulse.diff(b, a)["tensors"] if "status" in t] == ["removed", "re-declared"]
 
 
 def test_every_corruption_rejected_state_unchanged():

@@ -223,7 +223,7 @@ def test_tied_weights_sender_receiver_round_trip(values):
         opt.step()
         opt.zero_grad()
         patch = sender.patch()
-        assert pulse.inspect(patch)["changed"] > 0
+        assert pulse.inspect(patch)["total_changed"] > 0
         receiver.apply(patch)
         for (name, a), b in zip(trainer.state_dict().items(), server.state_dict().values()):
             assert np.array_equal(bits(a), bits(b)), (step, name)

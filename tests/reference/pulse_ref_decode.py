@@ -68,6 +68,7 @@ SPARSE = {"BF16": (2, 7, 8, True), "F16": (2, 10, 5, True), "F32": (4, 23, 8, Tr
           "F8_E5M2": (1, 2, 5, True), "F8_E5M2FNUZ": (1, 2, 5, True),
           "F8_E4M3": (1, 3, 4, True), "F8_E4M3FNUZ": (1, 3, 4, True), "F8_E8M0": (1, 0, 8, False)}
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+HEADER_BYTES = 136  # FORMAT.md: the fixed header before the entry table
 
 
 class Fmt:
@@ -167,7 +168,7 @@ def parse(patch, public_key=None, check_digests=True):
     version = struct.unpack_from("<H", patch, 8)[0]
     require(version not in (1, 2), f"format {version} is no longer read")
     require(version == 3, f"format {version} unknown")
-    require(len(patch) >= 136 + 16, "truncated")
+    require(len(patch) >= HEADER_BYTES + 16, "truncated")
     flags, values, indices, compressor, reserved = struct.unpack_from("<HBBBB", patch, 10)
     require(flags & ~7 == 0, "unknown flags")
     require(values != 2 and indices != 2, "coding id 2 is no longer read")
@@ -182,13 +183,13 @@ def parse(patch, public_key=None, check_digests=True):
     h["index"], h["value"], h["whole"] = (streams[0], streams[1]), (streams[2], streams[3]), (streams[4], streams[5])
     T = struct.unpack_from("<Q", patch, 128)[0]
     trailer = 16 + (64 if h["signed"] else 0)
-    require(136 + T + streams[0] + streams[2] + streams[4] + trailer == len(patch), "file size")
+    require(HEADER_BYTES + T + streams[0] + streams[2] + streams[4] + trailer == len(patch), "file size")
     end = len(patch) - trailer
     if xxhash is not None:
         require(xxh3(patch[:end]) == bytes(patch[end:end + 16]), "checksum mismatch")
     require(public_key is None or h["signed"], "unsigned patch with a public key")  # signatures: not checked here
 
-    t = Cursor(patch, 136, 136 + T)
+    t = Cursor(patch, HEADER_BYTES, HEADER_BYTES + T)
     if values == 4:
         h["history"] = bytes(t.take(16))
         require(not h["layout"], "expclass-history with a layout change")
@@ -254,7 +255,7 @@ def parse(patch, public_key=None, check_digests=True):
         require(sum(p[1][k] for p in parts) == h[s][0] and sum(p[1][k + 1] for p in parts) == h[s][1],
                 "part sizes do not add up")
     require(sum(c for p in parts for _, c in p[0]) == total, "parts do not add up to the entries")
-    h["streams_at"] = 136 + T
+    h["streams_at"] = HEADER_BYTES + T
     return h, removed, added, metadata, summary, entries, parts
 
 

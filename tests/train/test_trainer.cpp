@@ -42,7 +42,7 @@ void check_resume(const std::string& mode) {
   const Communicator world(MPI_COMM_WORLD);
   TrainConfig c;
   c.digits = 1, c.seed = 5, c.prompts_per_step = 4, c.group_size = 4, c.lr = 1e-3, c.warmup_steps = 0;
-  c.trainer_sync = mode, c.inner_steps = 1;
+  c.trainer_sync = loco::parse_trainer_sync(mode), c.inner_steps = 1;
   GPTConfig config = gpt_preset("tiny");
   config.vocab_size = arithmetic_tokenizer().vocab_size();
   const TensorTable table = gpt_tensor_table(config);
