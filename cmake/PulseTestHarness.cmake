@@ -39,6 +39,9 @@ add_library(pulse_test_main STATIC ${CMAKE_CURRENT_LIST_DIR}/../tests/support/te
 target_link_libraries(pulse_test_main PUBLIC pulse GTest::gtest)
 add_library(pulse_test_main_mpi STATIC ${CMAKE_CURRENT_LIST_DIR}/../tests/support/test_main_mpi.cpp)
 target_link_libraries(pulse_test_main_mpi PUBLIC pulse GTest::gtest)
+# Tests include their shared helpers as "support/...", from whichever folder of tests/ they sit in.
+target_include_directories(pulse_test_main PUBLIC ${CMAKE_CURRENT_LIST_DIR}/../tests)
+target_include_directories(pulse_test_main_mpi PUBLIC ${CMAKE_CURRENT_LIST_DIR}/../tests)
 
 function(pulse_add_test)
   cmake_parse_arguments(T "MPI" "NAME;TIMEOUT;TIER" "SOURCES;LABELS;ARGS;NPROCS" ${ARGN})

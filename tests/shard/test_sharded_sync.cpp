@@ -16,27 +16,20 @@
 #include "core/error.hpp"
 #include "shard/sharded_receiver.hpp"
 #include "shard/sharded_sender.hpp"
+#include "support/owned_state.hpp"
 
 using namespace pulse;
 using namespace pulse::sync;
 
 namespace {
 
-struct OwnedTensor {
-  TensorLayout layout;
-  std::vector<std::byte> bytes;
-};
-using State = std::vector<OwnedTensor>;
-
-std::vector<TensorRef> refs(const State& s) {
-  std::vector<TensorRef> out;
-  for (const auto& t : s) out.push_back({t.layout.name, t.layout.dtype, t.layout.shape, t.bytes.data(), t.bytes.size()});
-  return out;
-}
+using test::OwnedTensor;
+using test::State;
+using test::refs;
 
 std::vector<TensorLayout> layout_of(const State& s) {
   std::vector<TensorLayout> out;
-  for (const auto& t : s) out.push_back(t.layout);
+  for (const auto& t : s) out.push_back(t.layout());
   return out;
 }
 
@@ -47,7 +40,7 @@ OwnedTensor random_tensor(std::mt19937_64& rng, const std::string& name, const s
   std::size_t n = 1;
   for (auto d : shape) n *= std::size_t(d);
   const unsigned w = width(dtype);
-  OwnedTensor t{{name, dtype, shape}, std::vector<std::byte>(n * w)};
+  OwnedTensor t{name, dtype, shape, std::vector<std::byte>(n * w)};
   for (std::size_t i = 0; i < n; ++i) {
     std::uint64_t bits = rng();
     if (dtype == "BF16") bits = (bits & 0x807F) | ((0x78 + bits % 6) << 7);  // a few exponents, as trained weights
@@ -61,8 +54,8 @@ OwnedTensor random_tensor(std::mt19937_64& rng, const std::string& name, const s
 State changed(std::mt19937_64& rng, State s, double fraction) {
   std::bernoulli_distribution change(fraction);
   for (auto& t : s) {
-    if (t.layout.dtype == "I64") continue;
-    const unsigned w = width(t.layout.dtype);
+    if (t.dtype == "I64") continue;
+    const unsigned w = width(t.dtype);
     for (std::size_t i = 0; i < t.bytes.size() / w; ++i)
       if (change(rng)) t.bytes[i * w] ^= std::byte(1 + rng() % 3);
   }
@@ -116,9 +109,9 @@ SliceSpec piece(const TensorLayout& t, Split s, int p, int r) {
 
 // A piece's elements copied out of a whole tensor, row by row at `stride` (0: its width).
 std::vector<std::byte> copy_piece(const OwnedTensor& t, const SliceSpec& spec, std::uint64_t stride = 0) {
-  const unsigned w = width(t.layout.dtype);
+  const unsigned w = width(t.dtype);
   std::vector<std::byte> out;
-  for (const SliceRun& run : slice_runs(t.layout, spec, stride)) {
+  for (const SliceRun& run : slice_runs(t.layout(), spec, stride)) {
     out.resize(std::max<std::size_t>(out.size(), w * (run.local + run.end - run.begin)));
     std::memcpy(out.data() + w * run.local, t.bytes.data() + w * run.begin, w * (run.end - run.begin));
   }
@@ -145,10 +138,10 @@ std::vector<std::uint8_t> sharded_patch(const Communicator& comm, const State& b
   std::vector<std::vector<std::byte>> keep;
   std::vector<SenderSlice> slices;
   for (std::size_t i = 0; i < base.size(); ++i) {
-    const SliceSpec spec = piece(base[i].layout, s, comm.size(), comm.rank());
+    const SliceSpec spec = piece(base[i].layout(), s, comm.size(), comm.rank());
     keep.push_back(copy_piece(base[i], spec));
     keep.push_back(copy_piece(target[i], spec));
-    slices.push_back({base[i].layout.name, spec, keep[keep.size() - 2].data(), keep.back().data()});
+    slices.push_back({base[i].name, spec, keep[keep.size() - 2].data(), keep.back().data()});
   }
   auto patch = encode_sharded(comm, 0, layout_of(base), slices, options);
   // Every rank gets the root's patch (as from a relay).
@@ -173,7 +166,7 @@ Receiver receiver(const Communicator& comm, const State& base, const State& targ
   const int p = comm.size(), rank = comm.rank();
   if (s == Split::rows) {
     // a.q rows then b.k rows in one buffer of 256 columns.
-    const SliceSpec qa = piece(base[0].layout, s, p, rank), kb = piece(base[1].layout, s, p, rank);
+    const SliceSpec qa = piece(base[0].layout(), s, p, rank), kb = piece(base[1].layout(), s, p, rank);
     auto q = copy_piece(base[0], qa), k = copy_piece(base[1], kb);
     std::vector<std::byte> fused(q);
     fused.insert(fused.end(), k.begin(), k.end());
@@ -185,9 +178,9 @@ Receiver receiver(const Communicator& comm, const State& base, const State& targ
     r.buffer_of = {0, 0};
     const std::size_t q_bytes = q.size();
     for (std::size_t i = 2; i < base.size(); ++i) {
-      const SliceSpec spec = piece(base[i].layout, s, p, rank);
+      const SliceSpec spec = piece(base[i].layout(), s, p, rank);
       r.buffers.push_back(copy_piece(base[i], spec));
-      r.slices.push_back({base[i].layout.name, spec, nullptr, 0});
+      r.slices.push_back({base[i].name, spec, nullptr, 0});
       r.expected.push_back(copy_piece(target[i], spec));
       r.buffer_of.push_back(r.buffers.size() - 1);
     }
@@ -197,10 +190,10 @@ Receiver receiver(const Communicator& comm, const State& base, const State& targ
     return r;
   }
   for (std::size_t i = 0; i < base.size(); ++i) {
-    const SliceSpec spec = piece(base[i].layout, s, p, rank);
+    const SliceSpec spec = piece(base[i].layout(), s, p, rank);
     const std::uint64_t stride = spec.kind == SliceSpec::Kind::columns ? spec.end - spec.begin + 64 : 0;
     r.buffers.push_back(copy_piece(base[i], spec, stride));
-    r.slices.push_back({base[i].layout.name, spec, r.buffers.back().data(), stride});
+    r.slices.push_back({base[i].name, spec, r.buffers.back().data(), stride});
     r.expected.push_back(copy_piece(target[i], spec, stride));
     r.buffer_of.push_back(i);
   }
@@ -211,10 +204,10 @@ Receiver receiver(const Communicator& comm, const State& base, const State& targ
 // Each slice's bytes in the receiver's buffers (the padding of column buffers aside).
 std::vector<std::byte> slice_bytes(const Receiver& r, std::size_t i, const State& s) {
   std::size_t k = 0;
-  while (s[k].layout.name != r.slices[i].name) ++k;
-  const unsigned w = width(s[k].layout.dtype);
+  while (s[k].name != r.slices[i].name) ++k;
+  const unsigned w = width(s[k].dtype);
   std::vector<std::byte> out(r.expected[i].size(), std::byte{0});
-  for (const SliceRun& run : slice_runs(s[k].layout, r.slices[i].spec, r.slices[i].row_stride))
+  for (const SliceRun& run : slice_runs(s[k].layout(), r.slices[i].spec, r.slices[i].row_stride))
     std::memcpy(out.data() + w * run.local, r.slices[i].data + w * run.local, w * (run.end - run.begin));
   return out;
 }
@@ -318,8 +311,8 @@ TEST(ShardedSync, PiecesOffTheDigestGridOrNotTilingAreRefusedOnEveryRank) {
   EXPECT_NO_THROW(slice_runs(layout[3], SliceSpec::elements(64, 256)));  // ends at the tensor's end
   std::vector<SenderSlice> slices;
   for (const auto& t : base) {
-    const bool bad = comm.rank() == comm.size() - 1 && t.layout.name == "a.q";
-    slices.push_back({t.layout.name, bad ? SliceSpec::elements(1, 64) : SliceSpec::elements(0, 0), t.bytes.data(),
+    const bool bad = comm.rank() == comm.size() - 1 && t.name == "a.q";
+    slices.push_back({t.name, bad ? SliceSpec::elements(1, 64) : SliceSpec::elements(0, 0), t.bytes.data(),
                       t.bytes.data()});
   }
   try {
@@ -333,7 +326,7 @@ TEST(ShardedSync, PiecesOffTheDigestGridOrNotTilingAreRefusedOnEveryRank) {
   // Pieces that do not tile a tensor (every rank holds the first half of a.q) are refused on root.
   slices.clear();
   for (const auto& t : base)
-    slices.push_back({t.layout.name, SliceSpec::elements(0, comm.rank() == 0 ? numel(t.layout) : 0), t.bytes.data(),
+    slices.push_back({t.name, SliceSpec::elements(0, comm.rank() == 0 ? numel(t.layout()) : 0), t.bytes.data(),
                       t.bytes.data()});
   if (comm.size() > 1) slices[0].spec = SliceSpec::elements(0, 8192);  // a.q: half on root, nothing elsewhere
   if (comm.size() > 1 && comm.rank() == 0) EXPECT_THROW(encode_sharded(comm, 0, layout, slices, EncodeOptions{}), Error);
@@ -354,10 +347,10 @@ TEST(ShardedSync, GatheredBytesStayWithinATenthOfThePatchSize) {
       std::vector<std::vector<std::byte>> keep;
       std::vector<SenderSlice> slices;
       for (const auto& t : base) {
-        const SliceSpec spec = piece(t.layout, s, comm.size(), comm.rank());
+        const SliceSpec spec = piece(t.layout(), s, comm.size(), comm.rank());
         keep.push_back(copy_piece(t, spec));
         keep.push_back(copy_piece(target[&t - base.data()], spec));
-        slices.push_back({t.layout.name, spec, keep[keep.size() - 2].data(), keep.back().data()});
+        slices.push_back({t.name, spec, keep[keep.size() - 2].data(), keep.back().data()});
       }
       Communicator counted(comm.raw());
       const auto patch = encode_sharded(counted, 0, layout_of(base), slices, options);

@@ -14,6 +14,8 @@ struct OwnedTensor {
   std::string name, dtype;
   std::vector<std::int64_t> shape;
   std::vector<std::byte> bytes;
+
+  sync::TensorLayout layout() const { return {name, dtype, shape}; }
 };
 using State = std::vector<OwnedTensor>;
 
