@@ -23,10 +23,13 @@ namespace {
 using test::OwnedTensor;
 using test::State;
 using test::refs;
+using test::changed;
+using test::decoded;
+using test::element_width;
 using test::mutables;
 
 OwnedTensor random_tensor(std::mt19937_64& rng, const std::string& name, const std::string& dtype, std::size_t n) {
-  const std::size_t w = dtype == "F32" ? 4 : dtype == "F8_E4M3" ? 1 : 2;
+  const std::size_t w = element_width(dtype);
   OwnedTensor t{name, dtype, {std::int64_t(n)}, std::vector<std::byte>(n * w)};
   for (std::size_t i = 0; i < n; ++i) {
     // Weights of a few exponents, as trained ones: the exponent classes repeat.
@@ -37,17 +40,6 @@ OwnedTensor random_tensor(std::mt19937_64& rng, const std::string& name, const s
     std::memcpy(t.bytes.data() + i * w, &bits, w);
   }
   return t;
-}
-
-// Changes a fraction of each tensor's elements by a key step or two.
-State changed(std::mt19937_64& rng, State s, double fraction) {
-  std::bernoulli_distribution change(fraction);
-  for (auto& t : s) {
-    const std::size_t w = t.dtype == "F32" ? 4 : t.dtype == "F8_E4M3" ? 1 : 2;
-    for (std::size_t i = 0; i < t.bytes.size() / w; ++i)
-      if (change(rng)) t.bytes[i * w] ^= std::byte(1 + rng() % 3);
-  }
-  return s;
 }
 
 State sample_state(std::mt19937_64& rng) {
@@ -68,20 +60,6 @@ Digest direct_digest(const std::byte* data, std::size_t bytes) {
   return d;
 }
 
-// What a receiver decodes from a patch: every entry's indices and values.
-std::vector<std::pair<std::vector<std::uint64_t>, std::vector<std::uint8_t>>> decoded(const std::vector<std::uint8_t>& patch,
-                                                                                      const State& base) {
-  const ParsedPatch p = parse_patch(patch.data(), patch.size());
-  const auto base_refs = refs(base);
-  PatchDecoder decoder(p, base_refs, true, nullptr, 2);
-  std::vector<std::pair<std::vector<std::uint64_t>, std::vector<std::uint8_t>>> out;
-  for (std::size_t k = 0; k < decoder.size(); ++k) {
-    DecodedEntry e = decoder.next();
-    out.push_back({e.indices, e.values});
-  }
-  decoder.finish();
-  return out;
-}
 
 }  // namespace
 
@@ -288,7 +266,7 @@ TEST(PatchParts, PartsOfSlicesAssembleIntoThePatchOfTheWholeState) {
   for (EncodeOptions options : {exponent_class_options(), EncodeOptions{}}) {
     options.part_elements = 256;
     const auto whole = encode_patch(refs(base), refs(target), options);
-    const auto expected = decoded(whole, base);
+    const auto expected = decoded(whole, base, 2);
     for (std::size_t ranks : {1, 2, 4}) {
       std::vector<std::vector<SliceParts>> by_rank;
       for (std::size_t r = 0; r < ranks; ++r) {
@@ -320,7 +298,7 @@ TEST(PatchParts, PartsOfSlicesAssembleIntoThePatchOfTheWholeState) {
       const Digest target_state = state_digest(refs(target), target_digests);
       EXPECT_EQ(target_state, state_digest(refs(target)));
       const auto assembled = assemble_patch(options, layout, state_digest(refs(base)), target_state, parts);
-      EXPECT_EQ(decoded(assembled, base), expected) << ranks << " ranks";
+      EXPECT_EQ(decoded(assembled, base, 2), expected) << ranks << " ranks";
       State receiver = base;
       auto m = mutables(receiver);
       apply_patch(parse_patch(assembled.data(), assembled.size()), m);
