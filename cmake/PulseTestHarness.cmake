@@ -14,8 +14,12 @@
 # decoder), e2e (built apps, scripts, installs, run whole), fuzz, slow (e2e runs of tens of
 # seconds and more). A C++ test's tier is unit, or mpi with MPI, unless TIER says otherwise.
 # `make test-fast` runs unit and mpi; `make test` runs them first, then every other tier. LABELS
-# adds selections that are not tiers: determinism (make test-determinism), gpu (tests/gpu/check.sh).
+# adds selections that are not tiers: determinism (make test-determinism), gpu (tests/gpu/check.sh),
+# backend (make test-openmp: the tests whose code runs Kokkos kernels, which another Kokkos backend
+# may run differently). A C++ test is a backend test when its first source sits in the test folder
+# of a layer that runs Kokkos kernels (PULSE_BACKEND_TEST_FOLDERS); other tests say LABELS backend.
 set(PULSE_TEST_TIERS unit mpi oracle e2e fuzz slow)
+set(PULSE_BACKEND_TEST_FOLDERS kernels comm shard model loco rl train)
 function(pulse_check_tier name tier)
   if(NOT tier IN_LIST PULSE_TEST_TIERS)
     message(FATAL_ERROR "test ${name}: tier '${tier}' is not one of ${PULSE_TEST_TIERS}")
@@ -53,6 +57,11 @@ function(pulse_add_test)
     endif()
   endif()
   pulse_check_tier(${T_NAME} ${T_TIER})
+  list(GET T_SOURCES 0 _first_source)
+  string(REGEX REPLACE "/.*" "" _folder "${_first_source}")
+  if(_folder IN_LIST PULSE_BACKEND_TEST_FOLDERS)
+    list(APPEND T_LABELS backend)
+  endif()
   add_executable(${T_NAME} ${T_SOURCES})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
