@@ -12,8 +12,9 @@ constexpr std::size_t kPrefetchLines = 4;  // of each of a block's positions and
 constexpr std::size_t kMetadataAhead = 8;  // blocks ahead whose place in the log is fetched
 
 // Element copies of a width known at compile time (a memcpy call each otherwise): the gather
-// of a block's changed elements, and their scatter back, counting as it goes: returns
-// differing plus the positions whose bits now equal now's minus those that equalled them before.
+// of a block's changed elements, and their scatter back; scatter_counting counts as it goes:
+// returns differing plus the positions whose bits now equal now's minus those that equalled
+// them before.
 template <class Word>
 void gather(const std::byte* from, const std::vector<std::uint16_t>& positions, std::byte* out) {
   for (std::size_t c = 0; c < positions.size(); ++c)
@@ -21,7 +22,13 @@ void gather(const std::byte* from, const std::vector<std::uint16_t>& positions, 
 }
 
 template <class Word>
-std::uint64_t scatter(const std::byte* values, const std::uint16_t* positions, std::size_t count,
+void scatter(const std::byte* values, const std::uint16_t* positions, std::size_t count, std::byte* to) {
+  for (std::size_t c = 0; c < count; ++c)
+    std::memcpy(to + std::size_t(positions[c]) * sizeof(Word), values + c * sizeof(Word), sizeof(Word));
+}
+
+template <class Word>
+std::uint64_t scatter_counting(const std::byte* values, const std::uint16_t* positions, std::size_t count,
                                std::byte* to, const std::byte* now, std::uint64_t differing) {
   std::int64_t delta = 0;
   for (std::size_t c = 0; c < count; ++c) {
@@ -66,8 +73,7 @@ const std::vector<std::uint16_t>& ChangeLog::record(const std::byte* now, const 
   return found_;
 }
 
-std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte* now, std::uint64_t differing,
-                                std::size_t m, std::size_t element_bytes) const {
+void ChangeLog::prefetch_after(std::size_t b) const {
   // The next block's entries are fetched now: blocks are reverted in order, each log's few
   // hundred bytes at a time, too short a run for the hardware prefetcher; their place in the
   // log, a few blocks ahead.
@@ -79,6 +85,11 @@ std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte
       __builtin_prefetch(reinterpret_cast<const char*>(old_bits_.data() + next.first_value) + 64 * line);
     }
   }
+}
+
+std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte* now, std::uint64_t differing,
+                                std::size_t m, std::size_t element_bytes) const {
+  prefetch_after(b);
   const Block& r = blocks_[b];
   const std::byte* old = old_bits_.data() + r.first_value;
   if (r.whole) {  // most elements changed: a pass over the block costs no more than the positions
@@ -86,8 +97,23 @@ std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte
     return count_differing(now, block, m, element_bytes);
   }
   const std::uint16_t* positions = positions_.data() + r.first_position;
-  return element_bytes == 4 ? scatter<std::uint32_t>(old, positions, r.count, block, now, differing)
-                            : scatter<std::uint16_t>(old, positions, r.count, block, now, differing);
+  return element_bytes == 4 ? scatter_counting<std::uint32_t>(old, positions, r.count, block, now, differing)
+                            : scatter_counting<std::uint16_t>(old, positions, r.count, block, now, differing);
+}
+
+void ChangeLog::revert(std::size_t b, std::byte* block, std::size_t m, std::size_t element_bytes) const {
+  prefetch_after(b);
+  const Block& r = blocks_[b];
+  const std::byte* old = old_bits_.data() + r.first_value;
+  if (r.whole) {
+    std::memcpy(block, old, m * element_bytes);
+    return;
+  }
+  const std::uint16_t* positions = positions_.data() + r.first_position;
+  if (element_bytes == 4)
+    scatter<std::uint32_t>(old, positions, r.count, block);
+  else
+    scatter<std::uint16_t>(old, positions, r.count, block);
 }
 
 std::size_t ChangeLog::bytes() const {
