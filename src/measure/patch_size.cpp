@@ -18,7 +18,7 @@ void UnitPatchSize::add_tensor(const std::string& name, const std::string& dtype
   t.next_index = t.segment_begin = 0;
   t.element_bytes = dtype == "F32" ? 4 : 2;
   t.segment_elements = sync::patch_segment_elements(sync::EncodeOptions{}, t.element_bytes);
-  t.segments.clear();
+  t.used_segments = 0;
 }
 
 std::uint64_t UnitPatchSize::bytes(int level) {
@@ -27,15 +27,18 @@ std::uint64_t UnitPatchSize::bytes(int level) {
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tensors_[a].name < tensors_[b].name; });
   std::vector<sync::TensorLayout> layout;
-  std::vector<std::vector<sync::SegmentStreams>> segments;
+  std::vector<std::vector<sync::SegmentStreams>> segments;  // lent by the tensors, not copied
   for (const std::size_t i : order) {
-    const Tensor& t = tensors_[i];
+    Tensor& t = tensors_[i];
     layout.push_back({t.name, t.dtype, {std::int64_t(t.numel)}});
-    segments.push_back(t.segments);
+    t.segments.resize(t.used_segments);
+    segments.push_back(std::move(t.segments));
   }
   sync::EncodeOptions options;  // gap-varint, keydiff, zstd: the defaults this class codes
   options.level = level;
-  return sync::sparse_patch_bytes(options, layout, segments);
+  const std::uint64_t bytes = sync::sparse_patch_bytes(options, layout, segments);
+  for (std::size_t j = 0; j < order.size(); ++j) tensors_[order[j]].segments = std::move(segments[j]);
+  return bytes;
 }
 
 }  // namespace pulse::measure

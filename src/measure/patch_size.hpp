@@ -28,12 +28,14 @@ class UnitPatchSize {
   void add_change(std::uint64_t index, std::uint32_t new_bits, std::uint32_t old_bits) {
     Tensor& t = tensors_[used_ - 1];
     // The patch's segments: each codes its first gap from its begin.
-    while (t.segments.empty() || index >= t.segment_begin + t.segment_elements) {
-      if (!t.segments.empty()) t.segment_begin += t.segment_elements;
-      t.segments.emplace_back();
+    while (t.used_segments == 0 || index >= t.segment_begin + t.segment_elements) {
+      if (t.used_segments > 0) t.segment_begin += t.segment_elements;
+      if (t.used_segments == t.segments.size()) t.segments.emplace_back();
+      sync::SegmentStreams& next = t.segments[t.used_segments++];
+      next.count = 0, next.index.clear(), next.value.clear();  // buffers kept
       t.next_index = t.segment_begin;
     }
-    sync::SegmentStreams& s = t.segments.back();
+    sync::SegmentStreams& s = t.segments[t.used_segments - 1];
     sync::put_varint(s.index, index - t.next_index);  // gap-varint
     t.next_index = index + 1;
     sync::put_varint(s.value, sync::zigzag(std::int64_t(key(new_bits, t.element_bytes)) -
@@ -49,7 +51,8 @@ class UnitPatchSize {
     std::string name, dtype;
     std::uint64_t numel = 0, next_index = 0, segment_begin = 0, segment_elements = 0;
     unsigned element_bytes = 0;
-    std::vector<sync::SegmentStreams> segments;  // up to the last with a change
+    std::vector<sync::SegmentStreams> segments;  // the first used_segments: up to the last with a change
+    std::size_t used_segments = 0;
   };
 
   // The monotone integer order of a sign-magnitude float's bits (sync's key of BF16/F16/F32).
