@@ -373,18 +373,6 @@ class Measurement {
     double encode_s = 0;
   };
 
-  // The changes of a block (at element b of the piece) to the unit's patch size.
-  template <class Word>
-  static void add_changes(measure::UnitPatchSize& patch, const std::vector<std::uint16_t>& changed, std::size_t b,
-                          const std::byte* now, const std::byte* before) {
-    for (const std::uint16_t c : changed) {
-      Word x, y;
-      std::memcpy(&x, now + std::size_t(c) * sizeof(Word), sizeof(Word));
-      std::memcpy(&y, before + std::size_t(c) * sizeof(Word), sizeof(Word));
-      patch.add_change(b + c, x, y);
-    }
-  }
-
   // A worker's units of checkpoint i (see measure_checkpoint).
   void measure_units(Worker& w, measure::CheckpointReader& checkpoint, measure::CheckpointReader* previous,
                      measure::CheckpointReader* next) {
@@ -416,9 +404,9 @@ class Measurement {
           sums[p.tensor] += std::int64_t(changed.size());
           const auto e0 = std::chrono::steady_clock::now();
           if (esz == 4)
-            add_changes<std::uint32_t>(w.patch, changed, b, now, before);
+            w.patch.add_block<std::uint32_t>(b, changed, now, before);
           else
-            add_changes<std::uint16_t>(w.patch, changed, b, now, before);
+            w.patch.add_block<std::uint16_t>(b, changed, now, before);
           w.encode_s += seconds_since(e0);
         }
       }
