@@ -207,7 +207,7 @@ class Measurement {
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
     for (std::size_t u = first_unit_; u < last_unit_; ++u)
       for (const Piece& p : units_[u].pieces) share_bytes_ += std::uint64_t(p.end - p.begin) * tensors_[p.tensor].element_bytes;
-    threads_ = o.threads ? o.threads : measure::default_rank_threads(MPI_COMM_WORLD);
+    threads_ = std::max(1u, o.threads);
     // The threads split the share as ranks split the model; a thread without a unit has no worker.
     const std::vector<Unit> share(units_.begin() + std::ptrdiff_t(first_unit_), units_.begin() + std::ptrdiff_t(last_unit_));
     for (unsigned w = 0; w < threads_; ++w) {
@@ -578,6 +578,7 @@ int main(int argc, char** argv) {
     app.add_option("--threads", o.threads, "threads per rank, each measuring a contiguous part of its share (0: the "
                                            "rank's share of the cores it may run on among its node's ranks; the "
                                            "output does not depend on it)")
+        ->check(CLI::Range(0u, 1024u))
         ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
     app.add_option("--as", o.as, "compare FP32 tensors as their BF16 or F16 cast (round to nearest even, what the "
@@ -619,6 +620,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       code = cli::exit_on_parse_error(app, e, "pulse-measure", rank == 0);
     }
+    // Collective, so before any check that one rank alone could fail.
+    if (parsed && o.threads == 0) o.threads = measure::default_rank_threads(MPI_COMM_WORLD);
     if (parsed) {
       std::unique_ptr<Measurement> m;
       try {
