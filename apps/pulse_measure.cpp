@@ -10,6 +10,8 @@
 // comparing it block by block with the previous checkpoint's; earlier versions are rebuilt block by
 // block from logs of the changes between checkpoints (src/measure/kstep_history.hpp), so memory per
 // rank is the two checkpoints' mapped pages plus the logs. The kernel reads the next one ahead.
+// A rank's threads (--threads) each take a contiguous run of its units, with their own history:
+// every count is a sum of per-block integers, the same at any thread count.
 // FP32 tensors are compared as the BF16 (or F16) cast the forward pass reads, or as stored
 // (--as raw): src/measure/compare_as.hpp.
 #include <signal.h>
@@ -24,7 +26,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <cerrno>
 #include <filesystem>
@@ -38,6 +39,7 @@
 #include "cli/folder_filter.hpp"
 #include "cli/json_summary.hpp"
 #include "cli/output_path.hpp"
+#include "coding/parallel.hpp"
 #include "comm/agree.hpp"
 #include "core/error.hpp"
 #include "core/version.hpp"
@@ -49,6 +51,7 @@
 #include "measure/compare_as.hpp"
 #include "measure/kstep_history.hpp"
 #include "measure/patch_size.hpp"
+#include "measure/rank_threads.hpp"
 #include "measure/run_config.hpp"
 #include "measure/stats_schema.hpp"
 #include "measure/tensor_kind.hpp"
@@ -78,6 +81,7 @@ struct Options {
   double unit_mb = 16;
   int level = 3;
   int max_k = 32;
+  unsigned threads = 0;  // per rank; 0: its share of the cores (measure/rank_threads.hpp)
   std::string as;  // bf16, f16, raw; empty: bf16 for a series of FP32 tensors only, raw otherwise
   std::vector<std::string> settings;  // --set key=value
   std::string label;
@@ -187,7 +191,7 @@ class Measurement {
               std::vector<MeasuredTensor> tensors, measure::CompareAs as, measure::RunConfig config,
               std::string command_line)
       : o_(o), series_(std::move(series)), tensors_(std::move(tensors)), as_(as), config_(std::move(config)),
-        command_line_(std::move(command_line)), ks_(ks_up_to(o.max_k)), history_(ks_) {
+        command_line_(std::move(command_line)), ks_(ks_up_to(o.max_k)) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks_);
     std::vector<MeasuredTensor> compared = tensors_;  // units by the bytes compared: the patches of a cast
@@ -202,6 +206,13 @@ class Measurement {
     std::tie(first_unit_, last_unit_) = measure::units_of_rank(units_, rank_, nranks_);
     for (std::size_t u = first_unit_; u < last_unit_; ++u)
       for (const Piece& p : units_[u].pieces) share_bytes_ += std::uint64_t(p.end - p.begin) * tensors_[p.tensor].element_bytes;
+    threads_ = std::max(1u, o.threads);
+    // The threads split the share as ranks split the model; a thread without a unit has no worker.
+    const std::vector<Unit> share(units_.begin() + std::ptrdiff_t(first_unit_), units_.begin() + std::ptrdiff_t(last_unit_));
+    for (unsigned w = 0; w < threads_; ++w) {
+      const auto [first, last] = measure::units_of_rank(share, int(w), int(threads_));
+      if (first < last) workers_.push_back(std::make_unique<Worker>(first_unit_ + first, first_unit_ + last, ks_));
+    }
   }
 
   void run() {
@@ -289,6 +300,7 @@ class Measurement {
     s.set_attribute("start_utc", utc_now());
     s.set_attribute("command_line", command_line_);
     s.set_attribute("num_ranks", std::int64_t(nranks_));
+    s.set_attribute("threads_per_rank", std::int64_t(threads_));  // rank 0's (--threads, or its share of the cores)
     s.set_attribute("absent_datasets", std::string(kAbsent));
     s.set_attribute("compared_as", measure::compare_as_name(as_));
     std::vector<std::string> paths, shapes, dtypes, compared_dtypes, tensor_kinds;
@@ -346,14 +358,62 @@ class Measurement {
     s.set_attribute("trainer_sync", trainer_sync.empty() ? std::string("unknown") : trainer_sync);  // not ddp
   }
 
-  // The changes of a block (at element b of the piece) to the unit's patch size.
-  template <class Word>
-  void add_changes(const std::vector<std::uint16_t>& changed, std::size_t b, const std::byte* now, const std::byte* before) {
-    for (const std::uint16_t c : changed) {
-      Word x, y;
-      std::memcpy(&x, now + std::size_t(c) * sizeof(Word), sizeof(Word));
-      std::memcpy(&y, before + std::size_t(c) * sizeof(Word), sizeof(Word));
-      patch_.add_change(b + c, x, y);
+  // One thread's part of the rank's share: units [first_unit, last_unit), the history of their
+  // blocks, the patch of the unit being sized, a cast block and its predecessor, and its sums.
+  struct Worker {
+    Worker(std::size_t first, std::size_t last, const std::vector<int>& ks)
+        : first_unit(first), last_unit(last), history(ks) {}
+    std::size_t first_unit, last_unit;
+    measure::KStepHistory history;
+    measure::UnitPatchSize patch;
+    std::vector<std::byte> cast_now = std::vector<std::byte>(kBlockElements * 2);
+    std::vector<std::byte> cast_before = std::vector<std::byte>(kBlockElements * 2);
+    std::vector<std::int64_t> sums;  // as measure_checkpoint's
+    double encode_s = 0;
+  };
+
+  // A worker's units of checkpoint i (see measure_checkpoint).
+  void measure_units(Worker& w, measure::CheckpointReader& checkpoint, measure::CheckpointReader* previous,
+                     measure::CheckpointReader* next) {
+    const std::size_t nt = tensors_.size();
+    std::vector<std::int64_t>& sums = w.sums;
+    for (std::size_t u = w.first_unit; u < w.last_unit; ++u) {
+      if (next) next->read_ahead(tensors_, units_[u]);
+      w.patch.clear();
+      for (const Piece& p : units_[u].pieces) {
+        const MeasuredTensor& t = tensors_[p.tensor];
+        const bool cast = cast_[p.tensor];
+        const std::size_t esz = compared_bytes(p.tensor), n = std::size_t(p.end - p.begin);
+        const std::byte* piece = checkpoint.data(t, p.begin, p.end);
+        if (!previous) continue;
+        const std::byte* piece_before = previous->data(t, p.begin, p.end);
+        const bool whole = p.begin == 0 && p.end == t.numel;
+        w.patch.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
+                           compared_dtype(p.tensor), n);
+        for (std::size_t b = 0; b < n; b += kBlockElements) {
+          const std::size_t m = std::min(kBlockElements, n - b);
+          const std::byte* now = piece + b * t.element_bytes;
+          const std::byte* before = piece_before + b * t.element_bytes;
+          if (cast) {
+            measure::cast_block(as_, now, m, w.cast_now.data());
+            measure::cast_block(as_, before, m, w.cast_before.data());
+            now = w.cast_now.data(), before = w.cast_before.data();
+          }
+          const std::vector<std::uint16_t>& changed = w.history.add_block(now, before, m, esz, sums.data() + nt);
+          sums[p.tensor] += std::int64_t(changed.size());
+          const auto e0 = std::chrono::steady_clock::now();
+          if (esz == 4)
+            w.patch.add_block<std::uint32_t>(b, changed, now, before);
+          else
+            w.patch.add_block<std::uint16_t>(b, changed, now, before);
+          w.encode_s += seconds_since(e0);
+        }
+      }
+      if (previous) {
+        const auto e0 = std::chrono::steady_clock::now();
+        sums[nt + ks_.size()] += std::int64_t(w.patch.bytes(o_.level));
+        w.encode_s += seconds_since(e0);
+      }
     }
   }
 
@@ -367,53 +427,25 @@ class Measurement {
     const std::int64_t step = series_[i].first;
     const std::size_t nt = tensors_.size(), nk = ks_.size();
     const bool has_prev = previous != nullptr;
-    history_.start(step, has_prev ? std::optional<std::int64_t>(series_[i - 1].first) : std::nullopt);
 
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
     std::vector<std::int64_t> sums(nt + nk + 1, 0);
-    double encode_s = 0;
+    for (const auto& w : workers_) {
+      w->history.start(step, has_prev ? std::optional<std::int64_t>(series_[i - 1].first) : std::nullopt);
+      w->sums.assign(sums.size(), 0);
+      w->encode_s = 0;
+    }
     // This rank's share: a file cut short or unreadable fails it here alone, so every rank
     // agrees on the outcome before the reductions below (comm/agree.hpp).
     agree_on_error(MPI_COMM_WORLD, [&] {
-      for (std::size_t u = first_unit_; u < last_unit_; ++u) {
-        if (next) next->read_ahead(tensors_, units_[u]);
-        patch_.clear();
-        for (const Piece& p : units_[u].pieces) {
-          const MeasuredTensor& t = tensors_[p.tensor];
-          const bool cast = cast_[p.tensor];
-          const std::size_t esz = compared_bytes(p.tensor), n = std::size_t(p.end - p.begin);
-          const std::byte* piece = checkpoint.data(t, p.begin, p.end);
-          if (!has_prev) continue;
-          const std::byte* piece_before = previous->data(t, p.begin, p.end);
-          const bool whole = p.begin == 0 && p.end == t.numel;
-          patch_.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
-                            compared_dtype(p.tensor), n);
-          for (std::size_t b = 0; b < n; b += kBlockElements) {
-            const std::size_t m = std::min(kBlockElements, n - b);
-            const std::byte* now = piece + b * t.element_bytes;
-            const std::byte* before = piece_before + b * t.element_bytes;
-            if (cast) {
-              measure::cast_block(as_, now, m, cast_now_.data());
-              measure::cast_block(as_, before, m, cast_before_.data());
-              now = cast_now_.data(), before = cast_before_.data();
-            }
-            const std::vector<std::uint16_t>& changed = history_.add_block(now, before, m, esz, sums.data() + nt);
-            sums[p.tensor] += std::int64_t(changed.size());
-            const auto e0 = std::chrono::steady_clock::now();
-            if (esz == 4)
-              add_changes<std::uint32_t>(changed, b, now, before);
-            else
-              add_changes<std::uint16_t>(changed, b, now, before);
-            encode_s += seconds_since(e0);
-          }
-        }
-        if (has_prev) {
-          const auto e0 = std::chrono::steady_clock::now();
-          sums[nt + nk] += std::int64_t(patch_.bytes(o_.level));
-          encode_s += seconds_since(e0);
-        }
-      }
+      sync::parallel_for(unsigned(workers_.size()), workers_.size(),
+                         [&](std::size_t w) { measure_units(*workers_[w], checkpoint, previous, next); });
     });
+    double encode_s = 0;  // over the threads
+    for (const auto& w : workers_) {
+      for (std::size_t j = 0; j < sums.size(); ++j) sums[j] += w->sums[j];
+      encode_s += w->encode_s;
+    }
     const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
 
     std::vector<std::int64_t> total(sums.size(), 0);
@@ -486,9 +518,8 @@ class Measurement {
   std::uint64_t share_bytes_ = 0, dense_bytes_ = 0, stored_bytes_ = 0;  // dense: as compared; stored: as read
   std::int64_t numel_ = 0;
   std::vector<int> ks_;          // k-step distances measured
-  measure::KStepHistory history_;
-  std::vector<std::byte> cast_now_ = std::vector<std::byte>(kBlockElements * 2);  // a cast block and its
-  std::vector<std::byte> cast_before_ = std::vector<std::byte>(kBlockElements * 2);  // predecessor
+  unsigned threads_ = 1;
+  std::vector<std::unique_ptr<Worker>> workers_;  // one per thread with units
   struct Totals {  // over the rows (rank 0)
     std::int64_t rows = 0, changed = 0, patch = 0, dense = 0;
     double sparsity_sum = 0, min_sparsity = 1;
@@ -502,7 +533,6 @@ class Measurement {
         if (std::isfinite(kstep[j])) kstep_sum[j] += kstep[j], ++kstep_rows[j];
     }
   } totals_;
-  measure::UnitPatchSize patch_;
   std::unique_ptr<io::StatsFile> stats_;
   bool wrote_output_ = false;
 };
@@ -544,6 +574,11 @@ int main(int argc, char** argv) {
                                        "the changes of the last max-k checkpoints of each rank's share")
         ->check(CLI::Range(1, 32))
         ->capture_default_str();
+    app.add_option("--threads", o.threads, "threads per rank, each measuring a contiguous part of its share (0: the "
+                                           "rank's share of the cores it may run on among its node's ranks; the "
+                                           "output does not depend on it)")
+        ->check(CLI::Range(0u, 1024u))
+        ->capture_default_str();
     app.add_option("--level", o.level, "zstd level of the patches")->check(CLI::Range(-7, 22))->capture_default_str();
     app.add_option("--as", o.as, "compare FP32 tensors as their BF16 or F16 cast (round to nearest even, what the "
                                  "forward pass reads) or as stored (raw); default bf16 when every tensor is FP32, raw "
@@ -584,6 +619,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       code = cli::exit_on_parse_error(app, e, "pulse-measure", rank == 0);
     }
+    // Collective, so before any check that one rank alone could fail.
+    if (parsed && o.threads == 0) o.threads = measure::default_rank_threads(MPI_COMM_WORLD);
     if (parsed) {
       std::unique_ptr<Measurement> m;
       try {

@@ -5,16 +5,19 @@ then, side by side in one run:
 - the single-core read bandwidth: read() of the same files into one 16 MiB buffer in this process
   (a plain read loop, as dd bs=16M does without a process start per file), page cache warm (the
   files are read once first), best of --repeat, per wall second and per CPU second;
-- pulse-measure at each --np and --max-k (and --baseline-app, another build, interleaved with it):
-  per rank, checkpoint bytes read / seconds spent on them (/ranks/read_bytes over
-  /ranks/measure_s, and over /ranks/cpu_s, which a machine shared with other jobs does not
-  inflate), the ratio to the read() rate, and the peak resident memory per rank
+- pulse-measure at each --np, --threads (per rank) and --max-k (and --baseline-app, another
+  build, interleaved with it): per rank, checkpoint bytes read / seconds spent on them
+  (/ranks/read_bytes over /ranks/measure_s, and over /ranks/cpu_s, the CPU seconds of all the
+  rank's threads: a rate per core, which a machine shared with other jobs does not inflate),
+  the ratio to the read() rate, and the peak resident memory per rank
   (/ranks/max_rss_bytes, VmHWM: the rank's memory and the page-cache pages it maps) against the
   share it reads. Rates are over the rows after the history is full (checkpoint max-k + 2 on),
   when there are any: the steady state of a long series.
 Prints a table and writes it all as JSON (--json, runs/bench/measure.json by default).
     python3 apps/bench/bench_measure.py --app build/apps/pulse-measure [--baseline-app OLD] [--size-mb 32]
-        [--checkpoints 48] [--np 1,2] [--max-k 1,32] [--repeat 1] [--json FILE]
+        [--checkpoints 48] [--np 1,2] [--threads 1,2] [--max-k 1,32] [--repeat 1] [--json FILE]
+Ranks of more than one thread run unbound (Open MPI's --bind-to none): bound to one core, the
+threads would share it.
 """
 import argparse
 import json
@@ -83,10 +86,14 @@ def read_rate(paths, repeat):
             "how": "read() into a 16 MiB buffer, one process, files read once before"}
 
 
-def measure(args, app, paths, tmp, np_, max_k):
-    out = os.path.join(tmp, f"np{np_}-k{max_k}.h5")
-    cmd = [args.mpiexec] + shlex.split(args.mpi_flags) + ["-n", str(np_), app, "--quiet", "--overwrite", "--out", out,
-                                                          "--max-k", str(max_k), "--unit-mb", args.unit_mb] + paths
+def measure(args, app, paths, tmp, np_, threads, max_k):
+    out = os.path.join(tmp, f"np{np_}-t{threads}-k{max_k}.h5")
+    # one thread: the ranks bound as mpiexec binds them and no --threads, which a baseline build
+    # may lack (bound to one core, a rank takes one thread by default)
+    bind, more = (["--bind-to", "none"], ["--threads", str(threads)]) if threads > 1 else ([], [])
+    cmd = [args.mpiexec] + shlex.split(args.mpi_flags) + bind + [
+        "-n", str(np_), app, "--quiet", "--overwrite", "--out", out, "--max-k", str(max_k), "--unit-mb", args.unit_mb
+    ] + more + paths
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
     wall = time.perf_counter() - t0
@@ -102,7 +109,7 @@ def measure(args, app, paths, tmp, np_, max_k):
         ranks.append({"gbps_wall": b / secs[steady, r].sum() / 1e9, "gbps_cpu": b / cpu[steady, r].sum() / 1e9,
                       "share_bytes": int(read[0, r]), "peak_rss_bytes": int(rss[-1, r]),
                       "rss_over_share": float(rss[-1, r] / read[0, r])})
-    return {"np": np_, "max_k": max_k, "wall_s": wall, "rows_used": int(read[steady].shape[0]),
+    return {"np": np_, "threads": threads, "max_k": max_k, "wall_s": wall, "rows_used": int(read[steady].shape[0]),
             "patch_sizing_fraction": float(encode), "ranks": ranks}
 
 
@@ -115,6 +122,7 @@ def main():
     parser.add_argument("--size-mb", type=int, default=32, help="MiB of BF16 weights per checkpoint")
     parser.add_argument("--checkpoints", type=int, default=48)
     parser.add_argument("--np", default="1,2")
+    parser.add_argument("--threads", default="1", help="pulse-measure --threads values to run (per rank)")
     parser.add_argument("--max-k", default="1,32", help="pulse-measure --max-k values to run (history depth)")
     parser.add_argument("--unit-mb", default="4", help="pulse-measure --unit-mb")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each; the best rates count")
@@ -130,26 +138,27 @@ def main():
               f"second, {ref['gbps_cpu']:.2f} GB/s per CPU second")
         runs = []
         for max_k in [int(k) for k in args.max_k.split(",")]:
-            for np_ in [int(n) for n in args.np.split(",")]:
+            for np_, threads in [(int(n), int(t)) for n in args.np.split(",") for t in args.threads.split(",")]:
                 best = {}
+                run_apps = apps if threads == 1 else apps[:1]  # a baseline may predate --threads
                 for _ in range(args.repeat):
-                    for label, app in apps:  # interleaved: both see the same machine
-                        r = measure(args, app, paths, tmp, np_, max_k)
+                    for label, app in run_apps:  # interleaved: both see the same machine
+                        r = measure(args, app, paths, tmp, np_, threads, max_k)
                         key = lambda x: sum(q["gbps_cpu"] for q in x["ranks"])  # noqa: E731
                         if label not in best or key(r) > key(best[label]):
                             best[label] = r
-                for label, _ in apps:
+                for label, _ in run_apps:
                     r = dict(best[label], app=label)
                     for q in r["ranks"]:
                         q["of_read_wall"] = q["gbps_wall"] / ref["gbps_wall"]
                         q["of_read_cpu"] = q["gbps_cpu"] / ref["gbps_cpu"]
                     runs.append(r)
                     for i, q in enumerate(r["ranks"]):
-                        print(f"{label:>8} np {np_} max-k {max_k:>2} rank {i}: {q['gbps_wall']:.2f} GB/s per wall s "
+                        print(f"{label:>8} np {np_} threads {threads} max-k {max_k:>2} rank {i}: {q['gbps_wall']:.2f} GB/s per wall s "
                               f"({100 * q['of_read_wall']:.0f}% of read), {q['gbps_cpu']:.2f} GB/s per CPU s "
                               f"({100 * q['of_read_cpu']:.0f}% of read); share {q['share_bytes'] / 2**20:.0f} MiB, "
                               f"peak RSS {q['peak_rss_bytes'] / 2**20:.0f} MiB ({q['rss_over_share']:.1f} x share)")
-                    print(f"{label:>8} np {np_} max-k {max_k:>2}: {args.checkpoints} checkpoints of {args.size_mb} MiB "
+                    print(f"{label:>8} np {np_} threads {threads} max-k {max_k:>2}: {args.checkpoints} checkpoints of {args.size_mb} MiB "
                           f"in {r['wall_s']:.1f} s wall; patch sizing {100 * r['patch_sizing_fraction']:.0f}% of the "
                           f"measuring time; rates over {r['rows_used']} rows")
     result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),

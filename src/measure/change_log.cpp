@@ -8,24 +8,38 @@ namespace pulse::measure {
 
 namespace {
 
-constexpr std::size_t kPrefetchLines = 4;  // of each of a block's positions and old bits
+constexpr std::size_t kPrefetchLines = 8;  // of a block's entries
 constexpr std::size_t kMetadataAhead = 8;  // blocks ahead whose place in the log is fetched
 
 // Element copies of a width known at compile time (a memcpy call each otherwise): the gather
-// of a block's changed elements, and their scatter back, counting as it goes: returns
-// differing plus the positions whose bits now equal now's minus those that equalled them before.
+// of a block's changed elements, and their scatter back; scatter_counting counts as it goes:
+// returns differing plus the positions whose bits now equal now's minus those that equalled
+// them before.
 template <class Word>
 void gather(const std::byte* from, const std::vector<std::uint16_t>& positions, std::byte* out) {
   for (std::size_t c = 0; c < positions.size(); ++c)
     std::memcpy(out + c * sizeof(Word), from + std::size_t(positions[c]) * sizeof(Word), sizeof(Word));
 }
 
+// The c-th of a block's 16-bit positions, as stored in its log entries.
+inline std::size_t position(const std::byte* positions, std::size_t c) {
+  std::uint16_t p;
+  std::memcpy(&p, positions + c * sizeof p, sizeof p);
+  return p;
+}
+
 template <class Word>
-std::uint64_t scatter(const std::byte* values, const std::uint16_t* positions, std::size_t count,
+void scatter(const std::byte* values, const std::byte* positions, std::size_t count, std::byte* to) {
+  for (std::size_t c = 0; c < count; ++c)
+    std::memcpy(to + position(positions, c) * sizeof(Word), values + c * sizeof(Word), sizeof(Word));
+}
+
+template <class Word>
+std::uint64_t scatter_counting(const std::byte* values, const std::byte* positions, std::size_t count,
                                std::byte* to, const std::byte* now, std::uint64_t differing) {
   std::int64_t delta = 0;
   for (std::size_t c = 0; c < count; ++c) {
-    const std::size_t at = std::size_t(positions[c]) * sizeof(Word);
+    const std::size_t at = position(positions, c) * sizeof(Word);
     Word old, current, reference;
     std::memcpy(&old, values + c * sizeof(Word), sizeof(Word));
     std::memcpy(&current, to + at, sizeof(Word));
@@ -41,22 +55,22 @@ std::uint64_t scatter(const std::byte* values, const std::uint16_t* positions, s
 void ChangeLog::clear(std::int64_t base_step) {
   base_step_ = base_step;
   blocks_.clear();
-  positions_.clear();
-  old_bits_.clear();
+  entries_.clear();
 }
 
 const std::vector<std::uint16_t>& ChangeLog::record(const std::byte* now, const std::byte* before, std::size_t m,
                                                     std::size_t element_bytes) {
   found_.clear();
   const std::size_t count = find_changes(now, before, m, element_bytes, found_);
-  Block block{positions_.size(), old_bits_.size(), std::uint32_t(count), false};
-  if (count * (sizeof(std::uint16_t) + element_bytes) >= m * element_bytes) {
+  Block block{entries_.size(), std::uint32_t(count), false};
+  const std::size_t position_bytes = count * sizeof(std::uint16_t);
+  if (position_bytes + count * element_bytes >= m * element_bytes) {
     block.whole = true;
-    old_bits_.insert(old_bits_.end(), before, before + m * element_bytes);
+    entries_.insert(entries_.end(), before, before + m * element_bytes);
   } else {
-    positions_.insert(positions_.end(), found_.begin(), found_.end());
-    old_bits_.resize(old_bits_.size() + count * element_bytes);
-    std::byte* out = old_bits_.data() + block.first_value;
+    entries_.resize(entries_.size() + position_bytes + count * element_bytes);
+    std::memcpy(entries_.data() + block.first, found_.data(), position_bytes);
+    std::byte* out = entries_.data() + block.first + position_bytes;
     if (element_bytes == 4)
       gather<std::uint32_t>(before, found_, out);
     else
@@ -66,32 +80,50 @@ const std::vector<std::uint16_t>& ChangeLog::record(const std::byte* now, const 
   return found_;
 }
 
-std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte* now, std::uint64_t differing,
-                                std::size_t m, std::size_t element_bytes) const {
+void ChangeLog::prefetch_after(std::size_t b) const {
   // The next block's entries are fetched now: blocks are reverted in order, each log's few
   // hundred bytes at a time, too short a run for the hardware prefetcher; their place in the
   // log, a few blocks ahead.
   if (b + kMetadataAhead < blocks_.size()) __builtin_prefetch(&blocks_[b + kMetadataAhead]);
   if (b + 1 < blocks_.size()) {
-    const Block& next = blocks_[b + 1];
-    for (std::size_t line = 0; line < kPrefetchLines; ++line) {
-      __builtin_prefetch(reinterpret_cast<const char*>(positions_.data() + next.first_position) + 64 * line);
-      __builtin_prefetch(reinterpret_cast<const char*>(old_bits_.data() + next.first_value) + 64 * line);
-    }
+    const char* next = reinterpret_cast<const char*>(entries_.data() + blocks_[b + 1].first);
+    for (std::size_t line = 0; line < kPrefetchLines; ++line) __builtin_prefetch(next + 64 * line);
   }
+}
+
+std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte* now, std::uint64_t differing,
+                                std::size_t m, std::size_t element_bytes) const {
+  prefetch_after(b);
   const Block& r = blocks_[b];
-  const std::byte* old = old_bits_.data() + r.first_value;
+  const std::byte* entries = entries_.data() + r.first;
   if (r.whole) {  // most elements changed: a pass over the block costs no more than the positions
-    std::memcpy(block, old, m * element_bytes);
+    std::memcpy(block, entries, m * element_bytes);
     return count_differing(now, block, m, element_bytes);
   }
-  const std::uint16_t* positions = positions_.data() + r.first_position;
-  return element_bytes == 4 ? scatter<std::uint32_t>(old, positions, r.count, block, now, differing)
-                            : scatter<std::uint16_t>(old, positions, r.count, block, now, differing);
+  const std::byte* positions = entries;
+  const std::byte* old = entries + r.count * sizeof(std::uint16_t);
+  return element_bytes == 4 ? scatter_counting<std::uint32_t>(old, positions, r.count, block, now, differing)
+                            : scatter_counting<std::uint16_t>(old, positions, r.count, block, now, differing);
+}
+
+void ChangeLog::revert(std::size_t b, std::byte* block, std::size_t m, std::size_t element_bytes) const {
+  prefetch_after(b);
+  const Block& r = blocks_[b];
+  const std::byte* entries = entries_.data() + r.first;
+  if (r.whole) {
+    std::memcpy(block, entries, m * element_bytes);
+    return;
+  }
+  const std::byte* positions = entries;
+  const std::byte* old = entries + r.count * sizeof(std::uint16_t);
+  if (element_bytes == 4)
+    scatter<std::uint32_t>(old, positions, r.count, block);
+  else
+    scatter<std::uint16_t>(old, positions, r.count, block);
 }
 
 std::size_t ChangeLog::bytes() const {
-  return blocks_.capacity() * sizeof(Block) + positions_.capacity() * sizeof(std::uint16_t) + old_bits_.capacity();
+  return blocks_.capacity() * sizeof(Block) + entries_.capacity();
 }
 
 }  // namespace pulse::measure

@@ -42,6 +42,7 @@ CheckpointReader::File& CheckpointReader::file_of(std::size_t shard) {
 const std::byte* CheckpointReader::data(const MeasuredTensor& t, std::int64_t begin, std::int64_t end) {
   const io::StateTensor* found = state_.find(t.name);
   PULSE_CHECK(found != nullptr, path_ + ": lacks tensor " + t.name);
+  const std::lock_guard<std::mutex> lock(files_lock_);
   File& f = file_of(found->shard);
   const std::string& name = state_.shards()[found->shard].path();
   const std::uint64_t first = found->file_offset + std::uint64_t(begin) * t.element_bytes;
@@ -61,6 +62,7 @@ void CheckpointReader::read_ahead(const std::vector<MeasuredTensor>& tensors, co
     const MeasuredTensor& t = tensors[p.tensor];
     const io::StateTensor* found = state_.find(t.name);
     if (!found) continue;  // data() reports it
+    const std::lock_guard<std::mutex> lock(files_lock_);
     const File& f = file_of(found->shard);
     ::posix_fadvise(f.fd, off_t(found->file_offset + std::uint64_t(p.begin) * t.element_bytes),
                     off_t(std::uint64_t(p.end - p.begin) * t.element_bytes), POSIX_FADV_WILLNEED);

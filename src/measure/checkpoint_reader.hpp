@@ -5,10 +5,12 @@
 // the one being measured, requests to the kernel to start reading the rank's pieces into the
 // page cache (posix_fadvise WILLNEED, which returns at once), so reading from disk overlaps the
 // comparisons. A file cut short while mapped raises SIGBUS, which pulse-measure turns into a
-// one-line error.
+// one-line error. Its calls are safe from several threads at once (files are opened and mapped
+// on first use, under a lock).
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,7 @@ class CheckpointReader {
   std::string path_;
   io::ModelState state_;
   std::map<std::size_t, File> files_;  // by shard
+  std::mutex files_lock_;              // held while files_ is looked up or grows
 };
 
 }  // namespace pulse::measure

@@ -27,19 +27,21 @@ class UnitPatchSize {
   // Element `index` of the tensor added last went from old_bits to new_bits (which differ).
   void add_change(std::uint64_t index, std::uint32_t new_bits, std::uint32_t old_bits) {
     Tensor& t = tensors_[used_ - 1];
-    // The patch's segments: each codes its first gap from its begin.
-    while (t.segments.empty() || index >= t.segment_begin + t.segment_elements) {
-      if (!t.segments.empty()) t.segment_begin += t.segment_elements;
-      t.segments.emplace_back();
-      t.next_index = t.segment_begin;
-    }
-    sync::SegmentStreams& s = t.segments.back();
+    sync::SegmentStreams& s = segment_of(t, index);
     sync::put_varint(s.index, index - t.next_index);  // gap-varint
     t.next_index = index + 1;
     sync::put_varint(s.value, sync::zigzag(std::int64_t(key(new_bits, t.element_bytes)) -
                                            std::int64_t(key(old_bits, t.element_bytes))));  // keydiff
     ++s.count;
   }
+
+  // The changes of a block at element `first` of the tensor added last: the positions
+  // (increasing, from first) of the elements whose bits (Word: 2 or 4 bytes, at now and before)
+  // differ. The same as add_change for each, coded a run at a time straight into the streams'
+  // buffers, not a byte at a time.
+  template <class Word>
+  void add_block(std::uint64_t first, const std::vector<std::uint16_t>& positions, const std::byte* now,
+                 const std::byte* before);
 
   // Bytes of the unit's patch at this zstd level.
   std::uint64_t bytes(int level);
@@ -49,8 +51,22 @@ class UnitPatchSize {
     std::string name, dtype;
     std::uint64_t numel = 0, next_index = 0, segment_begin = 0, segment_elements = 0;
     unsigned element_bytes = 0;
-    std::vector<sync::SegmentStreams> segments;  // up to the last with a change
+    std::vector<sync::SegmentStreams> segments;  // the first used_segments: up to the last with a change
+    std::size_t used_segments = 0;
   };
+
+  // The streams of the segment that holds element `index` (at or after the last change's):
+  // the patch's segments each code their first gap from their begin.
+  static sync::SegmentStreams& segment_of(Tensor& t, std::uint64_t index) {
+    while (t.used_segments == 0 || index >= t.segment_begin + t.segment_elements) {
+      if (t.used_segments > 0) t.segment_begin += t.segment_elements;
+      if (t.used_segments == t.segments.size()) t.segments.emplace_back();
+      sync::SegmentStreams& next = t.segments[t.used_segments++];
+      next.count = 0, next.index.clear(), next.value.clear();  // buffers kept
+      t.next_index = t.segment_begin;
+    }
+    return t.segments[t.used_segments - 1];
+  }
 
   // The monotone integer order of a sign-magnitude float's bits (sync's key of BF16/F16/F32).
   static std::uint32_t key(std::uint32_t bits, unsigned element_bytes) {

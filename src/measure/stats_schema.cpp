@@ -30,7 +30,8 @@ std::vector<StatsColumn> make_schema() {
       {"/steps/dense_bytes", i64, step, one, "bytes", "the measured tensors' bytes (as compared) sent densely"},
       {"/steps/bits_per_changed", f64, step, one, "bits", "8 patch_bytes / changed (NaN if none changed)"},
       {"/steps/encode_s", f64, step, one, "s",
-       "time to size the patches (index and value streams coded and compressed), slowest rank"},
+       "time to size the patches (index and value streams coded and compressed), summed over a rank's threads, "
+       "slowest rank"},
       {"/steps/measure_s", f64, step, one, "s", "time to read and measure the checkpoint, slowest rank"},
       {"/kstep/sparsity", f64, step, StatsColumns::k_values, "1",
        "fraction of weights equal to the checkpoint k steps back (NaN when no checkpoint has that step)"},
