@@ -1,18 +1,20 @@
 #pragma once
 // Applying a patch from one .safetensors file to another without loading the model, tensor by
-// tensor in a pipeline on `threads` threads: each tensor's bytes are copied from the base into
-// the output's temporary file (copy_file_range, in the kernel); the patch's parts are decoded
-// against that copy (mapped read-only), each on a thread, as soon as the tensors they lie in are
-// copied; the thread that decodes the last part of a tensor writes its patched bytes back in
-// chunks, hashed in the pass that builds them, and starts their writeback to disk at once; a
+// tensor in a pipeline on `threads` threads: the patch's parts are decoded each on a thread; a
+// changed tensor's segments are read from the base one at a time into a buffer (pread),
+// decoded against it, patched there and hashed and written out in pieces while in cache, each
+// 4 MiB started on its way to disk at once (the bytes pass once through memory); an unchanged
+// tensor is copied into the output's temporary file in the kernel (copy_file_range) and hashed
+// from the copy (a changed tensor with a segment over 64 MiB, from an older or another
+// encoder, is copied too, decoded against the copy, mapped read-only, and written over it); a
 // thread flushes the finished parts behind the writers (core/flush_behind.hpp), so the disk
 // works while later parts are decoded; the file is renamed over the output once the target
 // digest verifies (one verify: the base's bytes are hashed only where a tensor is unchanged, or
-// read again after a failure to tell a wrong base from a corrupt patch). Memory holds the patch, the decoded changes of the tensors in
-// flight (those of at most 2 x threads parts) and a chunk buffer per thread, not the model (each
-// tensor's mapped pages are released once it is written); the output keeps the base's header
-// bytes (tensor order, padding) exactly. A model folder's shards go through the same pipeline
-// at once (apply_folder, below). The output's bytes do not depend on the thread count.
+// read again after a failure to tell a wrong base from a corrupt patch). Memory holds the
+// patch, the decoded changes of the tensors in flight (those of at most 2 x threads parts) and
+// a segment buffer per thread, not the model; the output keeps the base's header bytes (tensor
+// order, padding) exactly. A model folder's shards go through the same pipeline at once
+// (apply_folder, below). The output's bytes do not depend on the thread count.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,9 +34,9 @@ bool file_apply_fits(const std::string& base, const std::string& out, const std:
 
 // Applies patch to the file base, writing out atomically: on any failure (a corrupt patch, a
 // base that is not the patch's base, an I/O error) the temporary file is removed and out keeps
-// its old content or stays absent. The header is validated from the copy itself and every
-// digest is computed from the copy or the chunks written from it, so a base changed while being
-// copied is refused, never applied to. out may be base (in place). threads >= 1 (1: everything
+// its old content or stays absent. The header is validated from its copy in the output and
+// every digest is computed from the bytes written, so a base changed while being read is
+// refused, never applied to. out may be base (in place). threads >= 1 (1: everything
 // on the calling thread; more: threads - 1 workers, and the flush-behind thread, which only
 // waits for the disk).
 // Returns the elements written; apply_seconds gets the time before the final fsync.

@@ -376,6 +376,22 @@ class PatchDecoder {
   std::vector<std::size_t> part_entries(std::size_t p) const;
   DecodedEntry start(std::size_t k) const { return start_entry(k); }
   void decode_part(std::size_t p, std::vector<DecodedEntry>& entries);
+  // A segment placed in its entry: elements [begin, begin + elements) of the entry's tensor (a
+  // sparse entry's segments tile it), whose `count` changes go to the entry's lists from
+  // `first_change` on.
+  struct Segment {
+    std::size_t entry, part;
+    std::uint64_t begin, elements, count, first_change;
+  };
+  // The segments of part p, or of entry k, in decoding order.
+  std::vector<Segment> part_segments(std::size_t p) const;
+  std::vector<Segment> entry_segments(std::size_t k) const;
+  // As decode_part, against old bytes the caller gives segment by segment: old(s) returns
+  // segment s's elements (read only, until done(s) returns; nullptr: the base's), and done(s)
+  // is called once its changes are in entries[s.entry].
+  void decode_part(std::size_t p, std::vector<DecodedEntry>& entries,
+                   const std::function<const std::byte*(const Segment&)>& old,
+                   const std::function<void(const Segment&)>& done);
   // Throws unless every entry (or, with decode_part, every part) was decoded and the streams
   // hold no other bytes.
   void finish() const;
@@ -390,14 +406,10 @@ class PatchDecoder {
     std::size_t tensor;  // in base, or in patch.added
     std::uint64_t bytes;
   };
-  // A segment placed in its entry: where it begins, and its changes' place in the entry's.
-  struct Segment {
-    std::size_t entry, part;
-    std::uint64_t begin, elements, count, first_change;
-  };
   DecodedEntry start_entry(std::size_t k) const;
-  // Decodes a segment's changes into the entry's lists, against the base's bytes.
-  void decode_segment(const Segment& s, DecodedEntry& w);
+  // Decodes a segment's changes into the entry's lists, against old, the segment's old
+  // elements (by default the base's).
+  void decode_segment(const Segment& s, DecodedEntry& w, const std::byte* old = nullptr);
   std::vector<std::size_t> part_first_;  // per part: its first segment (parts + 1)
   std::atomic<std::size_t> parts_decoded_{0};
   const ParsedPatch& patch_;

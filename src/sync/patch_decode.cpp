@@ -240,7 +240,7 @@ DecodedEntry PatchDecoder::start_entry(std::size_t k) const {
   return w;
 }
 
-void PatchDecoder::decode_segment(const Segment& s, DecodedEntry& w) {
+void PatchDecoder::decode_segment(const Segment& s, DecodedEntry& w, const std::byte* old) {
   if (s.count == 0) return;
   const TensorRef& t = base_[w.tensor];
   const std::string& name = targets_[s.entry].layout->name;
@@ -252,7 +252,7 @@ void PatchDecoder::decode_segment(const Segment& s, DecodedEntry& w) {
     history += s.begin;
   }
   std::uint64_t* indices = w.indices.data() + s.first_change;
-  parts_[s.part].decode(format, t.data + format.bytes * s.begin, s.elements, s.count,
+  parts_[s.part].decode(format, old ? old : t.data + format.bytes * s.begin, s.elements, s.count,
                         patch_.entries[s.entry].index_width, history, indices,
                         w.values.data() + format.bytes * s.first_change, " in tensor '" + name + "'");
   for (std::uint64_t c = 0; c < s.count; ++c) indices[c] += s.begin;
@@ -375,8 +375,27 @@ std::vector<std::size_t> PatchDecoder::part_entries(std::size_t p) const {
 }
 
 void PatchDecoder::decode_part(std::size_t p, std::vector<DecodedEntry>& entries) {
+  decode_part(p, entries, [](const Segment&) { return nullptr; }, [](const Segment&) {});
+}
+
+std::vector<PatchDecoder::Segment> PatchDecoder::part_segments(std::size_t p) const {
+  return {segments_.begin() + std::ptrdiff_t(part_first_[p]), segments_.begin() + std::ptrdiff_t(part_first_[p + 1])};
+}
+
+std::vector<PatchDecoder::Segment> PatchDecoder::entry_segments(std::size_t k) const {
+  return {segments_.begin() + std::ptrdiff_t(entry_segments_[k]),
+          segments_.begin() + std::ptrdiff_t(entry_segments_[k + 1])};
+}
+
+void PatchDecoder::decode_part(std::size_t p, std::vector<DecodedEntry>& entries,
+                               const std::function<const std::byte*(const Segment&)>& old,
+                               const std::function<void(const Segment&)>& done) {
   PULSE_CHECK(next_ == 0 && !decoded_all_, "PatchDecoder::decode_part after next()");
-  for (std::size_t s = part_first_[p]; s < part_first_[p + 1]; ++s) decode_segment(segments_[s], entries[segments_[s].entry]);
+  for (std::size_t s = part_first_[p]; s < part_first_[p + 1]; ++s) {
+    const Segment& segment = segments_[s];
+    decode_segment(segment, entries[segment.entry], old(segment));
+    done(segment);
+  }
   parts_decoded_.fetch_add(1);
 }
 

@@ -5,7 +5,8 @@
 // existing output as it was and no temporary file. With many small parts (spanning tensors and
 // cut inside them), encode (in memory and streamed) and apply (file to file, in place, folder to
 // folder) give the same bytes on 1, 2 and 3 threads, and so does a streamed encode that reads a
-// long segment in pieces. Also DigestStream and FlushBehind, which it uses.
+// long segment in pieces. A changed tensor whose segment is too long to read into a buffer is
+// copied first, to the same bytes. Also DigestStream and FlushBehind, which it uses.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -213,6 +214,39 @@ TEST_F(StreamApply, ManyPartsGiveTheSameBytesOnEveryThreadCount) {
                                "model.safetensors.index.json", "config.json"})
         EXPECT_EQ(read(out_dir + "/" + file), read(target_dir + "/" + file)) << at << ", " << file;
     }
+  }
+}
+
+// A changed tensor with a segment longer than the apply reads into a buffer (64 MiB; an older or
+// another encoder's parts) is copied into the output first and patched there, while the other
+// changed tensors of the same part are read from the base segment by segment: g.long, 66 MiB of
+// BF16, in one part with the rest. The output is the target file on 1 and 2 threads, and in place.
+TEST_F(StreamApply, SegmentOverTheBufferIsCopiedFirstToTheSameBytes) {
+  std::mt19937 rng(26);
+  std::vector<Tensor> base = base_, target = target_;
+  Tensor long_tensor{"g.long", io::DType::BF16, {33, 1 << 20}, std::vector<std::byte>(std::size_t(33) << 21)};
+  for (std::size_t i = 0; i < long_tensor.bytes.size(); i += 4) {
+    const std::uint32_t r = rng();
+    std::memcpy(long_tensor.bytes.data() + i, &r, 4);
+  }
+  base.push_back(long_tensor);
+  for (std::size_t i = 0; i < long_tensor.bytes.size(); i += 2)
+    if (i % 200 == 0) long_tensor.bytes[i] ^= std::byte(1 + i % 255);  // 1% of the elements
+  target.push_back(long_tensor);
+  write(path("long_base.safetensors"), base);
+  write(path("long_target.safetensors"), target);
+  EncodeOptions options;
+  options.part_elements = std::uint64_t(1) << 26;
+  const auto bytes =
+      encode_patch(refs(base), refs(target), options, nullptr, nullptr, {{"format", "pt"}}, {{"format", "pt"}});
+  const ParsedPatch patch = parse_patch(bytes.data(), bytes.size());
+  ASSERT_EQ(patch.parts.size(), 1u);  // g.long's segment is the whole tensor
+  for (unsigned threads : {1u, 2u}) {
+    apply_file(path("long_base.safetensors"), patch, path("out.safetensors"), threads);
+    EXPECT_EQ(read(path("out.safetensors")), read(path("long_target.safetensors"))) << "threads " << threads;
+    fs::copy_file(path("long_base.safetensors"), path("model.safetensors"), fs::copy_options::overwrite_existing);
+    apply_file(path("model.safetensors"), patch, path("model.safetensors"), threads);
+    EXPECT_EQ(read(path("model.safetensors")), read(path("long_target.safetensors"))) << "threads " << threads;
   }
 }
 
