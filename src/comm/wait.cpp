@@ -44,20 +44,24 @@ WaitMode wait_mode() {
 
 const char* wait_mode_name(WaitMode mode) { return mode == WaitMode::spin ? "spin" : "sleep"; }
 
-void wait_for_ranks(MPI_Comm comm) {
-  if (wait_mode() == WaitMode::spin) return;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ibarrier(comm, &request), "MPI_Ibarrier");
+void sleep_until_complete(MPI_Request& request, const char* what) {
   const auto start = std::chrono::steady_clock::now();
   auto nap = first_nap;
   for (;;) {
     int done = 0;
-    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
     if (done) return;
     if (std::chrono::steady_clock::now() - start < spin_for) continue;
     std::this_thread::sleep_for(nap);
     nap = std::min(longest_nap, nap * 2);
   }
+}
+
+void wait_for_ranks(MPI_Comm comm) {
+  if (wait_mode() == WaitMode::spin) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibarrier(comm, &request), "MPI_Ibarrier");
+  sleep_until_complete(request, "MPI_Ibarrier");
 }
 
 void wait_for_ranks(const Communicator& comm) { wait_for_ranks(comm.raw()); }
