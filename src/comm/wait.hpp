@@ -27,8 +27,7 @@ const char* wait_mode_name(WaitMode mode);
 
 // Returns once request has completed: polls with MPI_Test, without sleeping for the first 1 ms
 // (a peer that is nearly there, or asleep in a wait of its own), then sleeping between polls,
-// naps of 20 us growing to 500 us.
-// `what` names the call in an error.
+// naps of 20 us growing to 500 us. `what` names the call in an error.
 void sleep_until_complete(MPI_Request& request, const char* what);
 
 // One collective MPI call: in spin mode `blocking()`, in sleep mode `start(&request)` (the
