@@ -87,13 +87,16 @@ void BM_GradientSparsity(benchmark::State& state) {
   }
 }
 
-// Adam moments after some steps of noisy gradients: m ~ N(0, 1e-5), v ~ m^2-sized plus noise.
+// Adam moments after some steps of noisy gradients: m ~ N(0, 1e-5), v ~ m^2-sized plus noise;
+// or (second argument 1) all 0, as in a run whose gradients are 0 (GRPO from weights that earn no
+// reward, bench_train_step.py's runs): every ratio 0, one bin of the selection.
 void BM_AdamRatio(benchmark::State& state) {
   const index_t n = state.range(0);
+  const bool zero = state.range(1) != 0;
   std::mt19937_64 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> m(n), v(n);
-  for (index_t i = 0; i < n; ++i) {
+  for (index_t i = 0; i < n && !zero; ++i) {
     m[i] = 1e-5f * normal(rng);
     v[i] = 1e-10f * (std::abs(normal(rng)) + 0.01f);
   }
@@ -109,7 +112,7 @@ void BM_AdamRatio(benchmark::State& state) {
 constexpr index_t tiny_parameters = 204992, small_parameters = 1009664;
 BENCHMARK(BM_KStep)->Arg(tiny_parameters)->Arg(small_parameters)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GradientSparsity)->Arg(tiny_parameters)->Arg(small_parameters)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_AdamRatio)->Arg(tiny_parameters)->Arg(small_parameters)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AdamRatio)->ArgsProduct({{tiny_parameters, small_parameters}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -17,7 +17,9 @@ machine's preemptions; the flushes every 100 rows or 10 s show in the JSON's wri
   wait      trainer 0's seconds in collective calls (/ranks/wait_s; the patch send included)
   measure   /steps/measure_s; sync: /steps/encode_s (the send is in wait); sync_s: /steps/sync_s
   stats     /steps/write_s of the next row (the append once every rank is there)
-  overhead  (measure_s + sync_s + write_s) / step: the measurement, PULSESync and statistics share
+  overhead  (measure_s + sync_s + write_s) / step: the measurement, PULSESync and statistics share;
+            ovh_sum: the same over the sums of all those steps (the median step of a run whose
+            weights change only in its later steps, as tiny's from GPT-2 init, codes no change)
   mfu       training model FLOPs (6 P tokens + 12 L C T tokens, PaLM appendix B; every position
             of every row) per step second over the SGEMM peak of all cores; mfu_gen adds the
             sampling's forward FLOPs (a third of training's)
@@ -103,6 +105,7 @@ def summarise(path, warmup, peak):
             "share": {"compute": med(compute) / T, "wait": med(wait) / T, "measure": med(measure) / T,
                       "sync": med(encode) / T, "stats": med(write) / T},
             "overhead": med(measure + sync + write) / T,
+            "overhead_of_sums": float((measure + sync + write).sum() / step.sum()),
             "write_max_s": float(write.max()),
             "mfu": flops / T / peak, "mfu_gen": flops * 4 / 3 / T / peak,
             "cpu_share": (cpu.sum(axis=0) / step.sum()).tolist(),
@@ -128,7 +131,7 @@ def main():
     peak_one = sgemm_peak(args.build, 1)
     print(f"\npulse-train step: SGEMM 1024^3 {peak / 1e9:.1f} GFLOP/s on {cores} cores, {peak_one / 1e9:.1f} on one")
     print(f"{'preset':<7}{'setting':<10}{'load':>6}{'step ms':>9}{'compute':>8}{'wait':>6}{'measure':>8}{'sync':>6}"
-          f"{'stats':>6}{'overhd':>7}{'mfu':>7}{'mfu_gen':>8}   cpu/step (busy, held) trainer; inference")
+          f"{'stats':>6}{'overhd':>7}{'ovh_sum':>8}{'mfu':>7}{'mfu_gen':>8}   cpu/step (busy, held) trainer; inference")
     results = {"sgemm_flops_per_second": peak, "sgemm_one_core_flops_per_second": peak_one, "cores": cores, "runs": []}
     for preset in args.presets.split(","):
         for setting in args.settings.split(","):
@@ -140,7 +143,7 @@ def main():
             ranks = "; ".join(f"{c:.2f} ({b:.2f}, {h:.2f})"
                               for c, b, h in zip(r["cpu_share"], r["busy_wait"], r["wait_cpu_per_wait_s"]))
             print(f"{preset:<7}{setting:<10}{load:>6.1f}{r['step_s'] * 1e3:>9.1f}{sh['compute']:>8.3f}{sh['wait']:>6.3f}"
-                  f"{sh['measure']:>8.3f}{sh['sync']:>6.3f}{sh['stats']:>6.3f}{r['overhead']:>7.3f}{r['mfu']:>7.3f}"
+                  f"{sh['measure']:>8.3f}{sh['sync']:>6.3f}{sh['stats']:>6.3f}{r['overhead']:>7.3f}{r['overhead_of_sums']:>8.3f}{r['mfu']:>7.3f}"
                   f"{r['mfu_gen']:>8.3f}   {ranks}", flush=True)
     with open(os.path.join(args.out, "train_step.json"), "w") as fh:
         json.dump(results, fh, indent=1)

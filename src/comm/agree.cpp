@@ -24,8 +24,10 @@ void agree_on_error(MPI_Comm comm, const std::function<void()>& work) {
   check_mpi(MPI_Comm_size(comm, &size), "MPI_Comm_size");
   int first = failed ? rank : size;
   const WaitClock clock;
-  wait_for_ranks(comm);
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  collective_call("MPI_Allreduce", [&] { return MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm); },
+                  [&](MPI_Request* request) {
+                    return MPI_Iallreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, comm, request);
+                  });
   if (first == size) return;
   std::uint64_t length = error.size();
   check_mpi(MPI_Bcast(&length, 1, MPI_UINT64_T, first, comm), "MPI_Bcast");

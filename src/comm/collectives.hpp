@@ -13,8 +13,8 @@
 //                 and receives (n - c) + (p - 1) c elements, 2 (p - 1) / p n on average.
 // These are the bytes that must cross the network under a bandwidth-optimal algorithm, not the
 // messages MPI's own algorithm sends (a tree broadcast forwards, a small allreduce may double).
-// Each call first waits for the other ranks without spinning (comm/wait.hpp) and is timed in
-// wait_totals().
+// Each call waits for the other ranks without spinning in sleep mode (comm/wait.hpp) and is timed
+// in wait_totals().
 // Views may live in any memory space. Host-accessible memory goes to MPI as it is; device
 // memory goes to MPI directly only when pulse is configured with PULSE_CUDA_AWARE_MPI=ON,
 // otherwise it is staged through a host buffer (pinned with CUDA or HIP): copied in before
@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -152,6 +153,22 @@ class MpiBuffer {
   HostView host_;
 };
 
+// MPI_Allreduce as the wait mode says (comm/wait.hpp). A floating-point sum keeps the blocking
+// call, after a meeting of the ranks: its rounding depends on the order of the additions, which
+// the nonblocking algorithm may change; min, max and integer sums are exact in any order.
+template <class T>
+void allreduce_call(const void* send, void* recv, int count, ReduceOp op, MPI_Comm comm) {
+  const auto blocking = [&] { return MPI_Allreduce(send, recv, count, mpi_type<T>(), mpi_op(op), comm); };
+  if (std::is_floating_point_v<T> && op == ReduceOp::sum) {
+    wait_for_ranks(comm);
+    check_mpi(blocking(), "MPI_Allreduce");
+    return;
+  }
+  collective_call("MPI_Allreduce", blocking, [&](MPI_Request* request) {
+    return MPI_Iallreduce(send, recv, count, mpi_type<T>(), mpi_op(op), comm, request);
+  });
+}
+
 }  // namespace detail
 
 // out[i] = op over ranks of in[i]; every rank gets the result.
@@ -165,11 +182,9 @@ void allreduce(const Communicator& comm, const InView& in, const OutView& out, R
   const int count = detail::mpi_count(in.size(), "allreduce");
   Kokkos::fence();
   const WaitClock clock;
-  wait_for_ranks(comm);
   const detail::MpiBuffer<InView> send(in, true);
   const detail::MpiBuffer<OutView> recv(out, false);
-  check_mpi(MPI_Allreduce(send.data(), recv.data(), count, mpi_type<T>(), mpi_op(op), comm.raw()),
-            "MPI_Allreduce");
+  detail::allreduce_call<T>(send.data(), recv.data(), count, op, comm.raw());
   recv.copy_out();
   const std::uint64_t wire = detail::allreduce_wire_bytes(comm, in.size(), sizeof(T));
   comm.count_bytes(channel, wire, wire);
@@ -185,11 +200,8 @@ void allreduce(const Communicator& comm, const View& inout, ReduceOp op,
   const int count = detail::mpi_count(inout.size(), "allreduce");
   Kokkos::fence();
   const WaitClock clock;
-  wait_for_ranks(comm);
   const detail::MpiBuffer<View> buffer(inout, true);
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count, mpi_type<T>(), mpi_op(op),
-                          comm.raw()),
-            "MPI_Allreduce");
+  detail::allreduce_call<T>(MPI_IN_PLACE, buffer.data(), count, op, comm.raw());
   buffer.copy_out();
   const std::uint64_t wire = detail::allreduce_wire_bytes(comm, inout.size(), sizeof(T));
   comm.count_bytes(channel, wire, wire);
@@ -201,9 +213,7 @@ T allreduce_value(const Communicator& comm, T value, ReduceOp op,
                   Channel channel = Channel::control) {
   T result{};
   const WaitClock clock;
-  wait_for_ranks(comm);
-  check_mpi(MPI_Allreduce(&value, &result, 1, mpi_type<T>(), mpi_op(op), comm.raw()),
-            "MPI_Allreduce");
+  detail::allreduce_call<T>(&value, &result, 1, op, comm.raw());
   const std::uint64_t wire = detail::allreduce_wire_bytes(comm, 1, sizeof(T));
   comm.count_bytes(channel, wire, wire);
   return result;
@@ -223,12 +233,15 @@ void allgather(const Communicator& comm, const InView& in, const OutView& out,
   detail::mpi_count(out.size(), "allgather");
   Kokkos::fence();
   const WaitClock clock;
-  wait_for_ranks(comm);
   const detail::MpiBuffer<InView> send(in, true);
   const detail::MpiBuffer<OutView> recv(out, false);
-  check_mpi(MPI_Allgather(send.data(), count, mpi_type<T>(), recv.data(), count, mpi_type<T>(),
-                          comm.raw()),
-            "MPI_Allgather");
+  collective_call(
+      "MPI_Allgather",
+      [&] { return MPI_Allgather(send.data(), count, mpi_type<T>(), recv.data(), count, mpi_type<T>(), comm.raw()); },
+      [&](MPI_Request* request) {
+        return MPI_Iallgather(send.data(), count, mpi_type<T>(), recv.data(), count, mpi_type<T>(), comm.raw(),
+                              request);
+      });
   recv.copy_out();
   const std::uint64_t others = comm.size() - 1;
   comm.count_bytes(channel, others * detail::bytes_of(in), others * detail::bytes_of(in));
@@ -267,12 +280,19 @@ std::vector<index_t> allgatherv(const Communicator& comm, const InView& in, OutV
   using T = typename OutView::value_type;
   Kokkos::fence();
   const WaitClock clock;
-  wait_for_ranks(comm);
   const detail::MpiBuffer<InView> send(in, true);
   const detail::MpiBuffer<OutView> recv(out, false);
-  check_mpi(MPI_Allgatherv(send.data(), mpi_counts[comm.rank()], mpi_type<T>(), recv.data(),
-                           mpi_counts.data(), mpi_displs.data(), mpi_type<T>(), comm.raw()),
-            "MPI_Allgatherv");
+  const int mine = mpi_counts[comm.rank()];
+  collective_call(
+      "MPI_Allgatherv",
+      [&] {
+        return MPI_Allgatherv(send.data(), mine, mpi_type<T>(), recv.data(), mpi_counts.data(), mpi_displs.data(),
+                              mpi_type<T>(), comm.raw());
+      },
+      [&](MPI_Request* request) {
+        return MPI_Iallgatherv(send.data(), mine, mpi_type<T>(), recv.data(), mpi_counts.data(), mpi_displs.data(),
+                               mpi_type<T>(), comm.raw(), request);
+      });
   recv.copy_out();
   comm.count_bytes(channel, std::uint64_t(comm.size() - 1) * detail::bytes_of(in),
                    detail::bytes_of(out) - detail::bytes_of(in));
@@ -301,10 +321,16 @@ void alltoallv(const Communicator& comm, const T* send, const std::vector<index_
     received += std::uint64_t(recv_counts[r]) * sizeof(T);
   }
   const WaitClock clock;
-  wait_for_ranks(comm);
-  check_mpi(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
-                          comm.raw()),
-            "MPI_Alltoallv");
+  collective_call(
+      "MPI_Alltoallv",
+      [&] {
+        return MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
+                             comm.raw());
+      },
+      [&](MPI_Request* request) {
+        return MPI_Ialltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
+                              comm.raw(), request);
+      });
   comm.count_bytes(channel, sent, received);
 }
 
@@ -322,8 +348,11 @@ std::vector<index_t> gatherv(const Communicator& comm, const T* in, std::size_t 
   const bool is_root = comm.rank() == root;
   std::vector<int> counts(is_root ? comm.size() : 0);
   const WaitClock clock;
-  wait_for_ranks(comm);
-  check_mpi(MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm.raw()), "MPI_Gather");
+  collective_call(
+      "MPI_Gather", [&] { return MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm.raw()); },
+      [&](MPI_Request* request) {
+        return MPI_Igather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, root, comm.raw(), request);
+      });
   std::vector<index_t> offsets;
   std::vector<int> displs;
   if (is_root) {
@@ -333,9 +362,17 @@ std::vector<index_t> gatherv(const Communicator& comm, const T* in, std::size_t 
     for (int r = 0; r < comm.size(); ++r) displs.push_back(int(offsets[r]));
     out.resize(std::size_t(offsets.back()));
   }
-  check_mpi(MPI_Gatherv(in, count, mpi_type<T>(), is_root ? out.data() : nullptr, counts.data(), displs.data(),
-                        mpi_type<T>(), root, comm.raw()),
-            "MPI_Gatherv");
+  T* const into = is_root ? out.data() : nullptr;
+  collective_call(
+      "MPI_Gatherv",
+      [&] {
+        return MPI_Gatherv(in, count, mpi_type<T>(), into, counts.data(), displs.data(), mpi_type<T>(), root,
+                           comm.raw());
+      },
+      [&](MPI_Request* request) {
+        return MPI_Igatherv(in, count, mpi_type<T>(), into, counts.data(), displs.data(), mpi_type<T>(), root,
+                            comm.raw(), request);
+      });
   const std::uint64_t others = std::uint64_t(comm.size() - 1);
   if (is_root)
     comm.count_bytes(channel, 0, others * sizeof(int) + (std::uint64_t(offsets.back()) - n) * sizeof(T));
@@ -358,9 +395,10 @@ void broadcast(const Communicator& comm, const View& view, int root,
   const bool is_root = comm.rank() == root;
   Kokkos::fence();
   const WaitClock clock;
-  wait_for_ranks(comm);
   const detail::MpiBuffer<View> buffer(view, is_root);
-  check_mpi(MPI_Bcast(buffer.data(), count, mpi_type<T>(), root, comm.raw()), "MPI_Bcast");
+  collective_call(
+      "MPI_Bcast", [&] { return MPI_Bcast(buffer.data(), count, mpi_type<T>(), root, comm.raw()); },
+      [&](MPI_Request* request) { return MPI_Ibcast(buffer.data(), count, mpi_type<T>(), root, comm.raw(), request); });
   if (!is_root) buffer.copy_out();
   comm.count_bytes(channel, is_root ? std::uint64_t(comm.size() - 1) * detail::bytes_of(view) : 0,
                    is_root ? 0 : detail::bytes_of(view));

@@ -83,8 +83,8 @@ Communicator Communicator::split(int color, int key) const {
 
 void Communicator::barrier() const {
   const WaitClock clock;
-  wait_for_ranks(*this);
-  check_mpi(MPI_Barrier(raw()), "MPI_Barrier");
+  collective_call("MPI_Barrier", [&] { return MPI_Barrier(raw()); },
+                  [&](MPI_Request* request) { return MPI_Ibarrier(raw(), request); });
 }
 
 std::uint64_t Communicator::bytes_sent(Channel channel) const {

@@ -3,19 +3,21 @@
 // long before its peers (an inference rank while the trainer trains, a trainer while rollouts
 // are sampled) would spin inside MPI at full CPU: Open MPI's blocking calls poll, and its
 // mpi_yield_when_idle only calls sched_yield between polls, which still burns the core when
-// nothing else is runnable. In sleep mode (the default) pulse's collectives first meet the other
-// ranks in an MPI_Ibarrier polled with MPI_Test, sleeping between polls once the wait lasts,
-// then make the same blocking MPI call as before, which finds every rank there. The MPI call and
-// so every result stay the same in either mode; only the core's time while waiting differs.
-// PULSE_MPI_WAIT=spin (or sleep) in the environment chooses, the same on every rank. Like the MPI
-// calls themselves (pulse initializes MPI at most FUNNELED), these run on one thread.
+// nothing else is runnable. In sleep mode (the default) pulse's collectives make the nonblocking
+// form of their MPI call and poll its request with MPI_Test, sleeping between polls once the wait
+// lasts (sleep_until_complete); one message round, as in the blocking call. The data moved, and
+// so every result, are the same in either mode: a floating-point sum, whose rounding depends on
+// the order of its additions and so on the algorithm, keeps the blocking MPI call, after a
+// sleeping meeting of the ranks (wait_for_ranks). PULSE_MPI_WAIT=spin (or sleep) in the
+// environment chooses, the same on every rank; spin makes the blocking calls, as before. Like the
+// MPI calls themselves (pulse initializes MPI at most FUNNELED), these run on one thread.
 #include <mpi.h>
 
 #include <chrono>
 
-namespace pulse {
+#include "comm/communicator.hpp"
 
-class Communicator;
+namespace pulse {
 
 enum class WaitMode { spin, sleep };
 
@@ -23,8 +25,27 @@ enum class WaitMode { spin, sleep };
 WaitMode wait_mode();
 const char* wait_mode_name(WaitMode mode);
 
+// Returns once request has completed: polls with MPI_Test, without sleeping for the first 1 ms
+// (a peer that is nearly there, or asleep in a wait of its own), then sleeping between polls,
+// naps of 20 us growing to 500 us. `what` names the call in an error.
+void sleep_until_complete(MPI_Request& request, const char* what);
+
+// One collective MPI call: in spin mode `blocking()`, in sleep mode `start(&request)` (the
+// nonblocking form of the same call) and sleep_until_complete. Each returns an MPI error code.
+template <class Blocking, class Start>
+void collective_call(const char* what, const Blocking& blocking, const Start& start) {
+  if (wait_mode() == WaitMode::spin) {
+    check_mpi(blocking(), what);
+    return;
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(start(&request), what);
+  sleep_until_complete(request, what);
+}
+
 // Returns once every rank of comm has called it (a no-op in spin mode, where the collective's
-// own call waits). Collective.
+// own call waits): before a blocking call that has no nonblocking twin with the same result, and
+// where a rank's next timing should not include the wait for the slowest. Collective.
 void wait_for_ranks(const Communicator& comm);
 void wait_for_ranks(MPI_Comm comm);
 

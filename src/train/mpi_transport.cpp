@@ -26,10 +26,11 @@ ReceivedPatch broadcast_patch(const Communicator& sizes, const Communicator& pat
   PULSE_CHECK(parsed.header.target_version == version, "weight sync: patch to version " +
                                                            std::to_string(parsed.header.target_version) +
                                                            ", expected " + std::to_string(version));
-  // apply_patch checks the target digest and leaves the state as it was when it differs.
+  // apply_patch checks the target digest and leaves the state as it was when it differs. On this
+  // rank's thread, as the patch was encoded (WeightSync::step).
   sync::StateDigests target;
   ReceivedPatch out;
-  out.changed = sync::apply_patch(parsed, state, {}, &digests, &target, {}, nullptr, history);
+  out.changed = sync::apply_patch(parsed, state, {}, &digests, &target, {}, nullptr, history, 1);
   out.patch_bytes = received.size();
   out.seconds = timer.seconds();
   digests = std::move(target);

@@ -73,12 +73,38 @@ void SparsityMeter::restore(const std::vector<std::vector<bf16_bits>>& oldest_fi
 
 namespace {
 
+// The value of rank `rank` (0-based) among the bit patterns [first, last): passes that count the
+// patterns per digit of the 12 highest bits in which they differ keep only the digit that holds
+// the rank, until a few patterns are left for nth_element or all are equal. A large bin of equal
+// or clustered values (the Adam ratios of a model that does not move are all 0) would otherwise be
+// a long nth_element for each rank in it. Reorders the range.
+std::uint64_t select_in_bin(std::uint64_t* first, std::uint64_t* last, index_t rank) {
+  constexpr int digit_bits = 12;
+  constexpr std::ptrdiff_t few = 64;
+  std::vector<index_t> count(std::size_t(1) << digit_bits);
+  while (last - first > few) {
+    const auto [low, high] = std::minmax_element(first, last);
+    const std::uint64_t differ = *low ^ *high;
+    if (differ == 0) return *first;
+    // Every pattern in [*low, *high] shares the bits above the highest one in which they differ.
+    const int shift = std::max(0, 64 - __builtin_clzll(differ) - digit_bits);
+    const auto digit = [shift](const std::uint64_t bits) { return std::size_t(bits >> shift) & ((1u << digit_bits) - 1); };
+    std::fill(count.begin(), count.end(), 0);
+    for (const std::uint64_t* p = first; p != last; ++p) ++count[digit(*p)];
+    std::size_t d = 0;
+    while (rank >= count[d]) rank -= count[d++];
+    last = std::partition(first, last, [&](const std::uint64_t bits) { return digit(bits) == d; });
+  }
+  std::nth_element(first, first + rank, last);
+  return first[rank];
+}
+
 // The order statistics ranks[j] (0-based) of values[0, count), the value std::nth_element would
 // place at each rank, by a radix select: one pass counts the values per bin of the top bits of
 // their bit patterns (which order as the values do when no sign bit is set), a second copies out
-// the few bins that hold a wanted rank, and nth_element within such a bin finishes. Where a value
-// is NaN or has its sign bit set (-0 included) the order of equal values could decide the bits
-// returned, so it computes nothing and returns false.
+// the few bins that hold a wanted rank, and select_in_bin finishes within such a bin. Where a
+// value is NaN or has its sign bit set (-0 included) the order of equal values could decide the
+// bits returned, so it computes nothing and returns false.
 bool select_non_negative(const double* values, index_t count, const std::vector<index_t>& ranks,
                          std::vector<double>& out) {
   constexpr int shift = 48;                                   // bins: exponent and 4 mantissa bits
@@ -110,17 +136,20 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
     }
     bin_of_rank.push_back(b);
   }
-  std::vector<double> picked(std::size_t(starts.back()));
+  std::vector<std::uint64_t> picked(std::size_t(starts.back()));
   std::vector<index_t> next(starts.begin(), starts.end() - 1);
-  for (index_t i = 0; i < count; ++i)
-    if (const int s = slot[bits_of(i) >> shift]) picked[std::size_t(next[s - 1]++)] = values[i];
+  for (index_t i = 0; i < count; ++i) {
+    const std::uint64_t bits = bits_of(i);
+    if (const int s = slot[bits >> shift]) picked[std::size_t(next[s - 1]++)] = bits;
+  }
   out.clear();
   for (std::size_t j = 0; j < ranks.size(); ++j) {
     const std::size_t b = bin_of_rank[j];
-    const auto begin = picked.begin() + starts[slot[b] - 1], end = picked.begin() + starts[slot[b]];
-    const auto at = begin + (ranks[j] - below[b]);
-    std::nth_element(begin, at, end);
-    out.push_back(*at);
+    const std::uint64_t bits =
+        select_in_bin(picked.data() + starts[slot[b] - 1], picked.data() + starts[slot[b]], ranks[j] - below[b]);
+    double value;
+    std::memcpy(&value, &bits, sizeof value);
+    out.push_back(value);
   }
   return true;
 }

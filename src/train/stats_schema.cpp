@@ -36,7 +36,7 @@ std::vector<StatsColumn> make_schema() {
       {"/steps/sync_s", f64, step, one, "s", "PULSESync time on trainer 0 (encode + send)"},
       {"/steps/write_s", f64, step, one, "s",
        "time the previous step's statistics append took once every rank was there (gather to rank 0, flush when "
-       "due; slowest rank)"},
+       "due; on rank 0, which holds the file)"},
       {"/steps/eval_pass1", f64, step, one, "1", "greedy pass@1 on held-out problems (NaN when not evaluated)"},
       {"/steps/gate_density", f64, step, one, "1",
        "diloco/pulseloco outer steps: fraction of entries trainer 0 sent (NaN on inner steps)"},

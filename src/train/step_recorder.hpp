@@ -1,8 +1,8 @@
 #pragma once
 // The recorder role of pulse-train: per step, what every rank moved over MPI (all channels of the
 // communicators it is given), its own columns of /ranks (bytes, seconds, CPU seconds in and out
-// of collective calls), and the collective append of the row to the statistics file (timed once
-// every rank is there: /steps/write_s of the next row).
+// of collective calls), and the collective append of the row to the statistics file (timed on
+// rank 0 once every rank is there: /steps/write_s of the next row).
 #include <cstdint>
 #include <vector>
 

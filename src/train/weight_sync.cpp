@@ -61,7 +61,12 @@ SyncStepStats WeightSync::step(std::uint64_t version, sync::ChangeSet* changes, 
     Kokkos::Timer timer;
     sync::StateDigests target;
     const auto base = bf16_tensor_refs(table_, weights);
-    patch = sync::encode_change_set(base, *changes, transport_->coding(version), digests_, &target);
+    // On this rank's thread, as its training (docs/pulse-train.md, Threads): a step's patch is
+    // small against the thread starts of a parallel encode (a tensor's digest is one), and the
+    // other cores run the other ranks. The bytes are the same on any number of threads.
+    sync::EncodeOptions coding = transport_->coding(version);
+    coding.threads = 1;
+    patch = sync::encode_change_set(base, *changes, coding, digests_, &target);
     transport_->encoded(base, *changes, target);
     sync::apply_change_set(*changes, weights.data(), weights.size());
     try {

@@ -1,6 +1,6 @@
 // The byte counters against MPI's own view (issue 28 item 6), at np 1/2/3/4. This test binary
-// defines MPI_Allreduce, MPI_Allgather, MPI_Allgatherv, MPI_Alltoallv and MPI_Bcast itself (the
-// MPI profiling interface): each forwards to PMPI_* and adds, per MPI communicator, the bytes
+// defines MPI_Allreduce, MPI_Allgather, MPI_Allgatherv, MPI_Alltoallv and MPI_Bcast and their
+// nonblocking forms itself (the MPI profiling interface): each forwards to PMPI_* and adds, per MPI communicator, the bytes
 // its arguments address to OTHER ranks, read from the counts, datatypes, root and rank that
 // pulse handed to MPI. Every collective pulse runs (the typed collectives, the DiLoCo and
 // PULSELoCo exchanges, the outer step) must count exactly those bytes on its Communicator: the
@@ -48,8 +48,46 @@ void tap(MPI_Comm comm, std::uint64_t sent, std::uint64_t received) {
   t.sent += sent, t.received += received, ++t.calls;
 }
 
+// The bytes each collective addresses to other ranks, from its arguments.
+void tap_alltoallv(const int sendcounts[], MPI_Datatype sendtype, const int recvcounts[], MPI_Datatype recvtype,
+                   MPI_Comm comm) {
+  std::uint64_t sent = 0, received = 0;
+  for (int r = 0; r < size_of(comm); ++r)
+    if (r != rank_of(comm)) sent += sendcounts[r] * type_bytes(sendtype), received += recvcounts[r] * type_bytes(recvtype);
+  tap(comm, sent, received);
+}
+void tap_allgather(int sendcount, MPI_Datatype sendtype, int recvcount, MPI_Datatype recvtype, MPI_Comm comm) {
+  const std::uint64_t others = size_of(comm) - 1;
+  tap(comm, others * sendcount * type_bytes(sendtype), others * recvcount * type_bytes(recvtype));
+}
+void tap_allgatherv(int sendcount, MPI_Datatype sendtype, const int recvcounts[], MPI_Datatype recvtype,
+                    MPI_Comm comm) {
+  std::uint64_t received = 0;
+  for (int r = 0; r < size_of(comm); ++r)
+    if (r != rank_of(comm)) received += recvcounts[r] * type_bytes(recvtype);
+  tap(comm, std::uint64_t(size_of(comm) - 1) * sendcount * type_bytes(sendtype), received);
+}
+void tap_bcast(int count, MPI_Datatype type, int root, MPI_Comm comm) {
+  const std::uint64_t bytes = count * type_bytes(type);
+  if (rank_of(comm) == root)
+    tap(comm, std::uint64_t(size_of(comm) - 1) * bytes, 0);
+  else
+    tap(comm, 0, bytes);
+}
+// Reduce-scatter: the count split into p chunks, the first count % p one longer; this rank sends
+// every chunk but its own to that chunk's owner and gets its own chunk from the p - 1 others.
+// Allgather: the reverse.
+void tap_allreduce(int count, MPI_Datatype type, MPI_Comm comm) {
+  const std::uint64_t p = size_of(comm), r = rank_of(comm), n = count;
+  const std::uint64_t mine = n / p + (r < n % p ? 1 : 0);
+  const std::uint64_t elements = (n - mine) + (p - 1) * mine;
+  tap(comm, elements * type_bytes(type), elements * type_bytes(type));
+}
+
 }  // namespace
 
+// Each collective in its blocking form (PULSE_MPI_WAIT=spin, and floating-point sums) and its
+// nonblocking form (sleep mode, the default: comm/wait.hpp).
 extern "C" {
 
 // A freed communicator's handle may come back for the next one: its tally goes with it.
@@ -60,52 +98,56 @@ int MPI_Comm_free(MPI_Comm* comm) {
 
 int MPI_Alltoallv(const void* sendbuf, const int sendcounts[], const int sdispls[], MPI_Datatype sendtype,
                   void* recvbuf, const int recvcounts[], const int rdispls[], MPI_Datatype recvtype, MPI_Comm comm) {
-  const int rc = PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm);
-  std::uint64_t sent = 0, received = 0;
-  for (int r = 0; r < size_of(comm); ++r)
-    if (r != rank_of(comm)) sent += sendcounts[r] * type_bytes(sendtype), received += recvcounts[r] * type_bytes(recvtype);
-  tap(comm, sent, received);
-  return rc;
+  tap_alltoallv(sendcounts, sendtype, recvcounts, recvtype, comm);
+  return PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm);
+}
+int MPI_Ialltoallv(const void* sendbuf, const int sendcounts[], const int sdispls[], MPI_Datatype sendtype,
+                   void* recvbuf, const int recvcounts[], const int rdispls[], MPI_Datatype recvtype, MPI_Comm comm,
+                   MPI_Request* request) {
+  tap_alltoallv(sendcounts, sendtype, recvcounts, recvtype, comm);
+  return PMPI_Ialltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm,
+                         request);
 }
 
 int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
                   MPI_Datatype recvtype, MPI_Comm comm) {
-  const int rc = PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-  const std::uint64_t others = size_of(comm) - 1;
-  tap(comm, others * sendcount * type_bytes(sendtype), others * recvcount * type_bytes(recvtype));
-  return rc;
+  tap_allgather(sendcount, sendtype, recvcount, recvtype, comm);
+  return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+}
+int MPI_Iallgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
+                   MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
+  tap_allgather(sendcount, sendtype, recvcount, recvtype, comm);
+  return PMPI_Iallgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm, request);
 }
 
 int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, const int recvcounts[],
                    const int displs[], MPI_Datatype recvtype, MPI_Comm comm) {
-  const int rc = PMPI_Allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm);
-  std::uint64_t received = 0;
-  for (int r = 0; r < size_of(comm); ++r)
-    if (r != rank_of(comm)) received += recvcounts[r] * type_bytes(recvtype);
-  tap(comm, std::uint64_t(size_of(comm) - 1) * sendcount * type_bytes(sendtype), received);
-  return rc;
+  tap_allgatherv(sendcount, sendtype, recvcounts, recvtype, comm);
+  return PMPI_Allgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm);
+}
+int MPI_Iallgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, const int recvcounts[],
+                    const int displs[], MPI_Datatype recvtype, MPI_Comm comm, MPI_Request* request) {
+  tap_allgatherv(sendcount, sendtype, recvcounts, recvtype, comm);
+  return PMPI_Iallgatherv(sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm, request);
 }
 
 int MPI_Bcast(void* buffer, int count, MPI_Datatype type, int root, MPI_Comm comm) {
-  const int rc = PMPI_Bcast(buffer, count, type, root, comm);
-  const std::uint64_t bytes = count * type_bytes(type);
-  if (rank_of(comm) == root)
-    tap(comm, std::uint64_t(size_of(comm) - 1) * bytes, 0);
-  else
-    tap(comm, 0, bytes);
-  return rc;
+  tap_bcast(count, type, root, comm);
+  return PMPI_Bcast(buffer, count, type, root, comm);
+}
+int MPI_Ibcast(void* buffer, int count, MPI_Datatype type, int root, MPI_Comm comm, MPI_Request* request) {
+  tap_bcast(count, type, root, comm);
+  return PMPI_Ibcast(buffer, count, type, root, comm, request);
 }
 
 int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
-  const int rc = PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
-  // Reduce-scatter: the count split into p chunks, the first count % p one longer; this rank
-  // sends every chunk but its own to that chunk's owner and gets its own chunk from the p - 1
-  // others. Allgather: the reverse.
-  const std::uint64_t p = size_of(comm), r = rank_of(comm), n = count;
-  const std::uint64_t mine = n / p + (r < n % p ? 1 : 0);
-  const std::uint64_t elements = (n - mine) + (p - 1) * mine;
-  tap(comm, elements * type_bytes(type), elements * type_bytes(type));
-  return rc;
+  tap_allreduce(count, type, comm);
+  return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
+}
+int MPI_Iallreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                   MPI_Request* request) {
+  tap_allreduce(count, type, comm);
+  return PMPI_Iallreduce(sendbuf, recvbuf, count, type, op, comm, request);
 }
 
 }  // extern "C"

@@ -176,20 +176,24 @@ std::uint64_t bits_of(double x) {
 }  // namespace
 
 // Random moments, with ties (repeated values), zeros, several quantiles in one bin of the radix
-// selection and ratios spanning many binades: every quantile equals the sorted sample's, bit for bit.
+// selection, ratios spanning many binades and ratios within 1% of each other (one bin of the first
+// pass, narrowed by the later ones): every quantile equals the sorted sample's, bit for bit.
 TEST(AdamRatioQuantiles, MatchFullSortOnRandomMoments) {
   std::mt19937_64 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<double> log_scale(-12, 2);
   const std::vector<double> quantiles = {0.5, 0.9, 0.99, 0.999, 0.0, 1.0, 0.5, 0.501, 0.25};
   for (const index_t n : {index_t(1), index_t(2), index_t(1000), index_t(70001), index_t(204992)}) {
-    for (const int kind : {0, 1, 2}) {
+    for (const int kind : {0, 1, 2, 3}) {
       std::vector<float> m(n), v(n);
       for (index_t i = 0; i < n; ++i) {
-        // kind 0: one scale; 1: ratios over 14 decades; 2: a few distinct values, many zeros
+        // kind 0: one scale; 1: ratios over 14 decades; 2: a few distinct values, many zeros;
+        // 3: clustered, |m| within 1% of 1e-5 and one v
         const double scale = kind == 1 ? std::pow(10.0, log_scale(rng)) : 1e-5;
-        m[i] = kind == 2 ? float(1e-5 * double(rng() % 4)) : float(scale * normal(rng));
-        v[i] = kind == 2 ? 1e-10f : float(scale * scale * (std::fabs(normal(rng)) + 0.01f));
+        m[i] = kind == 2 ? float(1e-5 * double(rng() % 4))
+               : kind == 3 ? float(1e-5 * (1.0 + 0.01 * std::fabs(normal(rng))))
+                           : float(scale * normal(rng));
+        v[i] = kind >= 2 ? 1e-10f : float(scale * scale * (std::fabs(normal(rng)) + 0.01f));
       }
       for (const std::int64_t step : {std::int64_t(1), std::int64_t(37)}) {
         if (kind == 1 && step == 37) {  // 401 quantiles: more than the 255 bins the selection copies out
