@@ -20,6 +20,7 @@ is pulse-train's HDF5 schema (src/train/stats_schema, `pulse-train --print-schem
 (src/io/stats_file) through the binding, on a singleton MPI communicator.
 """
 import collections
+import concurrent.futures
 import datetime
 import itertools
 import json
@@ -30,8 +31,9 @@ import time
 import numpy as np
 import torch
 
-from . import Sender, _pulse, inspect
+from . import _coding, _pulse, inspect
 from . import _threads as pulse_threads
+from ._state import entries
 
 ADAM_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 RATIO_RANGE = (-24, 16)   # log2 bins of |u| / half_ulp(bf16(w)), as pulse-train
@@ -47,9 +49,9 @@ _RECORDER_MEANING = {
     "/steps/loss": "loss of the step, when given to step()",
     "/steps/reward": "mean reward of the step, when given to step()",
     "/steps/grad_norm": "global gradient norm of the step (the .grad tensors after the step)",
-    "/steps/encode_s": "PULSESync patch encode time",
+    "/steps/encode_s": "PULSESync patch encode time (beside the other measurements, on threads != 1)",
     "/steps/step_s": "wall time between two step() calls",
-    "/steps/measure_s": "time the recorder's measurements took in the step",
+    "/steps/measure_s": "time the recorder's step took, less the time it waited for the patch encode",
     "/steps/sync_s": "PULSESync time (encode)",
     "/steps/write_s": "time the previous row took to write and flush",
     "/steps/eval_pass1": "evaluation score, when given to step() (NaN otherwise)",
@@ -170,7 +172,7 @@ class _Versions:
         self.views, offset = {}, 0
         for _, name, n, dtype, shape in params:  # torch views of the bits: (recorded, staging)
             self.views[name] = (torch.from_numpy(self.flat[offset:offset + n]).view(dtype).view(shape),
-                                torch.from_numpy(self.staging[offset:offset + n]).view(dtype))
+                                torch.from_numpy(self.staging[offset:offset + n]).view(dtype).view(shape))
             offset += n
         self.logs = _pulse.ChangeLogs(width, 4 if numel < 2 ** 31 else 8, keep)
         self.threads = threads
@@ -181,7 +183,7 @@ class _Versions:
             src = p.detach().reshape(-1)
             if src.device.type != "cpu":
                 src = src.to(dtype)
-            self.views[name][1].copy_(src)
+            self.views[name][1].view(-1).copy_(src)
 
     def commit(self):
         """Logs the staged changes and makes staging the recorded version; returns the changed
@@ -237,7 +239,16 @@ class SparsityRecorder:
         self.dense_bytes = sum(v.flat.nbytes for v in self.versions)
         views = {name: v.views[name][0] for v in self.versions for name in v.views}
         self.compared = {name: views[name] for name, _ in self.params}  # the recorded version, in parameter order
-        self.sender = Sender(self.compared)
+        staged = {name: v.views[name][1] for v in self.versions for name in v.views}
+        # Each step's patch is encoded from the recorded version to the staged one before the
+        # commit makes the staged version the recorded one: the bytes pulse.Sender(self.compared)
+        # gives, without the Sender's copy of the model (the recorded version is checked against
+        # the digests of the version last encoded). On threads != 1 it is encoded beside the
+        # Adam ratios and the gradient's figures (the encode releases the GIL).
+        self._recorded, self._staged = entries(self.compared), entries({name: staged[name] for name, _ in self.params})
+        self.sender = _pulse.Sender(self._recorded, 0, "reference", self.threads)
+        self._coding = _coding("keydiff", None, "zstd", 3, self.threads)
+        self._encoder = concurrent.futures.ThreadPoolExecutor(1) if self.threads != 1 else None
         self.master = self._master_copy()
         self.start = self.last = time.perf_counter()
         self.write_s = float("nan")
@@ -388,6 +399,21 @@ class SparsityRecorder:
             v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
         if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
             self._write_absorption(*absorption(*self._updates(adam)))
+        pending = self._encoder.submit(self._encode) if self._encoder else None
+        try:  # what reads neither the recorded nor the staged version, beside the encode
+            if adam is not None:
+                row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
+            grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
+            if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
+                g = self._gradient(grads).abs_()
+                row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
+                row.set_values("/steps/grad_sparsity",
+                               [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
+        finally:  # the encode ends before anything writes the versions it reads
+            w0 = time.perf_counter()
+            patch, encode_s = pending.result() if pending else self._encode()
+            waited = time.perf_counter() - w0
+        streams = inspect(patch)["streams"]
         changed = [0] * len(self.params)
         differ = collections.Counter()
         for v in self.versions:
@@ -395,20 +421,8 @@ class SparsityRecorder:
                 changed[i] = c
             differ.update(v.differing(set(self.k_values)))
         total = sum(changed)
-        e0 = time.perf_counter()
-        patch = self.sender.patch()
-        encode_s = time.perf_counter() - e0
-        streams = inspect(patch)["streams"]
         reach = self.versions[0].logs.depth
         kstep = [1.0 - differ[k] / self.numel if k <= reach else float("nan") for k in self.k_values]
-        if adam is not None:
-            row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
-        grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
-        if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
-            g = self._gradient(grads).abs_()
-            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
-            row.set_values("/steps/grad_sparsity",
-                           [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
         self.master = self._master_copy()
         row.set_int("/steps/step", self.t)
         row.set_int("/steps/policy_version", self.t)
@@ -431,7 +445,7 @@ class SparsityRecorder:
         now = time.perf_counter()
         row.set("/steps/time_s", now - self.start)
         row.set("/steps/step_s", now - self.last)
-        row.set("/steps/measure_s", now - t0 - encode_s)
+        row.set("/steps/measure_s", now - t0 - waited)
         row.set("/steps/write_s", self.write_s)
         self.last = now
         w0 = time.perf_counter()
@@ -439,6 +453,12 @@ class SparsityRecorder:
         self.write_s = time.perf_counter() - w0
         self.last_patch = patch
         return row
+
+    def _encode(self):
+        """The patch from the recorded version to the staged one, and the seconds it took."""
+        e0 = time.perf_counter()
+        patch = self.sender.patch(self._staged, self._recorded, self._coding, None)
+        return patch, time.perf_counter() - e0
 
     def _write_absorption(self, ratio_counts, weight_counts, absorbed):
         schema = _schema()
@@ -451,6 +471,8 @@ class SparsityRecorder:
                 self.file.set_dataset_attribute(path, c["columns_attribute"], [float(k) for k in k_range])
 
     def close(self):
+        if self._encoder:
+            self._encoder.shutdown()
         self.file.close()
 
     def __enter__(self):
