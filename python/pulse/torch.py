@@ -49,9 +49,9 @@ _RECORDER_MEANING = {
     "/steps/loss": "loss of the step, when given to step()",
     "/steps/reward": "mean reward of the step, when given to step()",
     "/steps/grad_norm": "global gradient norm of the step (the .grad tensors after the step)",
-    "/steps/encode_s": "PULSESync patch encode time (beside the other measurements, on threads != 1)",
+    "/steps/encode_s": "PULSESync patch encode time",
     "/steps/step_s": "wall time between two step() calls",
-    "/steps/measure_s": "time the recorder's step took, less the time it waited for the patch encode",
+    "/steps/measure_s": "time the recorder's measurements took in the step, beyond the patch encode",
     "/steps/sync_s": "PULSESync time (encode)",
     "/steps/write_s": "time the previous row took to write and flush",
     "/steps/eval_pass1": "evaluation score, when given to step() (NaN otherwise)",
@@ -243,12 +243,13 @@ class SparsityRecorder:
         # Each step's patch is encoded from the recorded version to the staged one before the
         # commit makes the staged version the recorded one: the bytes pulse.Sender(self.compared)
         # gives, without the Sender's copy of the model (the recorded version is checked against
-        # the digests of the version last encoded). On threads != 1 it is encoded beside the
-        # Adam ratios and the gradient's figures (the encode releases the GIL).
+        # the digests of the version last encoded). On threads != 1 the Adam ratios and the
+        # gradient's figures are measured on a second thread meanwhile (the encode releases the
+        # GIL; it stays on this one, where its buffers reuse this thread's freed memory).
         self._recorded, self._staged = entries(self.compared), entries({name: staged[name] for name, _ in self.params})
         self.sender = _pulse.Sender(self._recorded, 0, "reference", self.threads)
         self._coding = _coding("keydiff", None, "zstd", 3, self.threads)
-        self._encoder = concurrent.futures.ThreadPoolExecutor(1) if self.threads != 1 else None
+        self._beside = concurrent.futures.ThreadPoolExecutor(1) if self.threads != 1 else None
         self.master = self._master_copy()
         self.start = self.last = time.perf_counter()
         self.write_s = float("nan")
@@ -399,20 +400,11 @@ class SparsityRecorder:
             v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
         if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
             self._write_absorption(*absorption(*self._updates(adam)))
-        pending = self._encoder.submit(self._encode) if self._encoder else None
-        try:  # what reads neither the recorded nor the staged version, beside the encode
-            if adam is not None:
-                row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
-            grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
-            if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
-                g = self._gradient(grads).abs_()
-                row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
-                row.set_values("/steps/grad_sparsity",
-                               [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
-        finally:  # the encode ends before anything writes the versions it reads
-            w0 = time.perf_counter()
-            patch, encode_s = pending.result() if pending else self._encode()
-            waited = time.perf_counter() - w0
+        beside = self._beside.submit(self._optimizer_figures, adam, row) if self._beside else None
+        try:
+            patch, encode_s = self._encode()
+        finally:
+            beside.result() if beside else self._optimizer_figures(adam, row)
         streams = inspect(patch)["streams"]
         changed = [0] * len(self.params)
         differ = collections.Counter()
@@ -445,7 +437,7 @@ class SparsityRecorder:
         now = time.perf_counter()
         row.set("/steps/time_s", now - self.start)
         row.set("/steps/step_s", now - self.last)
-        row.set("/steps/measure_s", now - t0 - waited)
+        row.set("/steps/measure_s", now - t0 - encode_s)
         row.set("/steps/write_s", self.write_s)
         self.last = now
         w0 = time.perf_counter()
@@ -453,6 +445,18 @@ class SparsityRecorder:
         self.write_s = time.perf_counter() - w0
         self.last_patch = patch
         return row
+
+    def _optimizer_figures(self, adam, row):
+        """The Adam-ratio quantiles and the gradient's norm and counts into row: they read neither
+        the recorded nor the staged version, so they run beside the encode."""
+        if adam is not None:
+            row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
+        grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
+        if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
+            g = self._gradient(grads).abs_()
+            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
+            row.set_values("/steps/grad_sparsity",
+                           [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
 
     def _encode(self):
         """The patch from the recorded version to the staged one, and the seconds it took."""
@@ -471,8 +475,8 @@ class SparsityRecorder:
                 self.file.set_dataset_attribute(path, c["columns_attribute"], [float(k) for k in k_range])
 
     def close(self):
-        if self._encoder:
-            self._encoder.shutdown()
+        if self._beside:
+            self._beside.shutdown()
         self.file.close()
 
     def __enter__(self):
