@@ -242,10 +242,11 @@ class SparsityRecorder:
         staged = {name: v.views[name][1] for v in self.versions for name in v.views}
         # Each step's patch is encoded from the recorded version to the staged one before the
         # commit makes the staged version the recorded one: the bytes pulse.Sender(self.compared)
-        # gives, without the Sender's copy of the model (the recorded version is checked against
-        # the digests of the version last encoded). On threads != 1 the Adam ratios and the
-        # gradient's figures are measured on a second thread meanwhile (the encode releases the
-        # GIL; it stays on this one, where its buffers reuse this thread's freed memory).
+        # gives, without the Sender's copy of the model, and without hashing the recorded version
+        # again (the recorder alone writes it; the Sender keeps its digests from the last encode).
+        # On threads != 1 the Adam ratios and the gradient's figures are measured on a second
+        # thread meanwhile (the encode releases the GIL; it stays on this one, where its buffers
+        # reuse this thread's freed memory).
         self._recorded, self._staged = entries(self.compared), entries({name: staged[name] for name, _ in self.params})
         self.sender = _pulse.Sender(self._recorded, 0, "reference", self.threads)
         self._coding = _coding("keydiff", None, "zstd", 3, self.threads)
@@ -461,7 +462,7 @@ class SparsityRecorder:
     def _encode(self):
         """The patch from the recorded version to the staged one, and the seconds it took."""
         e0 = time.perf_counter()
-        patch = self.sender.patch(self._staged, self._recorded, self._coding, None)
+        patch = self.sender.patch(self._staged, self._recorded, self._coding, None, rehash=False)
         return patch, time.perf_counter() - e0
 
     def _write_absorption(self, ratio_counts, weight_counts, absorbed):
