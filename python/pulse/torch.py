@@ -20,6 +20,7 @@ is pulse-train's HDF5 schema (src/train/stats_schema, `pulse-train --print-schem
 (src/io/stats_file) through the binding, on a singleton MPI communicator.
 """
 import collections
+import concurrent.futures
 import datetime
 import itertools
 import json
@@ -30,8 +31,9 @@ import time
 import numpy as np
 import torch
 
-from . import Sender, _pulse, inspect
+from . import _coding, _pulse, inspect
 from . import _threads as pulse_threads
+from ._state import entries
 
 ADAM_QUANTILES = (0.5, 0.9, 0.99, 0.999)
 RATIO_RANGE = (-24, 16)   # log2 bins of |u| / half_ulp(bf16(w)), as pulse-train
@@ -49,7 +51,7 @@ _RECORDER_MEANING = {
     "/steps/grad_norm": "global gradient norm of the step (the .grad tensors after the step)",
     "/steps/encode_s": "PULSESync patch encode time",
     "/steps/step_s": "wall time between two step() calls",
-    "/steps/measure_s": "time the recorder's measurements took in the step",
+    "/steps/measure_s": "time the recorder's measurements took in the step, beyond the patch encode",
     "/steps/sync_s": "PULSESync time (encode)",
     "/steps/write_s": "time the previous row took to write and flush",
     "/steps/eval_pass1": "evaluation score, when given to step() (NaN otherwise)",
@@ -170,7 +172,7 @@ class _Versions:
         self.views, offset = {}, 0
         for _, name, n, dtype, shape in params:  # torch views of the bits: (recorded, staging)
             self.views[name] = (torch.from_numpy(self.flat[offset:offset + n]).view(dtype).view(shape),
-                                torch.from_numpy(self.staging[offset:offset + n]).view(dtype))
+                                torch.from_numpy(self.staging[offset:offset + n]).view(dtype).view(shape))
             offset += n
         self.logs = _pulse.ChangeLogs(width, 4 if numel < 2 ** 31 else 8, keep)
         self.threads = threads
@@ -181,7 +183,7 @@ class _Versions:
             src = p.detach().reshape(-1)
             if src.device.type != "cpu":
                 src = src.to(dtype)
-            self.views[name][1].copy_(src)
+            self.views[name][1].view(-1).copy_(src)
 
     def commit(self):
         """Logs the staged changes and makes staging the recorded version; returns the changed
@@ -237,7 +239,18 @@ class SparsityRecorder:
         self.dense_bytes = sum(v.flat.nbytes for v in self.versions)
         views = {name: v.views[name][0] for v in self.versions for name in v.views}
         self.compared = {name: views[name] for name, _ in self.params}  # the recorded version, in parameter order
-        self.sender = Sender(self.compared)
+        staged = {name: v.views[name][1] for v in self.versions for name in v.views}
+        # Each step's patch is encoded from the recorded version to the staged one before the
+        # commit makes the staged version the recorded one: the bytes pulse.Sender(self.compared)
+        # gives, without the Sender's copy of the model, and without hashing the recorded version
+        # again (the recorder alone writes it; the Sender keeps its digests from the last encode).
+        # On threads != 1 the Adam ratios and the gradient's figures are measured on a second
+        # thread meanwhile (the encode releases the GIL; it stays on this one, where its buffers
+        # reuse this thread's freed memory).
+        self._recorded, self._staged = entries(self.compared), entries({name: staged[name] for name, _ in self.params})
+        self.sender = _pulse.Sender(self._recorded, 0, "reference", self.threads)
+        self._coding = _coding("keydiff", None, "zstd", 3, self.threads)
+        self._beside = concurrent.futures.ThreadPoolExecutor(1) if self.threads != 1 else None
         self.master = self._master_copy()
         self.start = self.last = time.perf_counter()
         self.write_s = float("nan")
@@ -388,6 +401,12 @@ class SparsityRecorder:
             v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
         if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
             self._write_absorption(*absorption(*self._updates(adam)))
+        beside = self._beside.submit(self._optimizer_figures, adam, row) if self._beside else None
+        try:
+            patch, encode_s = self._encode()
+        finally:
+            beside.result() if beside else self._optimizer_figures(adam, row)
+        streams = inspect(patch)["streams"]
         changed = [0] * len(self.params)
         differ = collections.Counter()
         for v in self.versions:
@@ -395,20 +414,8 @@ class SparsityRecorder:
                 changed[i] = c
             differ.update(v.differing(set(self.k_values)))
         total = sum(changed)
-        e0 = time.perf_counter()
-        patch = self.sender.patch()
-        encode_s = time.perf_counter() - e0
-        streams = inspect(patch)["streams"]
         reach = self.versions[0].logs.depth
         kstep = [1.0 - differ[k] / self.numel if k <= reach else float("nan") for k in self.k_values]
-        if adam is not None:
-            row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
-        grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
-        if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
-            g = self._gradient(grads).abs_()
-            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
-            row.set_values("/steps/grad_sparsity",
-                           [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
         self.master = self._master_copy()
         row.set_int("/steps/step", self.t)
         row.set_int("/steps/policy_version", self.t)
@@ -440,6 +447,24 @@ class SparsityRecorder:
         self.last_patch = patch
         return row
 
+    def _optimizer_figures(self, adam, row):
+        """The Adam-ratio quantiles and the gradient's norm and counts into row: they read neither
+        the recorded nor the staged version, so they run beside the encode."""
+        if adam is not None:
+            row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
+        grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
+        if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
+            g = self._gradient(grads).abs_()
+            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
+            row.set_values("/steps/grad_sparsity",
+                           [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
+
+    def _encode(self):
+        """The patch from the recorded version to the staged one, and the seconds it took."""
+        e0 = time.perf_counter()
+        patch = self.sender.patch(self._staged, self._recorded, self._coding, None, rehash=False)
+        return patch, time.perf_counter() - e0
+
     def _write_absorption(self, ratio_counts, weight_counts, absorbed):
         schema = _schema()
         for name, counts, k_range in (("ratio_counts", ratio_counts, RATIO_RANGE), ("weight_counts", weight_counts, WEIGHT_RANGE),
@@ -451,6 +476,8 @@ class SparsityRecorder:
                 self.file.set_dataset_attribute(path, c["columns_attribute"], [float(k) for k in k_range])
 
     def close(self):
+        if self._beside:
+            self._beside.shutdown()
         self.file.close()
 
     def __enter__(self):

@@ -151,7 +151,8 @@ class Receiver {
 // Keeps the previous version's digests, and its bytes: a copy (the caller then writes the next
 // version into the same tensors), a compressed copy (the same, in about 0.7 of the bytes for
 // BF16 weights, for CPU time), or the caller's own tensors, which it hands back with the next
-// state and must not have written in between (checked: they are hashed again first).
+// state and must not have written in between (checked: they are hashed again first, unless
+// rehash is false: a caller that owns them, as pulse.torch's recorder its versions).
 class Sender {
  public:
   enum class Kept { copy, compressed, reference };
@@ -165,7 +166,7 @@ class Sender {
   }
 
   py::bytes patch(const py::list& state, const std::optional<py::list>& previous, const Coding& coding,
-                  const std::optional<py::bytes>& signing_key) {
+                  const std::optional<py::bytes>& signing_key, bool rehash) {
     std::optional<SecretKey> key;
     if (signing_key) key = key_from_bytes<SecretKey>(*signing_key, "signing_key");
     PULSE_CHECK(kept_ != Kept::reference || previous, "Sender: the version sent is needed");
@@ -180,7 +181,7 @@ class Sender {
       const std::vector<TensorRef> base = kept_ == Kept::reference ? held->refs
                                           : kept_ == Kept::copy    ? previous_refs()
                                                                    : compressed_.layout();
-      if (kept_ == Kept::reference) {
+      if (kept_ == Kept::reference && rehash) {
         const auto changed = changed_tensors(digests_, digests_on(base, coding.threads));
         PULSE_CHECK(changed.empty(), "Sender(copy=False): tensor '" + (changed.empty() ? "" : changed.front()) +
                                          "' of version " + std::to_string(version_) +
@@ -342,7 +343,8 @@ void bind_sync(py::module_& m) {
   py::class_<Sender>(m, "Sender")
       .def(py::init<const py::list&, std::uint64_t, const std::string&, unsigned>(), py::arg("state"),
            py::arg("version"), py::arg("kept"), py::arg("threads") = 0)
-      .def("patch", &Sender::patch, py::arg("state"), py::arg("previous"), py::arg("coding"), py::arg("signing_key"))
+      .def("patch", &Sender::patch, py::arg("state"), py::arg("previous"), py::arg("coding"), py::arg("signing_key"),
+           py::arg("rehash") = true)
       .def_property_readonly("version", &Sender::version)
       .def_property_readonly("kept_bytes", &Sender::kept_bytes);
 

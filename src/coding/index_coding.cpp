@@ -24,14 +24,25 @@ int fixed_gap_width(const index_t* sorted, std::size_t count, std::uint64_t base
 void encode_gaps(IndexCoding coding, int width, const index_t* sorted, std::size_t count, std::uint64_t base,
                  std::vector<std::uint8_t>& out) {
   PULSE_CHECK(coding != IndexCoding::exponent_class, "encode_gaps does not code the exponent-class coding");
+  if (count == 0) return;
+  // The widest gap bounds every gap's bytes (one pass that vectorises).
+  std::uint64_t max_gap = 0;
+  if (coding == IndexCoding::gap_varint)
+    for (std::size_t k = 0; k < count; ++k)
+      max_gap = std::max<std::uint64_t>(max_gap, std::uint64_t(sorted[k]) - (k ? std::uint64_t(sorted[k - 1]) + 1 : base));
+  const std::size_t most = coding == IndexCoding::gap_varint ? varint_bytes(max_gap) : std::size_t(width);
+  const std::size_t first = out.size();
+  out.resize(first + most * count + kVarintSlack);
+  std::uint8_t* at = out.data() + first;
   for (std::size_t k = 0; k < count; ++k) {
     const std::uint64_t gap = std::uint64_t(sorted[k]) - (k ? std::uint64_t(sorted[k - 1]) + 1 : base);
     if (coding == IndexCoding::gap_varint) {
-      put_varint(out, gap);
+      put_varint(at, gap);
     } else {
-      for (int byte = 0; byte < width; ++byte) out.push_back(static_cast<std::uint8_t>(gap >> (8 * byte)));
+      for (int byte = 0; byte < width; ++byte) *at++ = static_cast<std::uint8_t>(gap >> (8 * byte));
     }
   }
+  out.resize(std::size_t(at - out.data()));
 }
 
 template <class Index>

@@ -38,8 +38,12 @@ void PartEncoder::add(const SparseFormat& format, const Changes& changes, unsign
     for (unsigned plane = 0; plane < format.bytes; ++plane)  // byte planes compress better
       for (std::uint32_t v : values) value_stream_.push_back(static_cast<std::uint8_t>(v >> (8 * plane)));
   } else {
+    const std::size_t first = value_stream_.size();
+    value_stream_.resize(first + format.max_varint_bytes() * values.size() + kVarintSlack);
+    std::uint8_t* at = value_stream_.data() + first;
     for (std::size_t k = 0; k < values.size(); ++k)
-      put_varint(value_stream_, zigzag(std::int64_t(format.key(values[k])) - std::int64_t(format.key(old_values[k]))));
+      put_varint(at, zigzag(std::int64_t(format.key(values[k])) - std::int64_t(format.key(old_values[k]))));
+    value_stream_.resize(std::size_t(at - value_stream_.data()));
   }
 }
 

@@ -18,9 +18,12 @@ struct SparseFormat {
   std::uint64_t mask() const { return (std::uint64_t(1) << (8 * bytes)) - 1; }
   // The key of a sign-magnitude float is its monotone integer order (as bf16_key); F8_E8M0 has
   // no sign, its bits are its key.
+  // Negative: ~bits & mask() (bits ^ mask()); positive: bits | sign() (bits ^ sign()). Without
+  // a branch on the sign, which the random signs of changes would mispredict.
   std::uint64_t key(std::uint64_t bits) const {
     if (!sign_magnitude) return bits;
-    return bits & sign() ? ~bits & mask() : bits | sign();
+    const std::uint64_t negative = (bits >> (8 * bytes - 1)) & 1;
+    return bits ^ (sign() | (mask() & (0 - negative)));
   }
   std::uint64_t from_key(std::uint64_t key) const {
     if (!sign_magnitude) return key;

@@ -187,6 +187,45 @@ def test_run_is_described(tmp_path):
         pulse.torch.SparsityRecorder(model, out=tmp_path / "bad.h5", compare_as="fp8")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("precision", ["mixed", "bf16"])
+def test_patches_are_the_senders(tmp_path, precision, threads):
+    """The recorder encodes each step's patch from its own versions (no Sender, beside its other
+    figures on threads != 1): the same bytes as a pulse.Sender over the compared weights makes
+    for the same steps, so the same patch_bytes, and patch_raw_bytes as the patch's streams say.
+    In mixed, an F16 parameter (compared as stored, unchanged: no gradient) beside the FP32 ones."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 64), torch.nn.Tanh(), torch.nn.Linear(64, 5))
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    else:
+        model.half_scale = torch.nn.Parameter(torch.randn(7).to(torch.float16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    x, y = torch.randn(32, 24), torch.randn(32, 5)
+    compared = lambda: {n: p.detach().to(torch.bfloat16) if p.dtype == torch.float32 else p.detach().clone()
+                        for n, p in model.named_parameters()}
+    state = compared()
+    sender = pulse.Sender(state)
+    rec = pulse.torch.SparsityRecorder(model, out=tmp_path / "run.h5", optimizer=opt, threads=threads)
+    patches = []
+    for _ in range(6):
+        loss = torch.nn.functional.mse_loss(model(x.to(model[0].weight.dtype)).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        rec.step(loss=loss.item())
+        for n, t in compared().items():
+            state[n].copy_(t)
+        patches.append(sender.patch())
+        assert rec.last_patch == patches[-1]
+    rec.close()
+    with h5py.File(tmp_path / "run.h5", "r") as f:
+        assert list(f["steps/patch_bytes"][()]) == [len(p) for p in patches]
+        raw = [pulse.inspect(p)["streams"] for p in patches]
+        assert list(f["steps/patch_raw_bytes"][()]) == [r["index"]["raw"] + r["value"]["raw"] for r in raw]
+    assert all(pulse.inspect(p)["total_changed"] > 0 for p in patches)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 200001])
 def test_quantiles_select_as_numpy_sorts(n):
     """The radix select against np.quantile (linear interpolation): ties, zeros, one bin holding

@@ -585,6 +585,47 @@ TEST(Patch, FloatKeysStepAcrossZeroAndSignsExactly) {
   for (const EncodeOptions& opt : every_coding()) EXPECT_EQ(round_trip({a, c, e, g}, {b, d, f, h}, opt), 6u + 4u + 3u + 3u);
 }
 
+TEST(Patch, KeysAreTheSignMagnitudeOrderOfEveryBf16AndF8Value) {
+  // key() against FORMAT.md's definition, its branch on the sign written out (negative: NOT x
+  // AND M, positive: x OR S), for every value; from_key undoes it.
+  for (const char* dtype : {"BF16", "F16", "F8_E4M3", "F8_E5M2"}) {
+    const SparseFormat f = *sparse_format(dtype);
+    for (std::uint64_t bits = 0; bits <= f.mask(); ++bits) {
+      const std::uint64_t defined = bits & f.sign() ? ~bits & f.mask() : bits | f.sign();
+      ASSERT_EQ(f.key(bits), defined) << dtype << " " << bits;
+      ASSERT_EQ(f.from_key(f.key(bits)), bits) << dtype << " " << bits;
+    }
+  }
+  const SparseFormat f32 = *sparse_format("F32");
+  for (const std::uint64_t bits : {0x0ull, 0x1ull, 0x7F7FFFFFull, 0x80000000ull, 0x80000001ull, 0xFFFFFFFFull, 0xBF800000ull})
+    EXPECT_EQ(f32.key(bits), bits & 0x80000000u ? ~bits & 0xFFFFFFFFu : bits | 0x80000000u) << bits;
+  EXPECT_EQ(sparse_format("F8_E8M0")->key(0xAB), 0xABu);  // no sign: the bits are the key
+}
+
+TEST(Patch, VarintsThroughAPointerAreTheVectorWritersBytes) {
+  // Every length's edges and random values: the same bytes as put_varint into a vector, read
+  // back by get_varint, and nothing written beyond kVarintSlack bytes past the last.
+  std::vector<std::uint64_t> values{0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 0xFFFFFFF, 0x10000000,
+                                    0xFFFFFFFFull, std::uint64_t(1) << 63, ~std::uint64_t(0)};
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 2000; ++i) values.push_back(rng() >> (rng() % 64));
+  std::vector<std::uint8_t> expected;
+  for (const std::uint64_t v : values) put_varint(expected, v);
+  std::vector<std::uint8_t> written(expected.size() + kVarintSlack + 16, 0xEE);
+  std::uint8_t* at = written.data();
+  for (const std::uint64_t v : values) put_varint(at, v);
+  ASSERT_EQ(std::size_t(at - written.data()), expected.size());
+  EXPECT_TRUE(std::equal(expected.begin(), expected.end(), written.begin()));
+  for (std::size_t i = expected.size() + kVarintSlack; i < written.size(); ++i) EXPECT_EQ(written[i], 0xEE) << i;
+  std::size_t pos = 0;
+  for (const std::uint64_t v : values) ASSERT_EQ(get_varint(written.data(), expected.size(), pos), v);
+  for (const std::uint64_t v : values) {
+    std::vector<std::uint8_t> one;
+    put_varint(one, v);
+    EXPECT_EQ(varint_bytes(v), one.size()) << v;
+  }
+}
+
 TEST(Patch, LayoutChangesAndMetadataTravelAndVerify) {
   std::mt19937 rng(11);
   const State base = random_state(rng, 1000);
