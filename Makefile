@@ -53,8 +53,9 @@ test-determinism: build
 	cmake/determinism-check.sh $(BUILD)
 
 # The same tests against a threaded Kokkos (OpenMP) built from ../shared/vendor (CI has it; skipped
-# without it), then the kernels' device code paths forced on the host backends, and kernel_digest
-# identical for Serial, OpenMP at 1, 2 and 4 threads and the forced builds (cmake/openmp-check.sh).
+# without it), then again with the kernels' device code paths forced on the host backends
+# (PULSE_FORCE_DEVICE_PATHS=1), and kernel_digest identical for Serial, OpenMP at 1, 2 and 4
+# threads, on both code paths (cmake/openmp-check.sh).
 test-openmp: build
 	PULSE_PYTHON=$(PYTHON) cmake/openmp-check.sh $(BUILD) $(BUILD)-omp
 

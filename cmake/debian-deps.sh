@@ -18,7 +18,7 @@ TEST_PACKAGES="libgtest-dev libbenchmark-dev hdf5-tools
 clang libclang-rt-14-dev
 python3-pytest python3-torch python3-zstandard python3-lz4 python3-xxhash
 pybind11-dev python3-pybind11
-slurm-wlm munge strace"
+slurm-wlm munge strace ninja-build"
 
 case "${1:-test}" in
   run) PACKAGES="$RUN_PACKAGES" ;;

@@ -1,22 +1,23 @@
 #!/bin/sh
 # make test-openmp: pulse against a threaded Kokkos (OpenMP), built from the Kokkos 4.6.01 source
 # release that CI keeps beside the clone (../shared/vendor; a user's clone has none: skipped).
-#  1. OMP_BUILD: the tests whose code runs Kokkos kernels (label backend), with 2
-#     OpenMP threads (cmake/test-targets.py builds only the targets they run).
-#  2. OMP_BUILD-forced, configured with PULSE_FORCE_DEVICE_PATHS=ON: the host backends take the
+#  1. OMP_BUILD: the tests whose code runs Kokkos kernels (label backend), with 2 OpenMP threads
+#     (cmake/test-targets.py builds only the targets they and step 2 run; with Ninja where it is
+#     installed, since CMake's Makefiles build the targets named on one command one at a time).
+#  2. The same build with PULSE_FORCE_DEVICE_PATHS=1 in the environment: the host backends take the
 #     kernels' device code paths (teams and TeamThreadRange reductions, element-wise scans), which
 #     a GPU build runs and no CPU build otherwise would. Only the tests that run those kernels
 #     (AdamW and its changed list, sparsity counts and compaction, the gate, patches, the meter, LoCo, the trainers,
 #     the PyTorch oracles of AdamW and sparsity, pulse-train end to end): the other tests run
 #     the same code as in step 1, and skipping them keeps `.ci/run` within its time budget.
+#     mpirun's local ranks inherit the variable.
 #  3. kernel_digest prints the same lines in every combination: the Serial build (SERIAL_BUILD),
-#     OpenMP at 1, 2 and 4 threads, Kokkos::Serial inside the OpenMP build, and the forced build
-#     on Serial and on OpenMP at 1, 2 and 4 threads (each of those also with --check).
+#     OpenMP at 1, 2 and 4 threads and Kokkos::Serial inside the OpenMP build, each on the host
+#     and on the device code paths (and each with --check, which also runs the other code path).
 #   cmake/openmp-check.sh [SERIAL_BUILD] [OMP_BUILD]
 set -eu
 SERIAL=${1:-build}
 OMP=${2:-build-omp}
-FORCED=$OMP-forced
 TARBALL=../shared/vendor/kokkos-4.6.01.tar.xz
 if [ ! -f "$TARBALL" ]; then
   echo "pulse: $TARBALL not found (it sits beside CI's clone only): skipping the OpenMP build and tests"
@@ -26,7 +27,9 @@ JOBS=$(nproc 2>/dev/null || echo 2)
 # Threads may outnumber cores here: without these Kokkos warns on stderr (tests read stderr) and
 # the OpenMP and OpenBLAS thread pools spin against each other.
 export OMP_PROC_BIND=false OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2
-# Three more builds of pulse: recompile only what changed since the last run where ccache exists.
+# Step 1 takes the host backends' own code paths, whatever the caller's environment says.
+unset PULSE_FORCE_DEVICE_PATHS
+# One more build of pulse: recompile only what changed since the last run where ccache exists.
 LAUNCHER=""
 if command -v ccache >/dev/null 2>&1; then
   LAUNCHER="-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
@@ -43,37 +46,48 @@ if [ ! -f "$KOKKOS/install/lib/cmake/Kokkos/KokkosConfig.cmake" ] && [ ! -f "$KO
   cmake --install "$KOKKOS/build" >/dev/null
 fi
 
-# 1. the OpenMP build
+# 1. the OpenMP build (a folder configured before keeps its generator)
+GENERATOR=""
+if [ ! -f "$OMP/CMakeCache.txt" ] && command -v ninja >/dev/null 2>&1; then
+  GENERATOR="-G Ninja"
+fi
 # shellcheck disable=SC2086
-cmake -S . -B "$OMP" -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_BENCHMARKS=OFF -DPULSE_ENABLE_PYTHON=OFF \
-  -DPULSE_FORCE_DEVICE_PATHS=OFF $LAUNCHER ${PULSE_PYTHON:+-DPULSE_PYTHON=$PULSE_PYTHON} >/dev/null
-# The tests whose code runs Kokkos kernels (label backend, cmake/PulseTestHarness.cmake); only
-# the targets they run are built.
+cmake -S . -B "$OMP" $GENERATOR -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_BENCHMARKS=OFF -DPULSE_ENABLE_PYTHON=OFF \
+  $LAUNCHER ${PULSE_PYTHON:+-DPULSE_PYTHON=$PULSE_PYTHON} >/dev/null
+# The tests whose code runs Kokkos kernels (label backend, cmake/PulseTestHarness.cmake). Only
+# the targets they run are built, and those of step 2's tests (the PyTorch oracles are not backend
+# tests).
 OMP_SELECTION="-L backend"
+FORCED_TESTS='^(test_kernel_digest|test_code_paths|test_adamw|test_adamw_changes|test_changed_list|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
+PYTHON=${PULSE_PYTHON:-python3}
 # shellcheck disable=SC2086
-cmake --build "$OMP" -j "$JOBS" --target $(${PULSE_PYTHON:-python3} cmake/test-targets.py "$OMP" $OMP_SELECTION)
+TARGETS="$($PYTHON cmake/test-targets.py "$OMP" $OMP_SELECTION) $($PYTHON cmake/test-targets.py "$OMP" -R "$FORCED_TESTS")"
+# shellcheck disable=SC2046,SC2086
+cmake --build "$OMP" -j "$JOBS" --target $(printf '%s\n' $TARGETS | sort -u)
 # shellcheck disable=SC2086
 (cd "$OMP" && ctest --output-on-failure -j "$JOBS" $OMP_SELECTION)
 
-# 2. the OpenMP build that takes the device code paths
-FORCED_TARGETS="kernel_digest test_adamw test_adamw_changes test_changed_list test_sparsity test_gate test_patch test_model test_sft_trainer test_loco
-  test_train test_train_meter test_train_sync adamw_driver sparsity_driver pulse-train pulse-sft"
-FORCED_TESTS='^(test_kernel_digest|test_adamw|test_adamw_changes|test_changed_list|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
-# shellcheck disable=SC2086
-cmake -S . -B "$FORCED" -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_BENCHMARKS=OFF -DPULSE_ENABLE_PYTHON=OFF \
-  -DPULSE_FORCE_DEVICE_PATHS=ON $LAUNCHER ${PULSE_PYTHON:+-DPULSE_PYTHON=$PULSE_PYTHON} >/dev/null
-# shellcheck disable=SC2086
-cmake --build "$FORCED" -j "$JOBS" --target $FORCED_TARGETS
-(cd "$FORCED" && ctest --output-on-failure -j "$JOBS" -R "$FORCED_TESTS")
+# 2. the device code paths, in the same build (test_code_paths fails unless the variable forces them)
+(cd "$OMP" && PULSE_FORCE_DEVICE_PATHS=1 ctest --output-on-failure -j "$JOBS" -R "$FORCED_TESTS")
 
 # 3. The bit-exact kernels must not depend on the backend, the thread count or the code path.
 "$SERIAL/tests/kernel_digest" >"$OMP/digest-serial.txt" 2>/dev/null
-# same_digest NAME THREADS BINARY [--serial]: kernel_digest --check passes and prints the Serial build's lines.
+# same_digest NAME THREADS FORCED BINARY [--serial]: kernel_digest --check passes, takes the code
+# path that FORCED (0 or 1, the value of PULSE_FORCE_DEVICE_PATHS) names, and prints the Serial
+# build's lines.
 same_digest() {
-  name=$1 threads=$2
-  shift 2
-  if ! OMP_NUM_THREADS=$threads "$@" --check >"$OMP/digest-$name.txt" 2>"$OMP/digest-$name.log"; then
+  name=$1 threads=$2 forced=$3
+  shift 3
+  if ! OMP_NUM_THREADS=$threads PULSE_FORCE_DEVICE_PATHS=$forced "$@" --check >"$OMP/digest-$name.txt" \
+    2>"$OMP/digest-$name.log"; then
     echo "pulse: kernel_digest --check fails for $name:"
+    cat "$OMP/digest-$name.log"
+    exit 1
+  fi
+  path="host code paths"
+  [ "$forced" = 0 ] || path="device code paths (forced)"
+  if ! grep -q "$path" "$OMP/digest-$name.log"; then
+    echo "pulse: kernel_digest for $name does not take the $path:"
     cat "$OMP/digest-$name.log"
     exit 1
   fi
@@ -84,10 +98,10 @@ same_digest() {
   fi
 }
 for threads in 1 2 4; do
-  same_digest "openmp-$threads" $threads "$OMP/tests/kernel_digest"
-  same_digest "forced-openmp-$threads" $threads "$FORCED/tests/kernel_digest"
+  same_digest "openmp-$threads" "$threads" 0 "$OMP/tests/kernel_digest"
+  same_digest "forced-openmp-$threads" "$threads" 1 "$OMP/tests/kernel_digest"
 done
-same_digest "openmp-build-serial" 1 "$OMP/tests/kernel_digest" --serial
-same_digest "forced-serial" 1 "$FORCED/tests/kernel_digest" --serial
+same_digest "openmp-build-serial" 1 0 "$OMP/tests/kernel_digest" --serial
+same_digest "forced-serial" 1 1 "$OMP/tests/kernel_digest" --serial
 echo "pulse: OpenMP tests passed, also with the device code paths forced; kernel_digest identical for the" \
   "Serial build, OpenMP at 1, 2 and 4 threads and Serial, with and without the device code paths"

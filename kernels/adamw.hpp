@@ -136,15 +136,16 @@ index_t adamw_mixed_pass(const ExecSpace& space, const TensorSegments<Mem>& segs
                          const MomentView& v, const Bf16View& weights_bf16) {
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
+  const bool host_path = takes_host_path(space);
   index_t changed = 0;
   Kokkos::parallel_reduce(
-      "pulse::adamw::mixed", segment_policy(space, segs),
+      "pulse::adamw::mixed", segment_policy(space, segs, host_path),
       KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
         // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
         const AdamWScalars sl = s;
-        const index_t seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
+        const index_t seg_changed = segment_sum<ExecSpace>(team, seg, host_path, [&](const index_t i) -> index_t {
           float mi = m(i), vi = v(i);
           const float w = adamw_mixed_element(sl, decay, master(i), grad(i), mi, vi);
           const bf16_bits b = float_to_bf16(w);
@@ -229,9 +230,10 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
   detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
+  const bool host_path = takes_host_path(space);
   index_t changed = 0;
   Kokkos::parallel_reduce(
-      "pulse::adamw::bf16", segment_policy(space, segs),
+      "pulse::adamw::bf16", segment_policy(space, segs, host_path),
       KOKKOS_LAMBDA(const Team& team, index_t& team_changed) {
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
@@ -239,7 +241,7 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
         const AdamWScalars sl = s;
         index_t seg_changed = 0;
         detail::with_bf16_variant(sl, decay, [&](auto scale, auto decayed) {
-          seg_changed = segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t {
+          seg_changed = segment_sum<ExecSpace>(team, seg, host_path, [&](const index_t i) -> index_t {
             bf16_bits mi = m(i), vi = v(i);
             const bf16_bits old = weights(i);
             const bf16_bits w = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value>(sl, old, grad(i), mi, vi);
@@ -286,42 +288,45 @@ namespace detail {
 // (a device team scan calls it twice per element, writing on the second call). Stages the
 // changed elements in order and stores their count.
 template <class ExecSpace, class Team, class Update, class IndexView, class ValueView, class CountView>
-KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, const Update& update,
-                                          const IndexView& indices, const ValueView& values, const CountView& counts) {
-  if constexpr (takes_host_path<ExecSpace>) {
-    // Blocks of 512: the update loop vectorises when nothing else is in it, then the block's
-    // change flags are read eight bytes at a time: at a weight update's sparsity most words are
-    // 0, and a set word names its changes by its set bits (little-endian: flag j + t is byte t).
-    // The flags past the segment's end stay 0, so a short last block reads no stale flags.
-    constexpr index_t block = 512;
-    bf16_bits bits[block];
-    std::uint8_t changed[block];
-    index_t k = seg.begin;
-    for (index_t b = seg.begin; b < seg.end; b += block) {
-      const index_t length = b + block < seg.end ? block : seg.end - b;
-      if (length < block) std::memset(changed + length, 0, std::size_t(block - length));
-      for (index_t j = 0; j < length; ++j) changed[j] = update(b + j, true, bits[j]) ? 1 : 0;
-      for (index_t j = 0; j < length; j += 8) {
-        std::uint64_t word;
-        std::memcpy(&word, changed + j, sizeof word);
-        for (; word != 0; word &= word - 1) {
-          const index_t at = j + (__builtin_ctzll(word) >> 3);
-          indices(k) = b + at, values(k) = bits[at];
-          ++k;
+KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, [[maybe_unused]] const bool host_path,
+                                          const Update& update, const IndexView& indices, const ValueView& values,
+                                          const CountView& counts) {
+  if constexpr (is_host_space<ExecSpace>) {
+    if (host_path) {
+      // Blocks of 512: the update loop vectorises when nothing else is in it, then the block's
+      // change flags are read eight bytes at a time: at a weight update's sparsity most words are
+      // 0, and a set word names its changes by its set bits (little-endian: flag j + t is byte t).
+      // The flags past the segment's end stay 0, so a short last block reads no stale flags.
+      constexpr index_t block = 512;
+      bf16_bits bits[block];
+      std::uint8_t changed[block];
+      index_t k = seg.begin;
+      for (index_t b = seg.begin; b < seg.end; b += block) {
+        const index_t length = b + block < seg.end ? block : seg.end - b;
+        if (length < block) std::memset(changed + length, 0, std::size_t(block - length));
+        for (index_t j = 0; j < length; ++j) changed[j] = update(b + j, true, bits[j]) ? 1 : 0;
+        for (index_t j = 0; j < length; j += 8) {
+          std::uint64_t word;
+          std::memcpy(&word, changed + j, sizeof word);
+          for (; word != 0; word &= word - 1) {
+            const index_t at = j + (__builtin_ctzll(word) >> 3);
+            indices(k) = b + at, values(k) = bits[at];
+            ++k;
+          }
         }
       }
+      counts(team.league_rank()) = k - seg.begin;
+      return;
     }
-    counts(team.league_rank()) = k - seg.begin;
-  } else {
-    Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, seg.begin, seg.end),
-                          [&](const index_t i, index_t& offset, const bool final) {
-                            bf16_bits bits = 0;
-                            const bool changed = update(i, final, bits);
-                            if (final && changed) indices(seg.begin + offset) = i, values(seg.begin + offset) = bits;
-                            offset += changed ? 1 : 0;
-                            if (final && i == seg.end - 1) counts(team.league_rank()) = offset;
-                          });
   }
+  Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, seg.begin, seg.end),
+                        [&](const index_t i, index_t& offset, const bool final) {
+                          bf16_bits bits = 0;
+                          const bool changed = update(i, final, bits);
+                          if (final && changed) indices(seg.begin + offset) = i, values(seg.begin + offset) = bits;
+                          offset += changed ? 1 : 0;
+                          if (final && i == seg.end - 1) counts(team.league_rank()) = offset;
+                        });
 }
 
 }  // namespace detail
@@ -339,11 +344,12 @@ void adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const 
   detail::check_mixed_buffers(segs, decay_mask, master, grad, m, v, weights_bf16);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
+  const bool host_path = takes_host_path(space);
   const auto indices = staging.indices;
   const auto values = staging.values;
   const auto counts = staging.counts;
   Kokkos::parallel_for(
-      "pulse::adamw::mixed_staged", segment_policy(space, segs), KOKKOS_LAMBDA(const Team& team) {
+      "pulse::adamw::mixed_staged", segment_policy(space, segs, host_path), KOKKOS_LAMBDA(const Team& team) {
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
         // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
@@ -356,7 +362,7 @@ void adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const 
           if (write) master(i) = w, m(i) = mi, v(i) = vi, weights_bf16(i) = bits;
           return changed;
         };
-        detail::segment_stage<ExecSpace>(team, seg, update, indices, values, counts);
+        detail::segment_stage<ExecSpace>(team, seg, host_path, update, indices, values, counts);
       });
 }
 
@@ -371,11 +377,12 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
   detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
+  const bool host_path = takes_host_path(space);
   const auto indices = staging.indices;
   const auto values = staging.values;
   const auto counts = staging.counts;
   Kokkos::parallel_for(
-      "pulse::adamw::bf16_staged", segment_policy(space, segs), KOKKOS_LAMBDA(const Team& team) {
+      "pulse::adamw::bf16_staged", segment_policy(space, segs, host_path), KOKKOS_LAMBDA(const Team& team) {
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
         // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
@@ -388,7 +395,7 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
             if (write) weights(i) = bits, m(i) = mi, v(i) = vi;
             return bits != old;
           };
-          detail::segment_stage<ExecSpace>(team, seg, update, indices, values, counts);
+          detail::segment_stage<ExecSpace>(team, seg, host_path, update, indices, values, counts);
         });
       });
 }
@@ -417,11 +424,12 @@ index_t gather_changes(const ExecSpace& space, const TensorSegments<Mem>& segs, 
       total);
   const index_t capacity = static_cast<index_t>(indices_out.extent(0));
   const auto segments = segs.segments;
+  const bool host_path = takes_host_path(space);
   const auto indices = staging.indices;
   const auto values = staging.values;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::parallel_for(
-      "pulse::adamw::gather", segment_policy(space, segs), KOKKOS_LAMBDA(const Team& team) {
+      "pulse::adamw::gather", segment_policy(space, segs, host_path), KOKKOS_LAMBDA(const Team& team) {
         const index_t j = team.league_rank();
         const index_t from = segments(j).begin, to = starts(j);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, index_t(0), counts(j)), [&](const index_t k) {

@@ -98,8 +98,8 @@ void cast_to_bf16(const ExecSpace& space, const FloatView& in, const Bf16View& o
   static_assert(std::is_same_v<typename Bf16View::value_type, bf16_bits>);
   const index_t n = static_cast<index_t>(in.extent(0));
 #if defined(__SSE2__)
-  if constexpr (takes_host_path<ExecSpace>) {
-    if (n >= streamed_cast_elements && in.span_is_contiguous() && out.span_is_contiguous()) {
+  if constexpr (is_host_space<ExecSpace>) {
+    if (n >= streamed_cast_elements && in.span_is_contiguous() && out.span_is_contiguous() && takes_host_path(space)) {
       // A large output is written with non-temporal stores, as a large memcpy is: a plain store
       // first reads the output's cache line from memory (write-allocate), a third more traffic.
       // Chunks of 4096 elements are converted into a buffer in L1 (a loop the compiler

@@ -14,8 +14,8 @@
 // AVX-512 machines alike. A vendor BLAS promises none of that (kernels/blas_gemm.hpp).
 //
 // Host backends compute register tiles of up to gemm_mr x gemm_nr elements from a packed copy of
-// op(B); devices, and host builds
-// with PULSE_FORCE_DEVICE_PATHS, one thread per element. Speed against OpenBLAS: make bench
+// op(B); devices, and host backends with the device paths forced (kernels/segments.hpp), one
+// thread per element. Speed against OpenBLAS: make bench
 // (BM_Gemm/BM_BlasGemm in pulse-bench-model).
 #include <algorithm>
 #include <cstring>
@@ -139,55 +139,57 @@ void gemm(const ExecSpace& space, Transpose trans_a, Transpose trans_b, int m, i
           const AView& A, const BView& B, float beta, const CView& C) {
   detail::check_gemm_call<ExecSpace>(trans_a, trans_b, m, n, k, A, B, C);
   if (m == 0 || n == 0) return;
-  using Mem = typename AView::memory_space;
   const bool ta = trans_a == Transpose::yes;
   const bool tb = trans_b == Transpose::yes;
 
   const detail::StridedMatrix a = detail::op_matrix(A.data(), detail::leading_dimension(A), ta);
   float* const c = C.data();
   const index_t ldc = detail::leading_dimension(C);
-  if constexpr (takes_host_path<ExecSpace>) {
-    // op(B) packed into panels of gemm_nr columns, k rows each (the last one zero-padded), so a
-    // tile reads its row of B as one contiguous vector; the packed copy costs k x n moves against
-    // the tiles' 2 m n k flops.
-    const detail::StridedMatrix b = detail::op_matrix(B.data(), detail::leading_dimension(B), tb);
-    const index_t panels = (n + detail::gemm_nr - 1) / detail::gemm_nr;
-    Kokkos::View<float*, Mem> packed(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::gemm::packed_b"),
-                                     std::size_t(panels) * k * detail::gemm_nr);
-    float* const pack = packed.data();
-    Kokkos::parallel_for(
-        "pulse::gemm::pack_b", FlatPolicy<ExecSpace>(space, 0, panels), [=](const index_t panel) {
-          float* const dst = pack + panel * k * detail::gemm_nr;
-          const index_t j0 = panel * detail::gemm_nr;
-          const int cols = static_cast<int>(std::min<index_t>(detail::gemm_nr, n - j0));
-          for (index_t p = 0; p < k; ++p)
-            for (int q = 0; q < detail::gemm_nr; ++q) dst[p * detail::gemm_nr + q] = q < cols ? b(p, j0 + q) : 0.0f;
-        });
-    const index_t tiles_m = (m + detail::gemm_mr - 1) / detail::gemm_mr;
-    Kokkos::parallel_for(
-        "pulse::gemm::tiles", FlatPolicy<ExecSpace>(space, 0, tiles_m * panels), [=](const index_t t) {
-          const index_t panel = t % panels, i0 = (t / panels) * detail::gemm_mr, j0 = panel * detail::gemm_nr;
-          const float* const panel_b = pack + panel * k * detail::gemm_nr;
-          const int rows = static_cast<int>(std::min<index_t>(detail::gemm_mr, m - i0));
-          const int cols = static_cast<int>(std::min<index_t>(detail::gemm_nr, n - j0));
-          if (cols == detail::gemm_nr)
-            detail::gemm_tile_of(rows, std::make_integer_sequence<int, detail::gemm_mr>(), k, a, i0, panel_b, j0,
-                                 alpha, beta, c, ldc);
-          else
-            detail::gemm_edge_tile(k, a, i0, rows, panel_b, j0, cols, alpha, beta, c, ldc);
-        });
-    // The packed copy is freed on return: wait for the tiles that read it.
-    space.fence();
-  } else {
-    const detail::StridedMatrix b = detail::op_matrix(B.data(), detail::leading_dimension(B), tb);
-    Kokkos::parallel_for(
-        "pulse::gemm::elements", FlatPolicy<ExecSpace>(space, 0, index_t(m) * n), KOKKOS_LAMBDA(const index_t e) {
-          const index_t i = e / n, j = e % n;
-          float acc = 0.0f;
-          for (index_t p = 0; p < k; ++p) acc = acc + a(i, p) * b(p, j);
-          c[i * ldc + j] = detail::gemm_result(alpha, acc, beta, c[i * ldc + j]);
-        });
+  if constexpr (is_host_space<ExecSpace>) {
+    if (takes_host_path(space)) {
+      using Mem = typename AView::memory_space;
+      // op(B) packed into panels of gemm_nr columns, k rows each (the last one zero-padded), so a
+      // tile reads its row of B as one contiguous vector; the packed copy costs k x n moves against
+      // the tiles' 2 m n k flops.
+      const detail::StridedMatrix b = detail::op_matrix(B.data(), detail::leading_dimension(B), tb);
+      const index_t panels = (n + detail::gemm_nr - 1) / detail::gemm_nr;
+      Kokkos::View<float*, Mem> packed(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::gemm::packed_b"),
+                                       std::size_t(panels) * k * detail::gemm_nr);
+      float* const pack = packed.data();
+      Kokkos::parallel_for(
+          "pulse::gemm::pack_b", FlatPolicy<ExecSpace>(space, 0, panels), [=](const index_t panel) {
+            float* const dst = pack + panel * k * detail::gemm_nr;
+            const index_t j0 = panel * detail::gemm_nr;
+            const int cols = static_cast<int>(std::min<index_t>(detail::gemm_nr, n - j0));
+            for (index_t p = 0; p < k; ++p)
+              for (int q = 0; q < detail::gemm_nr; ++q) dst[p * detail::gemm_nr + q] = q < cols ? b(p, j0 + q) : 0.0f;
+          });
+      const index_t tiles_m = (m + detail::gemm_mr - 1) / detail::gemm_mr;
+      Kokkos::parallel_for(
+          "pulse::gemm::tiles", FlatPolicy<ExecSpace>(space, 0, tiles_m * panels), [=](const index_t t) {
+            const index_t panel = t % panels, i0 = (t / panels) * detail::gemm_mr, j0 = panel * detail::gemm_nr;
+            const float* const panel_b = pack + panel * k * detail::gemm_nr;
+            const int rows = static_cast<int>(std::min<index_t>(detail::gemm_mr, m - i0));
+            const int cols = static_cast<int>(std::min<index_t>(detail::gemm_nr, n - j0));
+            if (cols == detail::gemm_nr)
+              detail::gemm_tile_of(rows, std::make_integer_sequence<int, detail::gemm_mr>(), k, a, i0, panel_b, j0,
+                                   alpha, beta, c, ldc);
+            else
+              detail::gemm_edge_tile(k, a, i0, rows, panel_b, j0, cols, alpha, beta, c, ldc);
+          });
+      // The packed copy is freed on return: wait for the tiles that read it.
+      space.fence();
+      return;
+    }
   }
+  const detail::StridedMatrix b = detail::op_matrix(B.data(), detail::leading_dimension(B), tb);
+  Kokkos::parallel_for(
+      "pulse::gemm::elements", FlatPolicy<ExecSpace>(space, 0, index_t(m) * n), KOKKOS_LAMBDA(const index_t e) {
+        const index_t i = e / n, j = e % n;
+        float acc = 0.0f;
+        for (index_t p = 0; p < k; ++p) acc = acc + a(i, p) * b(p, j);
+        c[i * ldc + j] = detail::gemm_result(alpha, acc, beta, c[i * ldc + j]);
+      });
 }
 
 }  // namespace pulse

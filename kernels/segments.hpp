@@ -3,6 +3,9 @@
 // max_length elements. One team per segment lets a single kernel pass over the whole buffer
 // still know which tensor each element belongs to (per-tensor weight decay, per-tensor counts).
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -48,51 +51,73 @@ TensorSegments<MemSpace> make_segments(const std::vector<index_t>& offsets,
 
 // Host backends run one thread per segment over a plain loop, which the compiler vectorises,
 // and scan blocks of elements; devices run a team per segment and scan element by element.
-// A build with the CMake option PULSE_FORCE_DEVICE_PATHS sends host backends down the device
-// paths too, so that those paths run (and are checked bit for bit) in CI, without a GPU.
-#ifdef PULSE_FORCE_DEVICE_PATHS
-inline constexpr bool force_device_paths = true;
-#else
-inline constexpr bool force_device_paths = false;
-#endif
+// Host backends can be sent down the device paths too, so that those paths run (and are checked
+// bit for bit against the host paths) without a GPU: a process-wide setting, initially on when
+// the environment variable PULSE_FORCE_DEVICE_PATHS is set and not "0".
+namespace detail {
+inline bool forced_by_environment(const char* value) { return value != nullptr && std::strcmp(value, "0") != 0; }
+
+inline std::atomic<bool>& device_paths_forced_setting() {
+  static std::atomic<bool> forced(forced_by_environment(std::getenv("PULSE_FORCE_DEVICE_PATHS")));
+  return forced;
+}
+}  // namespace detail
+
+inline bool device_paths_forced() { return detail::device_paths_forced_setting().load(std::memory_order_relaxed); }
+inline void set_device_paths_forced(bool forced) {
+  detail::device_paths_forced_setting().store(forced, std::memory_order_relaxed);
+}
 
 // Host execution spaces are those that can reach host memory (a CUDA build with UVM has a
 // host-accessible memory space, but its kernels still run on the device).
 template <class ExecSpace>
 constexpr bool is_host_space = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
 
+// Whether a launch on this space takes the host path. Read on the host once per launch and
+// captured by value: a kernel never reads the setting itself. Host branches sit under
+// `if constexpr (is_host_space<ExecSpace>)`, so device code holds none.
 template <class ExecSpace>
-constexpr bool takes_host_path = !force_device_paths && is_host_space<ExecSpace>;
+bool takes_host_path(const ExecSpace&) {
+  if constexpr (is_host_space<ExecSpace>)
+    return !device_paths_forced();
+  else
+    return false;
+}
 
-// Devices size their teams with Kokkos::AUTO. Forced onto a host backend, AUTO would mean one
+// host_path: takes_host_path(space), passed along to the kernel's segment_sum or segment_stage.
+// Devices size their teams with Kokkos::AUTO. On a host backend's device path AUTO would mean one
 // thread per team (Kokkos::OpenMP's choice), so a team there takes every thread of the space:
 // the team reductions then really combine several members' partial sums.
 template <class ExecSpace, class Mem>
-Kokkos::TeamPolicy<ExecSpace> segment_policy(const ExecSpace& space, const TensorSegments<Mem>& segs) {
+Kokkos::TeamPolicy<ExecSpace> segment_policy(const ExecSpace& space, const TensorSegments<Mem>& segs,
+                                             [[maybe_unused]] const bool host_path) {
   const auto league = static_cast<int>(segs.segments.extent(0));
-  if constexpr (takes_host_path<ExecSpace>)
-    return Kokkos::TeamPolicy<ExecSpace>(space, league, 1);
-  else if constexpr (is_host_space<ExecSpace>) {
+  if constexpr (is_host_space<ExecSpace>) {
+    if (host_path) return Kokkos::TeamPolicy<ExecSpace>(space, league, 1);
     const int largest = Kokkos::TeamPolicy<ExecSpace>(space, league, 1)
                             .team_size_max([](const typename Kokkos::TeamPolicy<ExecSpace>::member_type&) {},
                                            Kokkos::ParallelForTag());
     return Kokkos::TeamPolicy<ExecSpace>(space, league, std::min(space.concurrency(), largest));
-  } else
+  } else {
     return Kokkos::TeamPolicy<ExecSpace>(space, league, Kokkos::AUTO);
+  }
 }
 
 // Calls body(i) for every element of the segment, by the whole team, and returns the sum of
-// what it returns (an integer count, so the result is the same on every backend).
+// what it returns (an integer count, so the result is the same on every backend). host_path:
+// as given to segment_policy.
 template <class ExecSpace, class Team, class Body>
-KOKKOS_INLINE_FUNCTION index_t segment_sum(const Team& team, const Segment& seg, const Body& body) {
+KOKKOS_INLINE_FUNCTION index_t segment_sum(const Team& team, const Segment& seg, [[maybe_unused]] const bool host_path,
+                                           const Body& body) {
   index_t sum = 0;
-  if constexpr (takes_host_path<ExecSpace>) {
-    for (index_t i = seg.begin; i < seg.end; ++i) sum += body(i);
-  } else {
-    Kokkos::parallel_reduce(
-        Kokkos::TeamThreadRange(team, seg.begin, seg.end), [&](const index_t i, index_t& acc) { acc += body(i); },
-        sum);
+  if constexpr (is_host_space<ExecSpace>) {
+    if (host_path) {
+      for (index_t i = seg.begin; i < seg.end; ++i) sum += body(i);
+      return sum;
+    }
   }
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, seg.begin, seg.end), [&](const index_t i, index_t& acc) { acc += body(i); }, sum);
   return sum;
 }
 

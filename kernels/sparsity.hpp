@@ -107,108 +107,110 @@ index_t compact_if(const ExecSpace& space, const std::string& label, index_t n, 
                   std::to_string(values_out.extent(0)) + " values");
   const index_t capacity = static_cast<index_t>(indices_out.extent(0));
   index_t count = 0;
-  if constexpr (takes_host_path<ExecSpace>) {
-    if (space.concurrency() == 1) {
-      // One thread: one pass in blocks of 256 elements. The keep flags come from a loop the
-      // compiler vectorises and are read eight bytes at a time: at the sparsity of weight updates
-      // most words are 0, and a set word names its kept elements by its set bits (little-endian:
-      // flag j + t is byte t), written while the block is still in cache.
-      constexpr index_t block = 256, prefetch_distance = 4096;
-      Kokkos::parallel_reduce(
-          label, FlatPolicy<ExecSpace>(space, 0, 1),
-          [=](index_t, index_t& kept) {
-            // A local copy: the byte stores to flags below could otherwise alias the functor's
-            // view pointers, and the compiler would reload them per element instead of vectorising.
-            const Keep keep_local = keep;
-            std::uint8_t flags[block];
-            for (index_t begin = 0; begin < n; begin += block) {
-              const index_t length = begin + block <= n ? block : n - begin;
-              if (begin + prefetch_distance < n)
-                prefetch(begin + prefetch_distance, std::min(begin + prefetch_distance + block, n));
-              if (length == block) {  // a fixed trip count unrolls into straight vector code
-                for (index_t j = 0; j < block; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
-              } else {
-                std::memset(flags, 0, sizeof flags);
-                for (index_t j = 0; j < length; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
-              }
-              for (index_t j = 0; j < length; j += 8) {
-                std::uint64_t word;
-                std::memcpy(&word, flags + j, sizeof word);
-                for (; word != 0; word &= word - 1, ++kept) {
-                  if (kept >= capacity) continue;
-                  const index_t i = begin + j + (__builtin_ctzll(word) >> 3);
-                  indices_out(kept) = i;
-                  values_out(kept) = value(i);
+  if constexpr (is_host_space<ExecSpace>) {
+    if (takes_host_path(space)) {
+      if (space.concurrency() == 1) {
+        // One thread: one pass in blocks of 256 elements. The keep flags come from a loop the
+        // compiler vectorises and are read eight bytes at a time: at the sparsity of weight updates
+        // most words are 0, and a set word names its kept elements by its set bits (little-endian:
+        // flag j + t is byte t), written while the block is still in cache.
+        constexpr index_t block = 256, prefetch_distance = 4096;
+        Kokkos::parallel_reduce(
+            label, FlatPolicy<ExecSpace>(space, 0, 1),
+            [=](index_t, index_t& kept) {
+              // A local copy: the byte stores to flags below could otherwise alias the functor's
+              // view pointers, and the compiler would reload them per element instead of vectorising.
+              const Keep keep_local = keep;
+              std::uint8_t flags[block];
+              for (index_t begin = 0; begin < n; begin += block) {
+                const index_t length = begin + block <= n ? block : n - begin;
+                if (begin + prefetch_distance < n)
+                  prefetch(begin + prefetch_distance, std::min(begin + prefetch_distance + block, n));
+                if (length == block) {  // a fixed trip count unrolls into straight vector code
+                  for (index_t j = 0; j < block; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
+                } else {
+                  std::memset(flags, 0, sizeof flags);
+                  for (index_t j = 0; j < length; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
+                }
+                for (index_t j = 0; j < length; j += 8) {
+                  std::uint64_t word;
+                  std::memcpy(&word, flags + j, sizeof word);
+                  for (; word != 0; word &= word - 1, ++kept) {
+                    if (kept >= capacity) continue;
+                    const index_t i = begin + j + (__builtin_ctzll(word) >> 3);
+                    indices_out(kept) = i;
+                    values_out(kept) = value(i);
+                  }
                 }
               }
+            },
+            count);
+        return count;
+      }
+      // Threads: blocks of 64 elements, in two kernels. The first packs each block's keep flags
+      // into a 64-bit mask: the flags come from a loop the compiler vectorises and are packed eight
+      // at a time. The second scans the masks and writes the kept elements; at the sparsity of
+      // weight updates most masks are 0. (One scan over the elements would read them twice on a
+      // threaded backend, whose scan calls its body once to count and once to write.)
+      constexpr int block = 64;
+      const index_t num_blocks = (n + block - 1) / block;
+      // Plain host memory rather than a Kokkos allocation per call: pulse-sync compacts in chunks
+      // of 2^16 elements, where a View's allocation record would cost as much as the scan.
+      const std::unique_ptr<std::uint64_t[]> mask_storage(new std::uint64_t[num_blocks]);
+      const Kokkos::View<std::uint64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> masks(mask_storage.get(),
+                                                                                         num_blocks);
+      Kokkos::parallel_for(
+          label + "::masks", FlatPolicy<ExecSpace>(space, 0, num_blocks), [=](const index_t b) {
+            // A local copy: the byte stores to flags below could otherwise alias the functor's
+            // view pointers (the threaded backends call the functor through a pointer), and the
+            // compiler would reload them per element instead of vectorising.
+            const Keep keep_local = keep;
+            const index_t begin = b * block;
+            const int length = begin + block <= n ? block : static_cast<int>(n - begin);
+            std::uint8_t flags[block] = {};
+            if (length == block) {  // a fixed trip count unrolls into straight vector code
+              for (int j = 0; j < block; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
+            } else {
+              for (int j = 0; j < length; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
             }
+            std::uint64_t mask = 0;
+            for (int k = 0; k < block / 8; ++k) {
+              std::uint64_t eight;  // flags 8k..8k+7, one per byte (little-endian)
+              std::memcpy(&eight, flags + 8 * k, 8);
+              // The multiply moves byte j's bit to bit 56 + j without carries.
+              mask |= ((eight * 0x0102040810204080ull) >> 56) << (8 * k);
+            }
+            masks(b) = mask;
+          });
+      Kokkos::parallel_scan(
+          label, FlatPolicy<ExecSpace>(space, 0, num_blocks),
+          [=](const index_t b, index_t& offset, const bool final) {
+            std::uint64_t mask = masks(b);
+            const int kept = __builtin_popcountll(mask);
+            if (final) {
+              for (index_t out = offset; mask != 0 && out < capacity; ++out, mask &= mask - 1) {
+                const index_t i = b * block + __builtin_ctzll(mask);
+                indices_out(out) = i;
+                values_out(out) = value(i);
+              }
+            }
+            offset += kept;
           },
           count);
       return count;
     }
-    // Threads: blocks of 64 elements, in two kernels. The first packs each block's keep flags
-    // into a 64-bit mask: the flags come from a loop the compiler vectorises and are packed eight
-    // at a time. The second scans the masks and writes the kept elements; at the sparsity of
-    // weight updates most masks are 0. (One scan over the elements would read them twice on a
-    // threaded backend, whose scan calls its body once to count and once to write.)
-    constexpr int block = 64;
-    const index_t num_blocks = (n + block - 1) / block;
-    // Plain host memory rather than a Kokkos allocation per call: pulse-sync compacts in chunks
-    // of 2^16 elements, where a View's allocation record would cost as much as the scan.
-    const std::unique_ptr<std::uint64_t[]> mask_storage(new std::uint64_t[num_blocks]);
-    const Kokkos::View<std::uint64_t*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged> masks(mask_storage.get(),
-                                                                                       num_blocks);
-    Kokkos::parallel_for(
-        label + "::masks", FlatPolicy<ExecSpace>(space, 0, num_blocks), [=](const index_t b) {
-          // A local copy: the byte stores to flags below could otherwise alias the functor's
-          // view pointers (the threaded backends call the functor through a pointer), and the
-          // compiler would reload them per element instead of vectorising.
-          const Keep keep_local = keep;
-          const index_t begin = b * block;
-          const int length = begin + block <= n ? block : static_cast<int>(n - begin);
-          std::uint8_t flags[block] = {};
-          if (length == block) {  // a fixed trip count unrolls into straight vector code
-            for (int j = 0; j < block; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
-          } else {
-            for (int j = 0; j < length; ++j) flags[j] = keep_local(begin + j) ? 1 : 0;
-          }
-          std::uint64_t mask = 0;
-          for (int k = 0; k < block / 8; ++k) {
-            std::uint64_t eight;  // flags 8k..8k+7, one per byte (little-endian)
-            std::memcpy(&eight, flags + 8 * k, 8);
-            // The multiply moves byte j's bit to bit 56 + j without carries.
-            mask |= ((eight * 0x0102040810204080ull) >> 56) << (8 * k);
-          }
-          masks(b) = mask;
-        });
-    Kokkos::parallel_scan(
-        label, FlatPolicy<ExecSpace>(space, 0, num_blocks),
-        [=](const index_t b, index_t& offset, const bool final) {
-          std::uint64_t mask = masks(b);
-          const int kept = __builtin_popcountll(mask);
-          if (final) {
-            for (index_t out = offset; mask != 0 && out < capacity; ++out, mask &= mask - 1) {
-              const index_t i = b * block + __builtin_ctzll(mask);
-              indices_out(out) = i;
-              values_out(out) = value(i);
-            }
-          }
-          offset += kept;
-        },
-        count);
-  } else {
-    Kokkos::parallel_scan(
-        label, FlatPolicy<ExecSpace>(space, 0, n),
-        KOKKOS_LAMBDA(const index_t i, index_t& offset, const bool final) {
-          if (!keep(i)) return;
-          if (final && offset < capacity) {
-            indices_out(offset) = i;
-            values_out(offset) = value(i);
-          }
-          ++offset;
-        },
-        count);
   }
+  Kokkos::parallel_scan(
+      label, FlatPolicy<ExecSpace>(space, 0, n),
+      KOKKOS_LAMBDA(const index_t i, index_t& offset, const bool final) {
+        if (!keep(i)) return;
+        if (final && offset < capacity) {
+          indices_out(offset) = i;
+          values_out(offset) = value(i);
+        }
+        ++offset;
+      },
+      count);
   return count;
 }
 
@@ -225,24 +227,26 @@ index_t count_changed(const ExecSpace& space, const OldView& old_bits, const New
   detail::check_bf16_pair(old_bits, new_bits);
   const index_t n = static_cast<index_t>(old_bits.extent(0));
   index_t count = 0;
-  if constexpr (takes_host_path<ExecSpace>) {
-    // Blocks of count_block_length: a block's count sums in 16-bit lanes, the compare's width
-    // (a 64-bit count per element would widen every compare result four times).
-    constexpr index_t length = detail::count_block_length;
-    Kokkos::parallel_reduce(
-        "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, (n + length - 1) / length),
-        [=](const index_t b, index_t& c) {
-          const index_t begin = b * length, end = begin + length < n ? begin + length : n;
-          detail::BlockCount changed = 0;
-          for (index_t i = begin; i < end; ++i) changed += old_bits(i) != new_bits(i);
-          c += changed;
-        },
-        count);
-  } else {
-    Kokkos::parallel_reduce(
-        "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, n),
-        KOKKOS_LAMBDA(const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
+  if constexpr (is_host_space<ExecSpace>) {
+    if (takes_host_path(space)) {
+      // Blocks of count_block_length: a block's count sums in 16-bit lanes, the compare's width
+      // (a 64-bit count per element would widen every compare result four times).
+      constexpr index_t length = detail::count_block_length;
+      Kokkos::parallel_reduce(
+          "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, (n + length - 1) / length),
+          [=](const index_t b, index_t& c) {
+            const index_t begin = b * length, end = begin + length < n ? begin + length : n;
+            detail::BlockCount changed = 0;
+            for (index_t i = begin; i < end; ++i) changed += old_bits(i) != new_bits(i);
+            c += changed;
+          },
+          count);
+      return count;
+    }
   }
+  Kokkos::parallel_reduce(
+      "pulse::sparsity::count", FlatPolicy<ExecSpace>(space, 0, n),
+      KOKKOS_LAMBDA(const index_t i, index_t& c) { c += old_bits(i) != new_bits(i); }, count);
   return count;
 }
 
@@ -262,12 +266,14 @@ ChangeCounts count_changed(const ExecSpace& space, const TensorSegments<MemSpace
   Kokkos::View<index_t*, typename ExecSpace::memory_space> per_tensor("pulse::sparsity::per_tensor",
                                                                       segments.num_tensors);
   const auto segs = segments.segments;
+  const bool host_path = takes_host_path(space);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   Kokkos::parallel_for(
-      "pulse::sparsity::count_per_tensor", segment_policy(space, segments), KOKKOS_LAMBDA(const Team& team) {
+      "pulse::sparsity::count_per_tensor", segment_policy(space, segments, host_path),
+      KOKKOS_LAMBDA(const Team& team) {
         const Segment seg = segs(team.league_rank());
-        const index_t count =
-            segment_sum<ExecSpace>(team, seg, [&](const index_t i) -> index_t { return old_bits(i) != new_bits(i); });
+        const index_t count = segment_sum<ExecSpace>(
+            team, seg, host_path, [&](const index_t i) -> index_t { return old_bits(i) != new_bits(i); });
         Kokkos::single(Kokkos::PerTeam(team), [&]() { Kokkos::atomic_add(&per_tensor(seg.tensor), count); });
       });
   ChangeCounts result;
@@ -301,6 +307,36 @@ index_t compact_changed(const ExecSpace& space, const OldView& old_bits, const N
 }
 
 // ---- k-step sparsity ----
+
+namespace detail {
+
+// For each row r in rows, the count of elements whose bits differ between history's row r and
+// current (SnapshotRing::count_changed_k).
+template <class ExecSpace, class History, class Rows, class View>
+std::vector<index_t> count_changed_rows(const ExecSpace& space, const History& history, const Rows& rows,
+                                        const View& current) {
+  const index_t n = static_cast<index_t>(current.extent(0));
+  const std::size_t num_rows = rows.extent(0);
+  if constexpr (is_host_space<ExecSpace>) {
+    if (takes_host_path(space)) {
+      return count_blocks(space, "pulse::sparsity::count_k", n, num_rows,
+                          [=](const index_t begin, const index_t end, index_t* c) {
+                            for (std::size_t j = 0; j < num_rows; ++j) {
+                              const int r = rows(j);
+                              BlockCount changed = 0;
+                              for (index_t i = begin; i < end; ++i) changed += history(r, i) != current(i);
+                              c[j] += changed;
+                            }
+                          });
+    }
+  }
+  return count_array(space, "pulse::sparsity::count_k", n, num_rows, KOKKOS_LAMBDA(const index_t i, index_t* c) {
+    const bf16_bits now = current(i);
+    for (std::size_t j = 0; j < num_rows; ++j) c[j] += history(rows(j), i) != now;
+  });
+}
+
+}  // namespace detail
 
 // The last `depth` BF16 snapshots, one row each of a depth x n view. Compare first, then push:
 // count_changed_k(current, {1}) against the previous push is the per-step change count.
@@ -342,27 +378,7 @@ class SnapshotRing {
       if (k <= size_) rows.push_back(row(k));
     }
     const auto rows_d = to_device<typename ExecSpace::memory_space>(rows, "pulse::sparsity::kstep_rows");
-    const auto history = history_;
-    const std::size_t num_rows = rows.size();
-    std::vector<index_t> counts;
-    if constexpr (takes_host_path<ExecSpace>) {
-      counts = detail::count_blocks(
-          space, "pulse::sparsity::count_k", num_elements(), num_rows,
-          [=](const index_t begin, const index_t end, index_t* c) {
-            for (std::size_t j = 0; j < num_rows; ++j) {
-              const int r = rows_d(j);
-              detail::BlockCount changed = 0;
-              for (index_t i = begin; i < end; ++i) changed += history(r, i) != current(i);
-              c[j] += changed;
-            }
-          });
-    } else {
-      counts = detail::count_array(
-          space, "pulse::sparsity::count_k", num_elements(), num_rows, KOKKOS_LAMBDA(const index_t i, index_t* c) {
-            const bf16_bits now = current(i);
-            for (std::size_t j = 0; j < num_rows; ++j) c[j] += history(rows_d(j), i) != now;
-          });
-    }
+    const std::vector<index_t> counts = detail::count_changed_rows(space, history_, rows_d, current);
     std::vector<index_t> result;
     std::size_t next = 0;
     for (const int k : ks) result.push_back(k <= size_ ? counts[next++] : -1);
@@ -406,23 +422,24 @@ std::vector<index_t> count_small(const ExecSpace& space, const GradView& grad, c
   const auto taus_d = to_device<typename ExecSpace::memory_space>(taus, "pulse::sparsity::taus");
   const std::size_t num_taus = taus.size();
   const index_t n = static_cast<index_t>(grad.extent(0));
-  if constexpr (takes_host_path<ExecSpace>) {
-    return detail::count_blocks(space, "pulse::sparsity::count_small", n, num_taus,
-                                [=](const index_t begin, const index_t end, index_t* c) {
-                                  for (std::size_t j = 0; j < num_taus; ++j) {
-                                    const float tau = taus_d(j);
-                                    detail::BlockCount small = 0;
-                                    for (index_t i = begin; i < end; ++i) small += abs_bits(grad(i)) <= tau;
-                                    c[j] += small;
-                                  }
-                                });
-  } else {
-    return detail::count_array(
-        space, "pulse::sparsity::count_small", n, num_taus, KOKKOS_LAMBDA(const index_t i, index_t* c) {
-          const float a = abs_bits(grad(i));
-          for (std::size_t j = 0; j < num_taus; ++j) c[j] += a <= taus_d(j);
-        });
+  if constexpr (is_host_space<ExecSpace>) {
+    if (takes_host_path(space)) {
+      return detail::count_blocks(space, "pulse::sparsity::count_small", n, num_taus,
+                                  [=](const index_t begin, const index_t end, index_t* c) {
+                                    for (std::size_t j = 0; j < num_taus; ++j) {
+                                      const float tau = taus_d(j);
+                                      detail::BlockCount small = 0;
+                                      for (index_t i = begin; i < end; ++i) small += abs_bits(grad(i)) <= tau;
+                                      c[j] += small;
+                                    }
+                                  });
+    }
   }
+  return detail::count_array(
+      space, "pulse::sparsity::count_small", n, num_taus, KOKKOS_LAMBDA(const index_t i, index_t* c) {
+        const float a = abs_bits(grad(i));
+        for (std::size_t j = 0; j < num_taus; ++j) c[j] += a <= taus_d(j);
+      });
 }
 
 }  // namespace pulse

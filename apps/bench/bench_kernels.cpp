@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("kokkos_execution_space", DefaultExec::name());
   // Thread count (OMP_NUM_THREADS on OpenMP) and code path: scaling is read across runs.
   benchmark::AddCustomContext("kokkos_concurrency", std::to_string(DefaultExec().concurrency()));
-  benchmark::AddCustomContext("pulse_force_device_paths", force_device_paths ? "1" : "0");
+  benchmark::AddCustomContext("pulse_force_device_paths", device_paths_forced() ? "1" : "0");
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -4,9 +4,12 @@
 // prints "name value" lines on stdout (xxh3-128 of an output's bytes, or a count). The kernels run in the
 // default execution space (the GPU on a CUDA build), or with --serial in Kokkos::Serial (an OpenMP
 // build's Kokkos has both, so one binary checks both host backends). With --check it also runs everything a
-// second time on fresh buffers and recomputes every output with plain serial host loops over
+// second time on fresh buffers, on a host backend a third time on the other code path (host
+// backends take their own, or the device paths with PULSE_FORCE_DEVICE_PATHS=1 in the
+// environment: kernels/segments.hpp), and recomputes every output with plain serial host loops over
 // the element functions (an independent path through the parallel machinery: segments, team
-// reductions, scans, compaction), and exits 1 naming any output that differs.
+// reductions, scans, compaction), and exits 1 naming any output that differs. stderr names the
+// execution space and the code path of the printed run.
 // Inputs include +-0, infinities, NaN payloads, subnormals and exact BF16 rounding ties.
 #include <Kokkos_Core.hpp>
 #include <cstdint>
@@ -303,16 +306,36 @@ int compare(const Results& a, const Results& b, const std::string& what) {
 
 }  // namespace
 
+// The kernels' code path on ExecSpace now (kernels/segments.hpp).
+template <class ExecSpace>
+std::string code_path() {
+  if (!is_host_space<ExecSpace>) return "device code paths";
+  return device_paths_forced() ? "device code paths (forced)" : "host code paths";
+}
+
+// Runs the kernels with the device paths forced or not, then restores the setting.
+template <class ExecSpace>
+Results run_kernels_forced(const Inputs& in, bool forced) {
+  const bool before = device_paths_forced();
+  set_device_paths_forced(forced);
+  Results r = run_kernels<ExecSpace>(in);
+  set_device_paths_forced(before);
+  return r;
+}
+
 template <class ExecSpace>
 int digest_main(bool check) {
   const Inputs in = make_inputs();
   const Results r = run_kernels<ExecSpace>(in);
-  std::cerr << "kernel_digest: execution space " << ExecSpace::name()
-            << (force_device_paths ? ", device code paths forced" : "") << "\n";
+  std::cerr << "kernel_digest: execution space " << ExecSpace::name() << ", " << code_path<ExecSpace>() << "\n";
   for (const auto& [name, value] : r) std::cout << name << " " << value << "\n";
   if (!check) return 0;
-  const int bad = compare(r, run_kernels<ExecSpace>(in), "a second run") +
-                  compare(r, run_reference(in), "the host reference");
+  int bad = compare(r, run_kernels<ExecSpace>(in), "a second run") +
+            compare(r, run_reference(in), "the host reference");
+  // A host backend also runs the other code path: host and device paths agree bit for bit.
+  if (is_host_space<ExecSpace>)
+    bad += compare(r, run_kernels_forced<ExecSpace>(in, !device_paths_forced()),
+                   device_paths_forced() ? "the host code paths" : "the device code paths");
   std::cerr << "kernel_digest: " << r.size() << " outputs, " << bad << " differ\n";
   return bad == 0 ? 0 : 1;
 }

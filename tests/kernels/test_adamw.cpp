@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "core/error.hpp"
 #include "kernels/adamw.hpp"
 #include "kernels/grad_norm.hpp"
 #include "kernels/host_copy.hpp"
+#include "support/code_paths.hpp"
 
 using namespace pulse;
 
@@ -119,6 +121,43 @@ TEST(AdamW, Bf16ScalarsAreRoundedWherePyTorchRoundsThem) {
   EXPECT_EQ(s.one_minus_beta2, static_cast<float>(1.0 - 0.999));  // addcmul_ keeps FP32
   EXPECT_EQ(s.neg_step_size, static_cast<float>(-3e-6 / (1.0 - std::pow(0.9, 3.0))));
   EXPECT_THROW(adamw_scalars(h, 0, 1.0f, Precision::bf16), Error);
+}
+
+// Both precisions over three steps, on segments split inside tensors: the host code path (a plain
+// loop per segment) and the device one (a team reduction per segment) leave the same bits in
+// every buffer and count the same changes.
+TEST(AdamW, HostAndDevicePathsAgreeBitForBit) {
+  const std::vector<index_t> offsets = {0, 7, 7, 2500, 2501, 9000, 40000};
+  const index_t n = offsets.back();
+  test::expect_same_outputs(test::on_both_code_paths([&] {
+    std::mt19937_64 rng(21);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto random = [&](float scale) {
+      std::vector<float> x(n);
+      for (auto& e : x) e = scale * normal(rng);
+      return x;
+    };
+    const auto segs = make_segments(offsets, 1000);
+    const auto mask = to_device(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
+    AdamWHyper h;
+    h.lr = 1e-4, h.weight_decay = 0.1;
+    MixedState s = mixed_state(random(0.02f), random(1e-3f));
+    Kokkos::View<bf16_bits*> w("w", n), g("g", n), m("m", n), v("v", n);
+    cast_to_bf16(DefaultExec(), s.master, w);
+    std::vector<index_t> counts;
+    for (int t = 1; t <= 3; ++t) {
+      s.grad = to_device(random(1e-3f));
+      cast_to_bf16(DefaultExec(), s.grad, g);
+      counts.push_back(adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, t, 0.7f, Precision::mixed), s.master,
+                                   s.grad, s.m, s.v, s.bf16, t != 2));
+      counts.push_back(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, t, 1.0f, Precision::bf16), w, g, m, v));
+    }
+    EXPECT_GT(counts[0], 0);
+    return test::Outputs{{"counts", test::bytes_of(counts)},        {"mixed.master", test::bytes_of(to_host(s.master))},
+                         {"mixed.m", test::bytes_of(to_host(s.m))}, {"mixed.v", test::bytes_of(to_host(s.v))},
+                         {"mixed.bf16", test::bytes_of(to_host(s.bf16))}, {"bf16.w", test::bytes_of(to_host(w))},
+                         {"bf16.m", test::bytes_of(to_host(m))},    {"bf16.v", test::bytes_of(to_host(v))}};
+  }));
 }
 
 TEST(AdamW, RejectsMismatchedBuffers) {

@@ -11,6 +11,7 @@
 #include "kernels/adamw.hpp"
 #include "kernels/host_copy.hpp"
 #include "kernels/sparsity.hpp"
+#include "support/code_paths.hpp"
 
 using namespace pulse;
 
@@ -69,6 +70,17 @@ std::pair<std::vector<index_t>, std::vector<bf16_bits>> gathered_list(const Tens
   Kokkos::View<bf16_bits*> all_val("val", count);
   EXPECT_EQ(gather_changes(DefaultExec(), segs, staging, all_idx, all_val), count);
   return {to_host(all_idx), to_host(all_val)};
+}
+
+// The whole gathered list: the count first (from outputs of capacity 0), then the entries.
+std::pair<std::vector<index_t>, std::vector<bf16_bits>> all_changes(const TensorSegments<DefaultMem>& segs,
+                                                                     const ChangeStaging<DefaultMem>& staging) {
+  const index_t count =
+      gather_changes(DefaultExec(), segs, staging, Kokkos::View<index_t*>("idx", 0), Kokkos::View<bf16_bits*>("val", 0));
+  Kokkos::View<index_t*> idx("idx", count);
+  Kokkos::View<bf16_bits*> val("val", count);
+  EXPECT_EQ(gather_changes(DefaultExec(), segs, staging, idx, val), count);
+  return {to_host(idx), to_host(val)};
 }
 
 }  // namespace
@@ -130,6 +142,48 @@ TEST(AdamWChanges, Bf16ListEqualsSeparateCompaction) {
     EXPECT_EQ(got.second, expected.second) << "step " << t;
     EXPECT_GT(expected.first.size(), 0u);
   }
+}
+
+// The staged steps and the gathered lists on the host code path (blocks of change flags) and the
+// device one (a team scan per segment): the same bits everywhere.
+TEST(AdamWChanges, HostAndDevicePathsAgreeBitForBit) {
+  test::expect_same_outputs(test::on_both_code_paths([] {
+    std::mt19937_64 rng(13);
+    const index_t n = offsets.back();
+    const auto segs = make_segments(offsets, segment_length);
+    const auto staging = make_change_staging(segs);
+    const auto mask = to_device(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
+    Kokkos::View<float*> master = to_device(normal(n, 0.02f, rng)), m("m", n), v("v", n);
+    Kokkos::View<bf16_bits*> bf16("bf16", n), w("w", n), m16("m16", n), v16("v16", n);
+    cast_to_bf16(DefaultExec(), master, bf16);
+    cast_to_bf16(DefaultExec(), master, w);
+    AdamWHyper h;
+    h.lr = 1e-4, h.weight_decay = 0.1;
+    test::Outputs out;
+    for (int t = 1; t <= 2; ++t) {
+      const auto grad = to_device(normal(n, 1e-3f, rng));
+      Kokkos::View<bf16_bits*> grad16("g", n);
+      cast_to_bf16(DefaultExec(), grad, grad16);
+      adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, t, 0.7f, Precision::mixed), master, grad, m, v, bf16,
+                  staging);
+      const auto mixed = all_changes(segs, staging);
+      adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, t, 1.0f, Precision::bf16), w, grad16, m16, v16, staging);
+      const auto pure = all_changes(segs, staging);
+      const std::string step = std::to_string(t);
+      out["mixed.indices." + step] = test::bytes_of(mixed.first);
+      out["mixed.values." + step] = test::bytes_of(mixed.second);
+      out["bf16.indices." + step] = test::bytes_of(pure.first);
+      out["bf16.values." + step] = test::bytes_of(pure.second);
+      EXPECT_GT(mixed.first.size(), 0u);
+      EXPECT_GT(pure.first.size(), 0u);
+    }
+    out["mixed.master"] = test::bytes_of(to_host(master));
+    out["mixed.m"] = test::bytes_of(to_host(m)), out["mixed.v"] = test::bytes_of(to_host(v));
+    out["mixed.bf16"] = test::bytes_of(to_host(bf16));
+    out["bf16.w"] = test::bytes_of(to_host(w));
+    out["bf16.m"] = test::bytes_of(to_host(m16)), out["bf16.v"] = test::bytes_of(to_host(v16));
+    return out;
+  }));
 }
 
 TEST(AdamWChanges, StagingMustMatchTheSegments) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
+#include "support/code_paths.hpp"
 
 namespace {
 
@@ -87,25 +88,29 @@ TEST(Bf16Cast, HandDerivedCases) {
 
 // Large outputs take the streamed path on x86 hosts (non-temporal stores from a 16-byte boundary,
 // in chunks): an output that starts off that boundary and ends inside a chunk gets the
-// reference's bits, and nothing around it is written.
+// reference's bits, and nothing around it is written. So does the device code path's plain loop.
 TEST(Bf16Cast, LargeUnalignedOutputMatchesReference) {
-  const std::size_t n = std::size_t(pulse::streamed_cast_elements) + 4099, skip = 3, total = n + skip + 2;
-  Kokkos::View<std::uint32_t*> in("in", total);
-  Kokkos::View<bf16_bits*> out("out", total);
-  auto in_host = Kokkos::create_mirror_view(in);
-  for (std::size_t i = 0; i < total; ++i) in_host(i) = static_cast<std::uint32_t>(i * 2654435761u);
-  Kokkos::deep_copy(in, in_host);
-  Kokkos::deep_copy(out, bf16_bits(0xABCD));
-  const Kokkos::View<const float*, Kokkos::MemoryUnmanaged> in_range(reinterpret_cast<const float*>(in.data()) + skip, n);
-  pulse::cast_to_bf16(pulse::DefaultExec(), in_range, Kokkos::subview(out, std::make_pair(skip, skip + n)));
-  auto out_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-  std::size_t mismatches = 0;
-  for (std::size_t i = 0; i < total; ++i) {
-    const bf16_bits expected = i >= skip && i < skip + n ? reference_cast(in_host(i)) : bf16_bits(0xABCD);
-    if (out_host(i) != expected && ++mismatches <= 5)
-      ADD_FAILURE() << "element " << i << ": 0x" << std::hex << out_host(i) << ", expected 0x" << expected;
+  for (const bool forced : {false, true}) {
+    const pulse::test::ForcedDevicePaths path(forced);
+    SCOPED_TRACE(forced ? "device code path" : "host code path");
+    const std::size_t n = std::size_t(pulse::streamed_cast_elements) + 4099, skip = 3, total = n + skip + 2;
+    Kokkos::View<std::uint32_t*> in("in", total);
+    Kokkos::View<bf16_bits*> out("out", total);
+    auto in_host = Kokkos::create_mirror_view(in);
+    for (std::size_t i = 0; i < total; ++i) in_host(i) = static_cast<std::uint32_t>(i * 2654435761u);
+    Kokkos::deep_copy(in, in_host);
+    Kokkos::deep_copy(out, bf16_bits(0xABCD));
+    const Kokkos::View<const float*, Kokkos::MemoryUnmanaged> in_range(reinterpret_cast<const float*>(in.data()) + skip, n);
+    pulse::cast_to_bf16(pulse::DefaultExec(), in_range, Kokkos::subview(out, std::make_pair(skip, skip + n)));
+    auto out_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < total; ++i) {
+      const bf16_bits expected = i >= skip && i < skip + n ? reference_cast(in_host(i)) : bf16_bits(0xABCD);
+      if (out_host(i) != expected && ++mismatches <= 5)
+        ADD_FAILURE() << "element " << i << ": 0x" << std::hex << out_host(i) << ", expected 0x" << expected;
+    }
+    EXPECT_EQ(mismatches, 0u);
   }
-  EXPECT_EQ(mismatches, 0u);
 }
 
 // The AdamW element's per-op rounding: round_to_bf16 gives the cast's bits in the high half, and

@@ -10,6 +10,7 @@
 
 #include "kernels/gate.hpp"
 #include "kernels/host_copy.hpp"
+#include "support/code_paths.hpp"
 
 namespace {
 
@@ -70,39 +71,44 @@ std::pair<std::vector<float>, std::vector<float>> random_inputs(index_t n, std::
   return {theta, s};
 }
 
+// On the host code path (flag words) and the device one (an element-wise scan).
 TEST(Gate, MaskAndCompactionMatchNaiveLoop) {
-  std::mt19937_64 rng(8);
-  for (const index_t n : {0, 1, 7, 33, 1000003}) {
-    const auto [theta, s] = random_inputs(n, rng);
-    const auto expected = naive_mask(theta, s);
-    std::vector<index_t> fired;
-    for (index_t i = 0; i < n; ++i)
-      if (expected[i]) fired.push_back(i);
-    const auto theta_v = pulse::to_device(theta), s_v = pulse::to_device(s);
+  for (const bool forced : {false, true}) {
+    const pulse::test::ForcedDevicePaths path(forced);
+    SCOPED_TRACE(forced ? "device code path" : "host code path");
+    std::mt19937_64 rng(8);
+    for (const index_t n : {0, 1, 7, 33, 1000003}) {
+      const auto [theta, s] = random_inputs(n, rng);
+      const auto expected = naive_mask(theta, s);
+      std::vector<index_t> fired;
+      for (index_t i = 0; i < n; ++i)
+        if (expected[i]) fired.push_back(i);
+      const auto theta_v = pulse::to_device(theta), s_v = pulse::to_device(s);
 
-    Kokkos::View<std::uint8_t*> mask("mask", n);
-    EXPECT_EQ(pulse::gate_mask(pulse::DefaultExec(), theta_v, s_v, mask), static_cast<index_t>(fired.size()));
-    EXPECT_EQ(pulse::to_host(mask), expected) << "n " << n;
-    if (n > 1000) {  // the random mix must exercise both outcomes
-      EXPECT_GT(fired.size(), std::size_t(n / 10));
-      EXPECT_LT(fired.size(), std::size_t(n - n / 10));
-    }
+      Kokkos::View<std::uint8_t*> mask("mask", n);
+      EXPECT_EQ(pulse::gate_mask(pulse::DefaultExec(), theta_v, s_v, mask), static_cast<index_t>(fired.size()));
+      EXPECT_EQ(pulse::to_host(mask), expected) << "n " << n;
+      if (n > 1000) {  // the random mix must exercise both outcomes
+        EXPECT_GT(fired.size(), std::size_t(n / 10));
+        EXPECT_LT(fired.size(), std::size_t(n - n / 10));
+      }
 
-    const index_t count = static_cast<index_t>(fired.size());
-    for (const index_t capacity : {index_t(0), count / 2, count, count + 3}) {
-      const float sentinel = -12345.0f;
-      const auto indices = pulse::to_device(std::vector<index_t>(capacity, -1));
-      const auto values = pulse::to_device(std::vector<float>(capacity, sentinel));
-      ASSERT_EQ(pulse::compact_fired(pulse::DefaultExec(), theta_v, s_v, indices, values), count);
-      const auto got_i = pulse::to_host(indices);
-      const auto got_v = pulse::to_host(values);
-      for (index_t j = 0; j < capacity; ++j) {
-        if (j < count) {
-          ASSERT_EQ(got_i[j], fired[j]) << "n " << n << " capacity " << capacity << " entry " << j;
-          ASSERT_EQ(bits_of(got_v[j]), bits_of(s[fired[j]])) << "entry " << j;
-        } else {
-          ASSERT_EQ(got_i[j], -1) << "entry " << j << " written beyond the count";
-          ASSERT_EQ(bits_of(got_v[j]), bits_of(sentinel)) << "entry " << j << " written beyond the count";
+      const index_t count = static_cast<index_t>(fired.size());
+      for (const index_t capacity : {index_t(0), count / 2, count, count + 3}) {
+        const float sentinel = -12345.0f;
+        const auto indices = pulse::to_device(std::vector<index_t>(capacity, -1));
+        const auto values = pulse::to_device(std::vector<float>(capacity, sentinel));
+        ASSERT_EQ(pulse::compact_fired(pulse::DefaultExec(), theta_v, s_v, indices, values), count);
+        const auto got_i = pulse::to_host(indices);
+        const auto got_v = pulse::to_host(values);
+        for (index_t j = 0; j < capacity; ++j) {
+          if (j < count) {
+            ASSERT_EQ(got_i[j], fired[j]) << "n " << n << " capacity " << capacity << " entry " << j;
+            ASSERT_EQ(bits_of(got_v[j]), bits_of(s[fired[j]])) << "entry " << j;
+          } else {
+            ASSERT_EQ(got_i[j], -1) << "entry " << j << " written beyond the count";
+            ASSERT_EQ(bits_of(got_v[j]), bits_of(sentinel)) << "entry " << j << " written beyond the count";
+          }
         }
       }
     }

@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "kernels/blas_gemm.hpp"
 #include "kernels/gemm.hpp"
+#include "support/code_paths.hpp"
 
 namespace {
 
@@ -135,32 +136,37 @@ TEST(BlasGemm, AllTransposesOddSizesAgainstDoubleLoop) {
 
 // Every element bit for bit the contract's ordered sum, at sizes that cut tiles and vectors
 // anywhere (rows past a multiple of 4 and 8, columns past a multiple of 16), for alpha = 1 and
-// beta = 0 or 1 (what the model calls) and the general case.
+// beta = 0 or 1 (what the model calls) and the general case; on the host code path (register
+// tiles) and the device one (a thread per element), so the two give the same bits.
 TEST(Gemm, EachElementIsTheOrderedSumBitForBit) {
-  for (Transpose ta : both)
-    for (Transpose tb : both)
-      for (int m : {1, 5, 9, 13, 64})
-        for (int n : {1, 15, 16, 33, 48})
-          for (int k : {1, 7, 64, 200})
-            for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, -1.25f}}) {
-              std::mt19937 rng(m * 7919 + n * 131 + k);
-              Matrix A = ta == Transpose::yes ? random_matrix("A", k, m, rng) : random_matrix("A", m, k, rng);
-              Matrix B = tb == Transpose::yes ? random_matrix("B", n, k, rng) : random_matrix("B", k, n, rng);
-              Matrix C = random_matrix("C", m, n, rng);
-              HostMatrix c_old("c_old", m, n);
-              Kokkos::deep_copy(c_old, C);
-              const HostMatrix want = contract_gemm(ta, tb, m, n, k, alpha,
-                                                    Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A),
-                                                    Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B),
-                                                    beta, c_old);
-              pulse::gemm(pulse::DefaultExec(), ta, tb, m, n, k, alpha, A, B, beta, C);
-              auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
-              for (int i = 0; i < m; ++i)
-                for (int j = 0; j < n; ++j)
-                  ASSERT_EQ(pulse_bits(got(i, j)), pulse_bits(want(i, j)))
-                      << "ta=" << int(ta) << " tb=" << int(tb) << " m=" << m << " n=" << n << " k=" << k
-                      << " alpha=" << alpha << " beta=" << beta << " at (" << i << ", " << j << ")";
-            }
+  for (const bool forced : {false, true}) {
+    const pulse::test::ForcedDevicePaths path(forced);
+    SCOPED_TRACE(forced ? "device code path" : "host code path");
+    for (Transpose ta : both)
+      for (Transpose tb : both)
+        for (int m : {1, 5, 9, 13, 64})
+          for (int n : {1, 15, 16, 33, 48})
+            for (int k : {1, 7, 64, 200})
+              for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, -1.25f}}) {
+                std::mt19937 rng(m * 7919 + n * 131 + k);
+                Matrix A = ta == Transpose::yes ? random_matrix("A", k, m, rng) : random_matrix("A", m, k, rng);
+                Matrix B = tb == Transpose::yes ? random_matrix("B", n, k, rng) : random_matrix("B", k, n, rng);
+                Matrix C = random_matrix("C", m, n, rng);
+                HostMatrix c_old("c_old", m, n);
+                Kokkos::deep_copy(c_old, C);
+                const HostMatrix want = contract_gemm(ta, tb, m, n, k, alpha,
+                                                      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A),
+                                                      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B),
+                                                      beta, c_old);
+                pulse::gemm(pulse::DefaultExec(), ta, tb, m, n, k, alpha, A, B, beta, C);
+                auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
+                for (int i = 0; i < m; ++i)
+                  for (int j = 0; j < n; ++j)
+                    ASSERT_EQ(pulse_bits(got(i, j)), pulse_bits(want(i, j)))
+                        << "ta=" << int(ta) << " tb=" << int(tb) << " m=" << m << " n=" << n << " k=" << k
+                        << " alpha=" << alpha << " beta=" << beta << " at (" << i << ", " << j << ")";
+              }
+  }
 }
 
 // The property the model relies on: a row's result does not depend on how many rows share the

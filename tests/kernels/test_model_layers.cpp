@@ -22,6 +22,7 @@
 #include "kernels/layernorm.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/residual.hpp"
+#include "support/code_paths.hpp"
 
 namespace {
 
@@ -201,6 +202,23 @@ TEST(Layers, MatmulWithAndWithoutBias) {
     expect_close(minus_one(dw), numeric_grad(ref, w, R), grad_tol, "dweight");
     if (with_bias) expect_close(minus_one(db), numeric_grad(ref, b, R), grad_tol, "dbias");
   }
+}
+
+// matmul on the host code path (a bias row copy, register-tiled GEMM) and the device one (a
+// thread per element): the same bits forward and backward.
+TEST(Layers, MatmulHostAndDevicePathsAgreeBitForBit) {
+  const int N = 13, C = 37, OC = 19;
+  pulse::test::expect_same_outputs(pulse::test::on_both_code_paths([&] {
+    std::mt19937 rng(4);
+    const FView X = dev(randn(N * C, rng)), W = dev(randn(OC * C, rng)), B = dev(randn(OC, rng));
+    const FView dout = dev(randn(N * OC, rng));
+    FView out("out", N * OC), dx = ones(N * C), dw = ones(OC * C), db = ones(OC);
+    pulse::matmul_forward(pulse::DefaultExec(), out, X, W, B, N, C, OC);
+    pulse::matmul_backward(pulse::DefaultExec(), dx, dw, db, dout, X, W, N, C, OC);
+    using pulse::test::bytes_of;
+    return pulse::test::Outputs{{"out", bytes_of(pulse::to_host(out))}, {"dinp", bytes_of(pulse::to_host(dx))},
+                                {"dweight", bytes_of(pulse::to_host(dw))}, {"dbias", bytes_of(pulse::to_host(db))}};
+  }));
 }
 
 TEST(Layers, CausalAttentionOddSizes) {

@@ -11,6 +11,7 @@
 
 #include "kernels/sparsity.hpp"
 #include "kernels/host_copy.hpp"
+#include "support/code_paths.hpp"
 
 namespace {
 
@@ -284,6 +285,49 @@ TEST(CountSmall, CountsBlocksInWhichEveryGradientIsSmall) {
   grad[n - 1] = 1.0f;
   EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), {0.0f, 2.0f}),
             (std::vector<index_t>{n - 1, n}));
+}
+
+// Every kernel here on the host code paths (blocked loops, flag words) and on the device ones
+// (team reductions, element-wise scans): the same counts, and the same bits in and beyond the
+// compacted entries.
+TEST(Sparsity, HostAndDevicePathsAgreeBitForBit) {
+  using pulse::test::bytes_of;
+  pulse::test::expect_same_outputs(pulse::test::on_both_code_paths([] {
+    std::mt19937_64 rng(7);
+    pulse::test::Outputs out;
+    const index_t n = 100003;
+    const std::vector<index_t> offsets = {0, 5, 5, 40000, 40001, n};
+    for (const Kind kind : {Kind::random, Kind::nan_payloads, Kind::signed_zero_flips}) {
+      const std::string name = std::to_string(int(kind));
+      const auto [a, b] = make_pair(kind, n, rng);
+      const auto old_bits = pulse::to_device(a), new_bits = pulse::to_device(b);
+      const index_t count = pulse::count_changed(pulse::DefaultExec(), old_bits, new_bits);
+      out["count." + name] = bytes_of(std::vector<index_t>{count});
+      for (const index_t max_length : {index_t(64), pulse::default_segment_length})
+        out["per_tensor." + name + "." + std::to_string(max_length)] = bytes_of(
+            pulse::count_changed(pulse::DefaultExec(), pulse::make_segments(offsets, max_length), old_bits, new_bits)
+                .per_tensor);
+      for (const index_t capacity : {count / 2, count + 5}) {
+        const auto indices = pulse::to_device(std::vector<index_t>(capacity, -7));
+        const auto values = pulse::to_device(std::vector<bf16_bits>(capacity, 0xABCD));
+        EXPECT_EQ(pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values), count);
+        const std::string at = name + "." + std::to_string(capacity);
+        out["compact.indices." + at] = bytes_of(pulse::to_host(indices));
+        out["compact.values." + at] = bytes_of(pulse::to_host(values));
+      }
+    }
+    pulse::SnapshotRing<> ring(3, n);
+    for (int step = 0; step < 5; ++step) {
+      const auto current = pulse::to_device(make_pair(Kind::random, n, rng).second);
+      out["count_k." + std::to_string(step)] = bytes_of(ring.count_changed_k(pulse::DefaultExec(), current, {1, 2, 3}));
+      ring.push(pulse::DefaultExec(), current);
+    }
+    std::vector<float> grad(n);
+    std::uniform_real_distribution<double> log_mag(-12, 0);
+    for (auto& g : grad) g = static_cast<float>(std::pow(10.0, log_mag(rng))) * ((rng() % 2) ? 1.0f : -1.0f);
+    out["count_small"] = bytes_of(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), {0.0f, 1e-8f, 1e-4f}));
+    return out;
+  }));
 }
 
 }  // namespace
