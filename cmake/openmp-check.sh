@@ -8,8 +8,8 @@
 #     kernels' device code paths (teams and TeamThreadRange reductions, element-wise scans), which
 #     a GPU build runs and no CPU build otherwise would. Only the tests that run those kernels
 #     (AdamW and its changed list, sparsity counts and compaction, the gate, patches, the meter, LoCo, the trainers,
-#     the PyTorch oracles of AdamW and sparsity, pulse-train end to end): the other tests run
-#     the same code as in step 1, and skipping them keeps `.ci/run` within its time budget.
+#     the PyTorch oracles of AdamW and sparsity): the other tests run the same code as in step 1,
+#     and skipping them keeps `.ci/run` within its time budget.
 #     mpirun's local ranks inherit the variable.
 #  3. kernel_digest prints the same lines in every combination: the Serial build (SERIAL_BUILD),
 #     OpenMP at 1, 2 and 4 threads and Kokkos::Serial inside the OpenMP build, each on the host
@@ -58,7 +58,7 @@ cmake -S . -B "$OMP" $GENERATOR -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_B
 # the targets they run are built, and those of step 2's tests (the PyTorch oracles are not backend
 # tests).
 OMP_SELECTION="-L backend"
-FORCED_TESTS='^(test_kernel_digest|test_code_paths|test_adamw|test_adamw_changes|test_changed_list|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch|test_pulse_train)$'
+FORCED_TESTS='^(test_kernel_digest|test_code_paths|test_adamw|test_adamw_changes|test_changed_list|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch)$'
 PYTHON=${PULSE_PYTHON:-python3}
 # shellcheck disable=SC2086
 TARGETS="$($PYTHON cmake/test-targets.py "$OMP" $OMP_SELECTION) $($PYTHON cmake/test-targets.py "$OMP" -R "$FORCED_TESTS")"
