@@ -16,7 +16,8 @@
 # `make test-fast` runs unit and mpi; `make test` runs them first, then every other tier. LABELS
 # adds selections that are not tiers: determinism (make test-determinism), gpu (tests/gpu/check.sh),
 # backend (make test-openmp: the tests whose code runs Kokkos kernels, which another Kokkos backend
-# may run differently). A C++ test is a backend test when its first source sits in the test folder
+# may run differently), device_paths (make test-openmp runs them again on the kernels' device code
+# paths). A C++ test is a backend test when its first source sits in the test folder
 # of a layer that runs Kokkos kernels (PULSE_BACKEND_TEST_FOLDERS); other tests say LABELS backend.
 set(PULSE_TEST_TIERS unit mpi oracle e2e fuzz slow)
 set(PULSE_BACKEND_TEST_FOLDERS kernels comm shard model loco rl train)

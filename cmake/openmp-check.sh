@@ -58,17 +58,17 @@ cmake -S . -B "$OMP" $GENERATOR -DKokkos_ROOT="$KOKKOS/install" -DPULSE_ENABLE_B
 # the targets they run are built, and those of step 2's tests (the PyTorch oracles are not backend
 # tests).
 OMP_SELECTION="-L backend"
-FORCED_TESTS='^(test_kernel_digest|test_code_paths|test_adamw|test_adamw_changes|test_changed_list|test_sparsity|test_gate|test_patch|test_model|test_sft_trainer|test_loco_np[124]|test_train_np[124]|test_train_meter|test_train_sync_np[124]|test_adamw_torch|test_sparsity_torch)$'
+# Step 2's tests: those whose kernels have a device branch (label device_paths).
+FORCED_SELECTION="-L device_paths"
 PYTHON=${PULSE_PYTHON:-python3}
-# shellcheck disable=SC2086
-TARGETS="$($PYTHON cmake/test-targets.py "$OMP" $OMP_SELECTION) $($PYTHON cmake/test-targets.py "$OMP" -R "$FORCED_TESTS")"
-# shellcheck disable=SC2046,SC2086
-cmake --build "$OMP" -j "$JOBS" --target $(printf '%s\n' $TARGETS | sort -u)
+# shellcheck disable=SC2046
+cmake --build "$OMP" -j "$JOBS" --target $($PYTHON cmake/test-targets.py "$OMP" -L '^(backend|device_paths)$')
 # shellcheck disable=SC2086
 (cd "$OMP" && ctest --output-on-failure -j "$JOBS" $OMP_SELECTION)
 
 # 2. the device code paths, in the same build (test_code_paths fails unless the variable forces them)
-(cd "$OMP" && PULSE_FORCE_DEVICE_PATHS=1 ctest --output-on-failure -j "$JOBS" -R "$FORCED_TESTS")
+# shellcheck disable=SC2086
+(cd "$OMP" && PULSE_FORCE_DEVICE_PATHS=1 ctest --output-on-failure -j "$JOBS" $FORCED_SELECTION)
 
 # 3. The bit-exact kernels must not depend on the backend, the thread count or the code path.
 "$SERIAL/tests/kernel_digest" >"$OMP/digest-serial.txt" 2>/dev/null
