@@ -724,7 +724,8 @@ std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, cons
       // change in both.
       const bool shard_unchanged = std::all_of(shard.tensors().begin(), shard.tensors().end(),
                                                [&](const io::TensorView& v) { return unchanged.count(v.name) > 0; });
-      if (!(in_place && shard_unchanged && open_link(c, shard.path(), shard_out))) open_copy(c, shard.path(), shard_out, threads);
+      if (!(in_place && shard_unchanged && open_link(c, shard.path(), shard_out)))
+        open_copy(c, shard.path(), shard_out, threads);
       c.replaces_base = in_place;
       // The copy must be the shard that was opened (the folder's layout was checked on it).
       bool same = c.header.metadata == shard.metadata() && c.header.tensors.size() == shard.tensors().size();

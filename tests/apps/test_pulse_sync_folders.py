@@ -314,8 +314,8 @@ def unchanged_shard_linked(app, p):
     changed_state, _ = hf.one_ulp(base_state, 0.01, seed=6)
     target = {name: base_state[name] if name in kept else t for name, t in changed_state.items()}
     hf.write_folder(p("target_one"), target, 2, {"format": "pt"}, files)
-    expect(open(os.path.join(p("target_one"), second), "rb").read() == open(os.path.join(p("base"), second), "rb").read(),
-           "the target's second shard is the base's")
+    shard_bytes = lambda folder: open(os.path.join(folder, second), "rb").read()
+    expect(shard_bytes(p("target_one")) == shard_bytes(p("base")), "the target's second shard is the base's")
     r = run(app, "encode", "--base", p("base"), "--target", p("target_one"), "-o", p("one.pulse"))
     expect(r.returncode == 0, f"encode a patch of the first shard only: {r.stderr}")
     work, parent = p("one_work"), os.path.dirname(p("one_work"))
@@ -327,7 +327,8 @@ def unchanged_shard_linked(app, p):
     expect(all(n == 1 for _, n in old.values()), f"the copy's files have one link each: {old}")
 
     good = open(p("one.pulse"), "rb").read()
-    open(p("one_bad.pulse"), "wb").write(good[:len(good) // 2] + bytes([good[len(good) // 2] ^ 0x10]) + good[len(good) // 2 + 1:])
+    middle = len(good) // 2
+    open(p("one_bad.pulse"), "wb").write(good[:middle] + bytes([good[middle] ^ 0x10]) + good[middle + 1:])
     r = run(app, "apply", "--in-place", work, "--patch", p("one_bad.pulse"))
     expect(one_line_error(r) and snapshot(work) == before and inodes(work) == old and not leftovers(parent),
            f"a corrupt patch leaves the old files, inodes and link counts: {r.stderr} {inodes(work)}")
@@ -347,7 +348,8 @@ def unchanged_shard_linked(app, p):
     expect(all(new[f][0] != old[f][0] and new[f][1] == 1 for f in new if f != second),
            f"every other file is new: {old} -> {new}")
     r = run(app, "apply", "--base", p("base"), "--patch", p("one.pulse"), "-o", p("one_out"))
-    expect(r.returncode == 0 and snapshot(p("one_out")) == snapshot(p("target_one")), f"apply -o of the first shard: {r.stderr}")
+    expect(r.returncode == 0 and snapshot(p("one_out")) == snapshot(p("target_one")),
+           f"apply -o of the first shard: {r.stderr}")
     expect(os.stat(os.path.join(p("one_out"), second)).st_ino != os.stat(os.path.join(p("base"), second)).st_ino
            and os.stat(os.path.join(p("base"), second)).st_nlink == 1, "-o copies the unchanged shard: no file shared")
 
