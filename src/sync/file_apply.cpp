@@ -271,6 +271,7 @@ struct FileCopy {
   io::ParsedHeader header;
   std::optional<FlushBehind> flush;  // with workers: a thread waits for the disk behind the writers
   bool replaces_base = false;  // in place: the output takes the base's name
+  bool linked = false;         // the output is the base, hard-linked (open_link): no file, never written
 
   const std::byte* bytes() const { return static_cast<const std::byte*>(map.size ? map.data : nullptr); }
   void finished(std::uint64_t offset, std::uint64_t size) {
@@ -320,6 +321,49 @@ void open_copy(FileCopy& c, const std::string& base, const std::string& out, uns
   start_writeback(fd, 0, c.header.data_offset);
   if (threads > 1) c.flush.emplace(fd, std::filesystem::path(out).parent_path().string());
   c.finished(0, c.header.data_offset);
+}
+
+// In place, a shard the patch leaves as it is becomes the new folder's by a hard link: no bytes
+// copied or written, and removing the old folder after the swap removes a name, not the data.
+// Safe because the shard is never written (pulse replaces files, never writes them in place) and
+// after the swap only the new folder names it; a failed apply removes the link, not the shard.
+// What is mapped, hashed and verified is the linked file itself. False where base is not a
+// regular file (a symlink into the Hugging Face cache's blobs is copied, as before) or the
+// filesystem has no hard links: the caller copies it.
+bool open_link(FileCopy& c, const std::string& base, const std::string& out) {
+  struct stat named {};
+  if (::lstat(base.c_str(), &named) != 0 || !S_ISREG(named.st_mode) || ::link(base.c_str(), out.c_str()) != 0)
+    return false;
+  c.base = base;
+  c.out = out;
+  c.linked = true;
+  c.in.fd = ::open(out.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  PULSE_CHECK(c.in.fd >= 0, io_error(out, "cannot open"));
+  struct stat st {};
+  PULSE_CHECK(::fstat(c.in.fd, &st) == 0 && S_ISREG(st.st_mode), out + ": not a regular file");
+  const std::uint64_t size = std::uint64_t(st.st_size);
+  if (size > 0) {
+    c.map.data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, c.in.fd, 0);
+    PULSE_CHECK(c.map.data != MAP_FAILED, io_error(out, "cannot map"));
+    c.map.size = size;
+  }
+  c.header = io::parse_header(c.bytes(), size, {}, base);
+  return true;
+}
+
+// The names of the tensors of base (a folder's, its files included) that the patch leaves as
+// they are: its entries are in name order. None when the counts differ (the decoder says why).
+std::set<std::string> unchanged_tensors(const OpenState& base, const ParsedPatch& patch) {
+  std::vector<std::string> names;
+  for (const auto& t : base.flat.tensors) names.push_back(t.name);
+  std::sort(names.begin(), names.end());
+  std::set<std::string> unchanged;
+  if (names.size() != patch.entries.size()) return unchanged;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const PatchEntry& e = patch.entries[k];
+    if (e.kind == EntryKind::same || (e.kind == EntryKind::sparse && e.count == 0)) unchanged.insert(names[k]);
+  }
+  return unchanged;
 }
 
 // Where a tensor of the patched state lies: in a file copy (at offset), or in memory.
@@ -403,7 +447,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
   // decoder), then decoded against the copy, and a changed one written over it.
   std::vector<char> by_segment(entries, 0), copied(entries, 0);
   for (std::size_t k = 0; k < entries; ++k) {
-    if (!slots[by_name[k]].copy) continue;
+    if (!slots[by_name[k]].copy || slots[by_name[k]].copy->linked) continue;
     const PatchEntry& e = patch.entries[k];
     bool bounded = e.kind == EntryKind::sparse && e.count > 0;
     for (const auto& s : decoder.entry_segments(k))
@@ -483,6 +527,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
   };
   auto write_target = [&](std::size_t k, const DecodedEntry& e) {
     const std::size_t t = e.tensor;
+    PULSE_CHECK(!(slots[t].copy && slots[t].copy->linked && e.touched()), "internal: a change to a hard-linked shard");
     if (by_segment[k]) {
       target_digests[t] = segment_sums[k].digest();  // its segments are written
       return;
@@ -504,7 +549,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
       if (!f) (*memory_targets)[t].assign(tensors[t].data, tensors[t].data + tensors[t].bytes);
     }
     if (f) {
-      start_writeback(f->file->fd(), offset, e.bytes);
+      if (!f->linked) start_writeback(f->file->fd(), offset, e.bytes);
       f->finished(offset, e.bytes);
       f->release(offset, e.bytes);
     }
@@ -602,7 +647,8 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
     c->map.data = MAP_FAILED;
     c->flush.reset();
   }
-  for (auto& c : copies) c->file->commit();
+  for (auto& c : copies)
+    if (c->file) c->file->commit();
   return written;
 }
 
@@ -662,6 +708,7 @@ std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, cons
   const bool in_place = !base.model.shards().empty() &&
                         std::filesystem::equivalent(std::filesystem::path(base.model.shards().front().path()).parent_path(),
                                                     out, ignored);
+  const std::set<std::string> unchanged = in_place ? unchanged_tensors(base, patch) : std::set<std::string>{};
   const auto t0 = std::chrono::steady_clock::now();
   std::uint64_t written = 0;
   io::replace_folder(out, [&](const std::string& folder) {
@@ -672,7 +719,13 @@ std::uint64_t apply_folder(const OpenState& base, const ParsedPatch& patch, cons
       copies.push_back(std::make_unique<FileCopy>());
       FileCopy& c = *copies.back();
       const std::string name = std::filesystem::path(shard.path()).filename().string();
-      open_copy(c, shard.path(), (std::filesystem::path(folder) / name).string(), threads);
+      const std::string shard_out = (std::filesystem::path(folder) / name).string();
+      // Not -o: a link would leave two folders sharing a file that a tool writing in place would
+      // change in both.
+      const bool shard_unchanged = std::all_of(shard.tensors().begin(), shard.tensors().end(),
+                                               [&](const io::TensorView& v) { return unchanged.count(v.name) > 0; });
+      if (!(in_place && shard_unchanged && open_link(c, shard.path(), shard_out)))
+        open_copy(c, shard.path(), shard_out, threads);
       c.replaces_base = in_place;
       // The copy must be the shard that was opened (the folder's layout was checked on it).
       bool same = c.header.metadata == shard.metadata() && c.header.tensors.size() == shard.tensors().size();

@@ -47,7 +47,7 @@ std::uint64_t apply_file(const std::string& base, const ParsedPatch& patch, cons
 // the new folder's shard of the same name and patched there; the index, config and tokenizer
 // files, in memory since the folder was opened, written from the patched state), into a new
 // folder swapped in whole once every digest verifies (io/folder_swap.hpp; out may be the base
-// itself, for --in-place). Memory holds the patch, the decoded changes in flight, the folder's
+// itself, for --in-place: then a shard the patch leaves as it is is hard-linked, not copied). Memory holds the patch, the decoded changes in flight, the folder's
 // other files and a chunk per thread, not the shards. It fits (folder_apply_fits) when base
 // (opened with io::ShardBytes::header_only) is a folder, out is where save_state would write a
 // folder, and the patch changes neither the layout, the metadata nor the index.

@@ -4,7 +4,8 @@ changes, a metadata change, an added tensor, a changed config.json and 2 -> 3 sh
 pull; bad folders refused in one line with nothing written; a corrupt patch, a failing swap (strace
 fault injection), a full disk and killed appliers leave the old folder byte for byte, both for
 that patch (applied by loading the base) and for one that keeps the layout (streamed shard by
-shard: the result is the target's files byte for byte).
+shard: the result is the target's files byte for byte); in place, a shard the patch leaves as it is
+is the old file, hard-linked (same inode, one link after), -o copies it.
     test_pulse_sync_folders.py --app build/apps/pulse-sync
 """
 import argparse
@@ -302,6 +303,57 @@ def streamed(app, p):
     return run(app, "verify", p("target_kept")).stdout.split()[0]
 
 
+def unchanged_shard_linked(app, p):
+    """In place, a shard the patch leaves as it is is hard-linked into the new folder (the old
+    file, never written: sync/file_apply.cpp open_link), not copied; -o copies it. Failures before
+    the swap leave the old folder's files, inodes and link counts as they were."""
+    base_state = hf.llama_state(64, 2, 512, 160, seed=1)
+    files = hf.model_files(64, 2, 512, seed=2)
+    second = "model-00002-of-00002.safetensors"
+    kept, _ = hf.read_safetensors(os.path.join(p("base"), second))
+    changed_state, _ = hf.one_ulp(base_state, 0.01, seed=6)
+    target = {name: base_state[name] if name in kept else t for name, t in changed_state.items()}
+    hf.write_folder(p("target_one"), target, 2, {"format": "pt"}, files)
+    shard_bytes = lambda folder: open(os.path.join(folder, second), "rb").read()
+    expect(shard_bytes(p("target_one")) == shard_bytes(p("base")), "the target's second shard is the base's")
+    r = run(app, "encode", "--base", p("base"), "--target", p("target_one"), "-o", p("one.pulse"))
+    expect(r.returncode == 0, f"encode a patch of the first shard only: {r.stderr}")
+    work, parent = p("one_work"), os.path.dirname(p("one_work"))
+    shutil.copytree(p("base"), work)
+    before = snapshot(work)
+    inodes = lambda folder: {f: (os.stat(os.path.join(folder, f)).st_ino, os.stat(os.path.join(folder, f)).st_nlink)
+                             for f in sorted(os.listdir(folder))}
+    old = inodes(work)
+    expect(all(n == 1 for _, n in old.values()), f"the copy's files have one link each: {old}")
+
+    good = open(p("one.pulse"), "rb").read()
+    middle = len(good) // 2
+    open(p("one_bad.pulse"), "wb").write(good[:middle] + bytes([good[middle] ^ 0x10]) + good[middle + 1:])
+    r = run(app, "apply", "--in-place", work, "--patch", p("one_bad.pulse"))
+    expect(one_line_error(r) and snapshot(work) == before and inodes(work) == old and not leftovers(parent),
+           f"a corrupt patch leaves the old files, inodes and link counts: {r.stderr} {inodes(work)}")
+    if shutil.which("strace") is None:
+        expect(False, "strace is needed for the fault injection (cmake/debian-deps.sh installs it)")
+    else:  # the new folder complete, its link made, the swap failing
+        r = run(app, "apply", "--in-place", work, "--patch", p("one.pulse"),
+                prefix=["strace", "-f", "-qq", "-e", "trace=renameat2", "-e", "inject=renameat2:error=EIO"])
+        expect(r.returncode != 0 and snapshot(work) == before and inodes(work) == old and not leftovers(parent),
+               f"a failing swap leaves the old files, inodes and link counts: {r.stderr[-300:]} {inodes(work)}")
+
+    r = run(app, "apply", "--in-place", work, "--patch", p("one.pulse"))
+    new = inodes(work)
+    expect(r.returncode == 0 and snapshot(work) == snapshot(p("target_one")) and not leftovers(parent),
+           f"apply --in-place of the first shard: {r.stderr}")
+    expect(new[second] == old[second], f"the unchanged shard is the old file, one link: {old[second]} -> {new[second]}")
+    expect(all(new[f][0] != old[f][0] and new[f][1] == 1 for f in new if f != second),
+           f"every other file is new: {old} -> {new}")
+    r = run(app, "apply", "--base", p("base"), "--patch", p("one.pulse"), "-o", p("one_out"))
+    expect(r.returncode == 0 and snapshot(p("one_out")) == snapshot(p("target_one")),
+           f"apply -o of the first shard: {r.stderr}")
+    expect(os.stat(os.path.join(p("one_out"), second)).st_ino != os.stat(os.path.join(p("base"), second)).st_ino
+           and os.stat(os.path.join(p("base"), second)).st_nlink == 1, "-o copies the unchanged shard: no file shared")
+
+
 def relay(app, p):
     """publish and pull of folders: the anchor is one safetensors file holding the files."""
     rl = p("relay")
@@ -336,6 +388,7 @@ def main():
         make_same_layout(d)
         kept_digest = streamed(app, p)
         failures_leave_old(app, p, kept_digest, "kept.pulse", "target_kept")
+        unchanged_shard_linked(app, p)
         relay(app, p)
     print(f"{len(failures)} failures")
     sys.exit(1 if failures else 0)
