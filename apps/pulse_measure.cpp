@@ -160,7 +160,7 @@ constexpr std::size_t kBlockElements = 8192;
 
 // Checkpoints measured together (measure/kstep_history.hpp): a block read from memory for one
 // is compared from cache as the next one's block before, and one chain of reverts of the logs
-// serves them all (31 + 8 logs for 8 checkpoints at --max-k 32, not 31 each). Their mapped pages
+// serves them all (30 + 8 logs for 8 checkpoints at --max-k 32, not 31 each). Their mapped pages
 // are let go unit by unit, so a rank maps two checkpoints' shares and a unit of each of the
 // batch's checkpoints at most; the history holds the logs of max-k + 8 checkpoints.
 constexpr std::size_t kBatchCheckpoints = 8;

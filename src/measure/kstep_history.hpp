@@ -9,7 +9,7 @@
 // from cache. Then one chain of reverts serves the whole batch: from the block before the
 // batch's last checkpoint back to the oldest version any of them is compared with, counting the
 // elements that differ from each checkpoint's block at the versions k steps back from it. A
-// batch of b checkpoints reverts 31 + b logs where one at a time reverts 31 each (--max-k 32).
+// batch of b checkpoints reverts 30 + b logs where one at a time reverts 31 each (--max-k 32).
 #include <cstddef>
 #include <cstdint>
 #include <deque>
