@@ -37,10 +37,13 @@ void KStepHistory::start(const std::vector<std::int64_t>& steps, std::optional<s
     if (!r.recording) continue;
     r.log = opened - 1 - r.log;
     for (std::size_t k = 0; k < ks_.size(); ++k)
-      for (std::size_t l = r.log; l < logs_.size(); ++l)  // the checkpoint before j, and older ones
+      for (std::size_t l = r.log; l < logs_.size(); ++l) {  // the checkpoint before j, and older ones
         if (steps[j] - ks_[k] != logs_[l].base_step()) continue;
-        else if (l == r.log) r.k_before = k;
-        else stops_[l].push_back({j, k});
+        if (l == r.log)
+          r.k_before = k;  // counted as its changes are recorded
+        else
+          stops_[l].push_back({j, k});
+      }
   }
   while (!stops_.empty() && stops_.back().empty()) stops_.pop_back();  // the chain's end
   counted_ = 0;
