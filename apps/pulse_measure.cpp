@@ -9,7 +9,9 @@
 // checkpoint, where the page cache holds it (mapped, not copied: src/measure/checkpoint_reader.hpp),
 // comparing it block by block with the previous checkpoint's; earlier versions are rebuilt block by
 // block from logs of the changes between checkpoints (src/measure/kstep_history.hpp), so memory per
-// rank is the two checkpoints' mapped pages plus the logs. The kernel reads the next one ahead.
+// rank is two checkpoints' mapped pages plus the logs. Checkpoints are measured in batches of
+// consecutive ones, a block of each in turn: each is read from memory once, and one rebuild of the
+// earlier versions serves the batch. The kernel reads the next batch ahead.
 // A rank's threads (--threads) each take a contiguous run of its units, with their own history:
 // every count is a sum of per-block integers, the same at any thread count.
 // FP32 tensors are compared as the BF16 (or F16) cast the forward pass reads, or as stored
@@ -152,9 +154,17 @@ measure::CompareAs compare_as(const std::string& as, const std::vector<MeasuredT
   return all_f32 ? measure::CompareAs::bf16 : measure::CompareAs::raw;
 }
 
-// Elements compared per block: small enough for the block of the checkpoint being measured to
-// stay in L1 while every version the row needs is compared with it.
+// Elements compared per block: small enough for the batch's blocks to stay in cache while every
+// version they need is rebuilt and compared with them (2048 and 4096 were no faster, measured).
 constexpr std::size_t kBlockElements = 8192;
+
+// Checkpoints measured together (measure/kstep_history.hpp): a block read from memory for one
+// is compared from cache as the next one's block before, and one chain of reverts of the logs
+// serves them all (30 + 8 logs for 8 checkpoints at --max-k 32, not 31 each). Their mapped pages
+// are let go unit by unit, so a rank maps two checkpoints' shares and a unit of each of the
+// batch's checkpoints at most; the history holds the logs of max-k + 8 checkpoints.
+constexpr std::size_t kBatchCheckpoints = 8;
+
 double cpu_seconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -221,18 +231,29 @@ class Measurement {
     wrote_output_ = true;
     declare();
     const auto t0 = std::chrono::steady_clock::now();
-    // Every rank opens every checkpoint; an error may be one rank's (comm/agree.hpp).
-    std::unique_ptr<measure::CheckpointReader> next, previous;
-    agree_on_error(MPI_COMM_WORLD, [&] { next = std::make_unique<measure::CheckpointReader>(series_[0].second); });
-    for (std::size_t i = 0; i < series_.size(); ++i) {
-      const auto row_t0 = std::chrono::steady_clock::now();
+    // Every rank opens every checkpoint; an error may be one rank's (comm/agree.hpp). The first
+    // checkpoint is a batch alone: the base of the first row.
+    const auto batch_end = [&](std::size_t first) { return first == 0 ? 1 : std::min(series_.size(), first + kBatchCheckpoints); };
+    const auto open_batch = [&](std::size_t first) {
+      std::vector<std::unique_ptr<measure::CheckpointReader>> readers;
+      for (std::size_t i = first; i < batch_end(first); ++i)
+        readers.push_back(std::make_unique<measure::CheckpointReader>(series_[i].second));
+      return readers;
+    };
+    std::vector<std::unique_ptr<measure::CheckpointReader>> next, batch;
+    std::unique_ptr<measure::CheckpointReader> previous;
+    agree_on_error(MPI_COMM_WORLD, [&] { next = open_batch(0); });
+    for (std::size_t first = 0; first < series_.size(); first = batch_end(first)) {
+      const auto batch_t0 = std::chrono::steady_clock::now();
       const double cpu0 = cpu_seconds();
-      std::unique_ptr<measure::CheckpointReader> current = std::move(next);
+      batch = std::move(next);
+      next.clear();
       agree_on_error(MPI_COMM_WORLD, [&] {
-        if (i + 1 < series_.size()) next = std::make_unique<measure::CheckpointReader>(series_[i + 1].second);
+        if (batch_end(first) < series_.size()) next = open_batch(batch_end(first));
       });
-      measure_checkpoint(i, *current, previous.get(), next.get(), row_t0, cpu0);
-      previous = std::move(current);
+      measure_batch(first, previous.get(), batch, next, batch_t0, cpu0);
+      previous = std::move(batch.back());
+      const std::size_t i = batch_end(first) - 1;  // the batch's last checkpoint
       if (rank_ == 0 && !o_.quiet) {
         const double el = seconds_since(t0);
         const double gb = double(stored_bytes_) * double(i + 1) / 1e9;
@@ -359,102 +380,130 @@ class Measurement {
   }
 
   // One thread's part of the rank's share: units [first_unit, last_unit), the history of their
-  // blocks, the patch of the unit being sized, a cast block and its predecessor, and its sums.
+  // blocks, and per checkpoint of the batch the patch of the unit being sized, its sums and a
+  // cast block (and one for the checkpoint before the batch).
   struct Worker {
     Worker(std::size_t first, std::size_t last, const std::vector<int>& ks)
         : first_unit(first), last_unit(last), history(ks) {}
     std::size_t first_unit, last_unit;
     measure::KStepHistory history;
-    measure::UnitPatchSize patch;
-    std::vector<std::byte> cast_now = std::vector<std::byte>(kBlockElements * 2);
-    std::vector<std::byte> cast_before = std::vector<std::byte>(kBlockElements * 2);
-    std::vector<std::int64_t> sums;  // as measure_checkpoint's
-    double encode_s = 0;
+    std::vector<measure::UnitPatchSize> patches;
+    std::vector<std::vector<std::byte>> cast;     // the versions' blocks cast, as measure_units' versions
+    std::vector<std::vector<std::int64_t>> sums;  // per checkpoint of the batch, as measure_batch's
+    std::vector<double> encode_s;                 // per checkpoint of the batch
   };
 
-  // A worker's units of checkpoint i (see measure_checkpoint).
-  void measure_units(Worker& w, measure::CheckpointReader& checkpoint, measure::CheckpointReader* previous,
-                     measure::CheckpointReader* next) {
+  // A worker's units of a batch (see measure_batch): versions[0] is the checkpoint before the
+  // batch (null before the first), versions[j + 1] the batch's checkpoint j.
+  void measure_units(Worker& w, const std::vector<measure::CheckpointReader*>& versions,
+                     const std::vector<std::unique_ptr<measure::CheckpointReader>>& next) {
     const std::size_t nt = tensors_.size();
-    std::vector<std::int64_t>& sums = w.sums;
+    const std::size_t measured = versions[0] ? 0 : 1;  // the batch's first checkpoint with one before it
+    const std::size_t batch = versions.size() - 1;
+    std::vector<const std::byte*> pieces(versions.size()), blocks(versions.size(), nullptr);
+    std::vector<std::int64_t*> differing;  // per checkpoint of the batch: its counts k steps back
+    for (std::vector<std::int64_t>& sums : w.sums) differing.push_back(sums.data() + nt);
     for (std::size_t u = w.first_unit; u < w.last_unit; ++u) {
-      if (next) next->read_ahead(tensors_, units_[u]);
-      w.patch.clear();
+      for (const auto& reader : next) reader->read_ahead(tensors_, units_[u]);
+      for (measure::UnitPatchSize& patch : w.patches) patch.clear();
       for (const Piece& p : units_[u].pieces) {
         const MeasuredTensor& t = tensors_[p.tensor];
         const bool cast = cast_[p.tensor];
         const std::size_t esz = compared_bytes(p.tensor), n = std::size_t(p.end - p.begin);
-        const std::byte* piece = checkpoint.data(t, p.begin, p.end);
-        if (!previous) continue;
-        const std::byte* piece_before = previous->data(t, p.begin, p.end);
+        for (std::size_t v = 0; v < versions.size(); ++v)
+          pieces[v] = versions[v] ? versions[v]->data(t, p.begin, p.end) : nullptr;
         const bool whole = p.begin == 0 && p.end == t.numel;
-        w.patch.add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
-                           compared_dtype(p.tensor), n);
+        for (std::size_t j = measured; j < batch; ++j)
+          w.patches[j].add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
+                                  compared_dtype(p.tensor), n);
+        if (measured >= batch) continue;  // the series' first checkpoint: mapped, compared with none
         for (std::size_t b = 0; b < n; b += kBlockElements) {
           const std::size_t m = std::min(kBlockElements, n - b);
-          const std::byte* now = piece + b * t.element_bytes;
-          const std::byte* before = piece_before + b * t.element_bytes;
-          if (cast) {
-            measure::cast_block(as_, now, m, w.cast_now.data());
-            measure::cast_block(as_, before, m, w.cast_before.data());
-            now = w.cast_now.data(), before = w.cast_before.data();
+          for (std::size_t v = measured; v < versions.size(); ++v) {
+            blocks[v] = pieces[v] + b * t.element_bytes;
+            if (cast) measure::cast_block(as_, blocks[v], m, w.cast[v].data()), blocks[v] = w.cast[v].data();
           }
-          const std::vector<std::uint16_t>& changed = w.history.add_block(now, before, m, esz, sums.data() + nt);
-          sums[p.tensor] += std::int64_t(changed.size());
-          const auto e0 = std::chrono::steady_clock::now();
-          if (esz == 4)
-            w.patch.add_block<std::uint32_t>(b, changed, now, before);
-          else
-            w.patch.add_block<std::uint16_t>(b, changed, now, before);
-          w.encode_s += seconds_since(e0);
+          for (std::size_t j = measured; j < batch; ++j) {
+            const std::byte* now = blocks[j + 1];
+            const std::byte* before = blocks[j];
+            std::vector<std::int64_t>& sums = w.sums[j];
+            const std::vector<std::uint16_t>& changed = w.history.record(j, now, before, m, esz, sums.data() + nt);
+            sums[p.tensor] += std::int64_t(changed.size());
+            const auto e0 = std::chrono::steady_clock::now();
+            if (esz == 4)
+              w.patches[j].add_block<std::uint32_t>(b, changed, now, before);
+            else
+              w.patches[j].add_block<std::uint16_t>(b, changed, now, before);
+            w.encode_s[j] += seconds_since(e0);
+          }
+          w.history.count(blocks, m, esz, differing);
         }
       }
-      if (previous) {
+      for (std::size_t j = measured; j < batch; ++j) {
         const auto e0 = std::chrono::steady_clock::now();
-        sums[nt + ks_.size()] += std::int64_t(w.patch.bytes(o_.level));
-        w.encode_s += seconds_since(e0);
+        w.sums[j][nt + ks_.size()] += std::int64_t(w.patches[j].bytes(o_.level));
+        w.encode_s[j] += seconds_since(e0);
       }
+      // The batch's last checkpoint is the next batch's first version: it stays mapped.
+      for (std::size_t v = 0; v + 1 < versions.size(); ++v)
+        if (versions[v]) versions[v]->release(tensors_, units_[u]);
     }
   }
 
-  // Compares checkpoint i's share with the previous checkpoint's block by block, as mapped from
-  // the page cache: records the changes in a new log (counted, and sized as a patch), then reverts
-  // a copy of the previous block with the older logs, newest first, comparing it with the block
-  // at each step k back. Meanwhile the kernel reads the next checkpoint's unit ahead, unit by
-  // unit (a window of one share, not a second share at once).
-  void measure_checkpoint(std::size_t i, measure::CheckpointReader& checkpoint, measure::CheckpointReader* previous,
-                          measure::CheckpointReader* next, std::chrono::steady_clock::time_point t0, double cpu0) {
-    const std::int64_t step = series_[i].first;
+  // Compares each checkpoint of a batch (first, first + 1, ...) with the one before it block by
+  // block, as mapped from the page cache: records the changes of a block of each checkpoint in
+  // turn in a new log (counted, and sized as a patch), then reverts a copy of the block before the
+  // batch's last checkpoint with the older logs, newest first, comparing the version reached at
+  // each step with the blocks of the checkpoints k steps after it. Meanwhile the kernel reads the
+  // next batch's unit ahead, unit by unit (a window of one unit of each, not a second share at
+  // once). Writes a row per checkpoint.
+  void measure_batch(std::size_t first, measure::CheckpointReader* previous,
+                     const std::vector<std::unique_ptr<measure::CheckpointReader>>& batch,
+                     const std::vector<std::unique_ptr<measure::CheckpointReader>>& next,
+                     std::chrono::steady_clock::time_point t0, double cpu0) {
     const std::size_t nt = tensors_.size(), nk = ks_.size();
-    const bool has_prev = previous != nullptr;
-
+    std::vector<std::int64_t> steps;
+    for (std::size_t j = 0; j < batch.size(); ++j) steps.push_back(series_[first + j].first);
+    std::vector<measure::CheckpointReader*> versions = {previous};
+    for (const auto& reader : batch) versions.push_back(reader.get());
     // sums over ranks: tensor_changed (nt), elements changed since k steps back (nk), patch bytes (1)
-    std::vector<std::int64_t> sums(nt + nk + 1, 0);
     for (const auto& w : workers_) {
-      w->history.start(step, has_prev ? std::optional<std::int64_t>(series_[i - 1].first) : std::nullopt);
-      w->sums.assign(sums.size(), 0);
-      w->encode_s = 0;
+      w->history.start(steps, previous ? std::optional<std::int64_t>(series_[first - 1].first) : std::nullopt);
+      w->sums.assign(batch.size(), std::vector<std::int64_t>(nt + nk + 1, 0));
+      w->encode_s.assign(batch.size(), 0);
+      w->patches.resize(batch.size());
+      w->cast.resize(batch.size() + 1, std::vector<std::byte>(kBlockElements * 2));
     }
     // This rank's share: a file cut short or unreadable fails it here alone, so every rank
     // agrees on the outcome before the reductions below (comm/agree.hpp).
     agree_on_error(MPI_COMM_WORLD, [&] {
       sync::parallel_for(unsigned(workers_.size()), workers_.size(),
-                         [&](std::size_t w) { measure_units(*workers_[w], checkpoint, previous, next); });
+                         [&](std::size_t w) { measure_units(*workers_[w], versions, next); });
     });
-    double encode_s = 0;  // over the threads
-    for (const auto& w : workers_) {
-      for (std::size_t j = 0; j < sums.size(); ++j) sums[j] += w->sums[j];
-      encode_s += w->encode_s;
+    // The checkpoints of a batch share its time alike.
+    const double measure_s = seconds_since(t0) / double(batch.size());
+    const double cpu_s = (cpu_seconds() - cpu0) / double(batch.size());
+    for (std::size_t j = 0; j < batch.size(); ++j) {
+      std::vector<std::int64_t> sums(nt + nk + 1, 0);
+      double encode_s = 0;  // over the threads
+      for (const auto& w : workers_) {
+        for (std::size_t c = 0; c < sums.size(); ++c) sums[c] += w->sums[j][c];
+        encode_s += w->encode_s[j];
+      }
+      write_row(first + j, sums, encode_s, measure_s, cpu_s);
     }
-    const double measure_s = seconds_since(t0), cpu_s = cpu_seconds() - cpu0;
+  }
 
+  // Checkpoint i's row from this rank's sums (see measure_batch) and times.
+  void write_row(std::size_t i, const std::vector<std::int64_t>& sums, double encode_s, double measure_s, double cpu_s) {
+    const std::int64_t step = series_[i].first;
+    const std::size_t nt = tensors_.size(), nk = ks_.size();
     std::vector<std::int64_t> total(sums.size(), 0);
     MPI_Reduce(sums.data(), total.data(), int(sums.size()), MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     double slowest[2] = {0, 0};
     const double mine[2] = {encode_s, measure_s};
     MPI_Reduce(mine, slowest, 2, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     if (i == 0) return;  // the first checkpoint is the base of the first row
-
     io::StatsRow row;
     if (rank_ == 0) {
       std::int64_t changed = 0;

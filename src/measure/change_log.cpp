@@ -12,9 +12,7 @@ constexpr std::size_t kPrefetchLines = 8;  // of a block's entries
 constexpr std::size_t kMetadataAhead = 8;  // blocks ahead whose place in the log is fetched
 
 // Element copies of a width known at compile time (a memcpy call each otherwise): the gather
-// of a block's changed elements, and their scatter back; scatter_counting counts as it goes:
-// returns differing plus the positions whose bits now equal now's minus those that equalled
-// them before.
+// of a block's changed elements, and their scatter back.
 template <class Word>
 void gather(const std::byte* from, const std::vector<std::uint16_t>& positions, std::byte* out) {
   for (std::size_t c = 0; c < positions.size(); ++c)
@@ -32,22 +30,6 @@ template <class Word>
 void scatter(const std::byte* values, const std::byte* positions, std::size_t count, std::byte* to) {
   for (std::size_t c = 0; c < count; ++c)
     std::memcpy(to + position(positions, c) * sizeof(Word), values + c * sizeof(Word), sizeof(Word));
-}
-
-template <class Word>
-std::uint64_t scatter_counting(const std::byte* values, const std::byte* positions, std::size_t count,
-                               std::byte* to, const std::byte* now, std::uint64_t differing) {
-  std::int64_t delta = 0;
-  for (std::size_t c = 0; c < count; ++c) {
-    const std::size_t at = position(positions, c) * sizeof(Word);
-    Word old, current, reference;
-    std::memcpy(&old, values + c * sizeof(Word), sizeof(Word));
-    std::memcpy(&current, to + at, sizeof(Word));
-    std::memcpy(&reference, now + at, sizeof(Word));
-    delta += std::int64_t(old != reference) - std::int64_t(current != reference);
-    std::memcpy(to + at, &old, sizeof(Word));
-  }
-  return std::uint64_t(std::int64_t(differing) + delta);
 }
 
 }  // namespace
@@ -89,21 +71,6 @@ void ChangeLog::prefetch_after(std::size_t b) const {
     const char* next = reinterpret_cast<const char*>(entries_.data() + blocks_[b + 1].first);
     for (std::size_t line = 0; line < kPrefetchLines; ++line) __builtin_prefetch(next + 64 * line);
   }
-}
-
-std::uint64_t ChangeLog::revert(std::size_t b, std::byte* block, const std::byte* now, std::uint64_t differing,
-                                std::size_t m, std::size_t element_bytes) const {
-  prefetch_after(b);
-  const Block& r = blocks_[b];
-  const std::byte* entries = entries_.data() + r.first;
-  if (r.whole) {  // most elements changed: a pass over the block costs no more than the positions
-    std::memcpy(block, entries, m * element_bytes);
-    return count_differing(now, block, m, element_bytes);
-  }
-  const std::byte* positions = entries;
-  const std::byte* old = entries + r.count * sizeof(std::uint16_t);
-  return element_bytes == 4 ? scatter_counting<std::uint32_t>(old, positions, r.count, block, now, differing)
-                            : scatter_counting<std::uint16_t>(old, positions, r.count, block, now, differing);
 }
 
 void ChangeLog::revert(std::size_t b, std::byte* block, std::size_t m, std::size_t element_bytes) const {

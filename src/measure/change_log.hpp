@@ -23,19 +23,8 @@ class ChangeLog {
   const std::vector<std::uint16_t>& record(const std::byte* now, const std::byte* before, std::size_t m,
                                            std::size_t element_bytes);
 
-  // Turns block b of the newer version (its m elements at block) into the older one's, where
-  // `differing` elements of block differ from those of `now` (m elements of another version):
-  // returns how many differ after. A sparse block's count changes at its positions only, so
-  // keeping it costs no pass over the block.
-  std::uint64_t revert(std::size_t b, std::byte* block, const std::byte* now, std::uint64_t differing, std::size_t m,
-                       std::size_t element_bytes) const;
-
-  // The same without the count: where a pass over the block counts after several logs, a
-  // plain copy of each change costs a third of one that also compares.
+  // Turns block b of the newer version (its m elements at block) into the older one's.
   void revert(std::size_t b, std::byte* block, std::size_t m, std::size_t element_bytes) const;
-
-  // Elements of block b that changed.
-  std::size_t changed(std::size_t b) const { return blocks_[b].count; }
 
   // Bytes the log holds.
   std::size_t bytes() const;

@@ -69,4 +69,20 @@ void CheckpointReader::read_ahead(const std::vector<MeasuredTensor>& tensors, co
   }
 }
 
+void CheckpointReader::release(const std::vector<MeasuredTensor>& tensors, const Unit& unit) {
+  const std::uint64_t page = std::uint64_t(::sysconf(_SC_PAGESIZE));
+  for (const Piece& p : unit.pieces) {
+    const MeasuredTensor& t = tensors[p.tensor];
+    const io::StateTensor* found = state_.find(t.name);
+    if (!found) continue;
+    const std::lock_guard<std::mutex> lock(files_lock_);
+    const File& f = file_of(found->shard);
+    if (!f.map) continue;
+    // whole pages only: the pages at the ends may hold a neighbouring unit's elements
+    const std::uint64_t first = (found->file_offset + std::uint64_t(p.begin) * t.element_bytes + page - 1) / page * page;
+    const std::uint64_t last = (found->file_offset + std::uint64_t(p.end) * t.element_bytes) / page * page;
+    if (first < last) ::madvise(const_cast<std::byte*>(f.map) + first, last - first, MADV_DONTNEED);
+  }
+}
+
 }  // namespace pulse::measure

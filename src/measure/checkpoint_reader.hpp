@@ -1,9 +1,9 @@
 #pragma once
 // The bytes of one checkpoint that a rank measures, where they lie: each shard file mapped
 // read-only, so comparisons read the page cache directly (no copy into the rank's memory: at
-// most a third of the time a read() into a buffer takes, measured); and, for the checkpoint after
-// the one being measured, requests to the kernel to start reading the rank's pieces into the
-// page cache (posix_fadvise WILLNEED, which returns at once), so reading from disk overlaps the
+// most a third of the time a read() into a buffer takes, measured); and, for the checkpoints after
+// those being measured, requests to the kernel to start reading the rank's pieces into the page
+// cache (posix_fadvise WILLNEED, which returns at once), so reading from disk overlaps the
 // comparisons. A file cut short while mapped raises SIGBUS, which pulse-measure turns into a
 // one-line error. Its calls are safe from several threads at once (files are opened and mapped
 // on first use, under a lock).
@@ -33,6 +33,11 @@ class CheckpointReader {
 
   // Asks the kernel to read the unit's pieces ahead (no error if it cannot).
   void read_ahead(const std::vector<MeasuredTensor>& tensors, const Unit& unit);
+
+  // Unmaps the whole pages of the unit's pieces (they stay in the page cache, and data()'s
+  // pointers stay valid: a later access maps them again), so the process holds only the pages
+  // still to be compared.
+  void release(const std::vector<MeasuredTensor>& tensors, const Unit& unit);
 
  private:
   struct File {

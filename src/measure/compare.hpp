@@ -6,8 +6,8 @@
 
 namespace pulse::measure {
 
-// Elements (of element_bytes 2 or 4) whose bits differ between a and b; a plain loop over
-// lanes, which the compiler vectorises.
+// Elements (of element_bytes 2 or 4) whose bits differ between a and b, blocks in cache; a plain
+// loop over lanes, which the compiler vectorises.
 std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes);
 
 // The most elements find_changes takes at once: its positions are 16-bit.

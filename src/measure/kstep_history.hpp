@@ -1,10 +1,15 @@
 #pragma once
 // pulse-measure's k-step comparison of a rank's share: for each checkpoint, how many elements
 // differ from the checkpoint k steps back (k in a list, up to 32). The history is a change log
-// per checkpoint (measure/change_log.hpp), block by block; a block of the checkpoint before is
-// reverted with the logs, newest first, and the count of elements that differ from the block
-// measured is carried along: each log's positions change it, and only there, so a step back
-// costs the changes it undoes, not a pass over the block.
+// per checkpoint (measure/change_log.hpp), block by block: reverting a block of a version with
+// the logs, newest first, passes through every earlier version's block, exactly.
+// Checkpoints come in batches of consecutive ones, measured block by block: a block of every
+// checkpoint of the batch is recorded (compared with the one before it) before the next block,
+// so each checkpoint's block is read from memory once, and compared again, as the block before,
+// from cache. Then one chain of reverts serves the whole batch: from the block before the
+// batch's last checkpoint back to the oldest version any of them is compared with, counting the
+// elements that differ from each checkpoint's block at the versions k steps back from it. A
+// batch of b checkpoints reverts 30 + b logs where one at a time reverts 31 each (--max-k 32).
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -21,29 +26,45 @@ class KStepHistory {
   explicit KStepHistory(std::vector<int> ks);
   const std::vector<int>& ks() const { return ks_; }
 
-  // Starts the checkpoint of `step`, whose predecessor in the series is previous_step (none for
-  // the first): keeps the logs from checkpoints at most the largest k back and opens a new one
-  // for the changes from the previous checkpoint.
-  void start(std::int64_t step, std::optional<std::int64_t> previous_step);
+  // Starts a batch of consecutive checkpoints of the series, of these steps (increasing), the
+  // first of which follows the checkpoint of previous_step (none: the batch starts the series):
+  // keeps the logs from checkpoints at most the largest k back from the first and opens one for
+  // the changes to each checkpoint of the batch that has one before it.
+  void start(const std::vector<std::int64_t>& steps, std::optional<std::int64_t> previous_step);
 
-  // The next block of the share (blocks come in the same order and sizes at every checkpoint):
-  // m elements of element_bytes at now and at before (the previous checkpoint's). Adds to
-  // differing[j] (one per k) the elements of now that differ from the checkpoint ks[j] steps
-  // back where the history holds it. Returns the positions of the elements that changed since
-  // before, increasing, valid until the next call.
-  const std::vector<std::uint16_t>& add_block(const std::byte* now, const std::byte* before, std::size_t m,
-                                              std::size_t element_bytes, std::int64_t* differing);
+  // The next block of the share for checkpoint j of the batch (blocks come in the same order and
+  // sizes at every checkpoint): m elements of element_bytes at now and at before (the previous
+  // checkpoint's). Records its changes, and adds their number to differing[j'] where the
+  // checkpoint before is ks[j'] steps back. Returns the positions of the elements that changed,
+  // increasing, valid until the next call.
+  const std::vector<std::uint16_t>& record(std::size_t j, const std::byte* now, const std::byte* before, std::size_t m,
+                                           std::size_t element_bytes, std::int64_t* differing);
+
+  // Once every checkpoint of the batch with one before it has recorded the block: blocks[0] is
+  // the block of the checkpoint before the batch, blocks[j + 1] that of checkpoint j (m elements
+  // of element_bytes each). Adds to differing[j][j'] the elements of checkpoint j's block that
+  // differ from the checkpoint ks[j'] steps back, where the history holds it and it is not the
+  // one before (record counted those).
+  void count(const std::vector<const std::byte*>& blocks, std::size_t m, std::size_t element_bytes,
+             const std::vector<std::int64_t*>& differing);
 
  private:
-  static constexpr std::size_t kNone = std::size_t(-1);
+  struct Stop {  // a version the chain of reverts reaches, compared with checkpoint j's block
+    std::size_t j, k;
+  };
   std::vector<int> ks_;
-  bool recording_ = false;  // the checkpoint has one before it
-  std::deque<ChangeLog> logs_;     // newest first: from the previous checkpoint, ...
-  std::vector<ChangeLog> spare_;   // dropped, with their buffers
-  std::vector<std::size_t> k_of_log_;  // the index into ks_ of the version logs 0..l revert to, or kNone
-  std::size_t reverted_logs_ = 0;      // logs a block is reverted with: up to the last with a k
-  std::size_t block_ = 0;              // blocks of this checkpoint so far
-  std::vector<std::byte> scratch_;     // a block reverted
+  std::deque<ChangeLog> logs_;    // newest first: to the batch's last checkpoint, ...
+  std::vector<ChangeLog> spare_;  // dropped, with their buffers
+  struct Recording {              // per checkpoint of the batch
+    bool recording = false;       // it has a checkpoint before it
+    std::size_t log = 0;          // into logs_: the changes to it
+    std::optional<std::size_t> k_before;  // index into ks_ of the checkpoint before it
+    std::size_t blocks = 0;       // blocks recorded
+  };
+  std::vector<Recording> batch_;
+  std::vector<std::vector<Stop>> stops_;  // per log l: after reverting logs_[1..l], the block is of logs_[l]'s base step
+  std::size_t counted_ = 0;               // blocks counted in this batch
+  std::vector<std::byte> scratch_;        // a block reverted
 };
 
 }  // namespace pulse::measure

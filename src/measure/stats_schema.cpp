@@ -32,7 +32,9 @@ std::vector<StatsColumn> make_schema() {
       {"/steps/encode_s", f64, step, one, "s",
        "time to size the patches (index and value streams coded and compressed), summed over a rank's threads, "
        "slowest rank"},
-      {"/steps/measure_s", f64, step, one, "s", "time to read and measure the checkpoint, slowest rank"},
+      {"/steps/measure_s", f64, step, one, "s",
+       "time to read and measure the checkpoint (an equal share of its batch's: checkpoints are measured in batches), "
+       "slowest rank"},
       {"/kstep/sparsity", f64, step, StatsColumns::k_values, "1",
        "fraction of weights equal to the checkpoint k steps back (NaN when no checkpoint has that step)"},
       {"/kinds/changed", i64, step, StatsColumns::tensor_kinds, "elements",
@@ -40,8 +42,9 @@ std::vector<StatsColumn> make_schema() {
       {"/kinds/sparsity", f64, step, StatsColumns::tensor_kinds, "1",
        "sparsity per tensor kind, NaN for a kind without tensors (columns: kind_names)"},
       {"/ranks/read_bytes", i64, rank, one, "bytes", "checkpoint bytes this rank read for the row"},
-      {"/ranks/measure_s", f64, rank, one, "s", "seconds this rank spent on the row"},
-      {"/ranks/cpu_s", f64, rank, one, "s", "CPU seconds (user + system) this rank spent on the row"},
+      {"/ranks/measure_s", f64, rank, one, "s", "seconds this rank spent on the row (an equal share of its batch's)"},
+      {"/ranks/cpu_s", f64, rank, one, "s",
+       "CPU seconds (user + system) this rank spent on the row (an equal share of its batch's)"},
       {"/ranks/max_rss_bytes", i64, rank, one, "bytes", "peak resident memory of the rank so far"},
   };
 }

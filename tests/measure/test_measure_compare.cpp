@@ -73,8 +73,7 @@ TEST(MeasureCompare, OneUlpStepsInLongRuns) {
 }
 
 // Versions v0, v1, ..., v5 of a few blocks; logs of v1..v5 against their predecessors; reverting
-// v5's blocks with the logs, newest first, passes through v4, v3, ... v0 exactly, and counts the
-// elements that differ from v5 as a plain loop does.
+// v5's blocks with the logs, newest first, passes through v4, v3, ... v0 exactly.
 TEST(ChangeLog, RevertsToEveryEarlierVersion) {
   std::mt19937_64 rng(13);
   for (const std::size_t esz : {2u, 4u}) {
@@ -107,15 +106,10 @@ TEST(ChangeLog, RevertsToEveryEarlierVersion) {
       const std::size_t m = block_sizes[b];
       std::vector<std::byte> block(versions.back().begin() + std::ptrdiff_t(at),
                                    versions.back().begin() + std::ptrdiff_t(at + m * esz));
-      const std::byte* newest = versions.back().data() + at;
-      std::uint64_t differing = 0;  // from the newest version
       for (std::size_t v = versions.size() - 1; v-- > 0;) {
-        differing = logs[v].revert(b, block.data(), newest, differing, m, esz);
+        logs[v].revert(b, block.data(), m, esz);
         EXPECT_EQ(0, std::memcmp(block.data(), versions[v].data() + at, m * esz)) << "esz " << esz << " block " << b
                                                                                    << " version " << v;
-        std::uint64_t plain = 0;
-        for (std::size_t e = 0; e < m; ++e) plain += std::memcmp(newest + e * esz, versions[v].data() + at + e * esz, esz) != 0;
-        EXPECT_EQ(differing, plain) << "esz " << esz << " block " << b << " version " << v;
       }
       at += m * esz;
     }
