@@ -251,9 +251,9 @@ class SparsityRecorder:
         # staged version becomes the recorded one: the bytes pulse.Sender(self.compared) gives,
         # without the Sender's copy of the model, and without hashing the recorded version again
         # (the recorder alone writes it; the Sender keeps its digests from the last encode). On
-        # threads != 1 the Adam ratios, the gradient's figures, the change logs and the k-step
-        # counts are measured on a second thread meanwhile (the encode releases the GIL; it stays
-        # on this one, where its buffers reuse this thread's freed memory). The entries of the two
+        # threads != 1 the Adam ratios, the gradient's figures and the k-step counts are measured
+        # on a second thread meanwhile (step(); the encode releases the GIL; it stays on this
+        # thread, where its buffers reuse this thread's freed memory). The entries of the two
         # versions trade roles with their buffers (adopt).
         self._recorded = entries(self.compared)
         self._staged = entries({name: staged[name] for name, _ in self.params})
@@ -417,16 +417,21 @@ class SparsityRecorder:
         self.t += 1
         row = _pulse.StatsRow()
         adam = self._adam()
-        for v in self.versions:
-            v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
-        if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
-            self._write_absorption(*absorption(*self._updates(adam)))
-        beside = self._beside.submit(self._measure, adam, row) if self._beside else None
+        # On the second thread, in turn: the optimizer's figures (they read no version), then,
+        # once the staged version is logged, the k-step counts (reading the logs and the staged
+        # version, as the encode reads it meanwhile).
+        beside = [self._aside(self._optimizer_figures, adam, row)]
         try:
+            for v in self.versions:
+                v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
+            if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
+                self._write_absorption(*absorption(*self._updates(adam)))
+            changed = self._log()
+            beside.append(self._aside(self._differing))
             patch, encode_s = self._encode()
         finally:
-            measured = beside.result() if beside else None  # the thread is done with the versions
-        changed, differ = measured or self._measure(adam, row)
+            done = [f.result() for f in beside]  # the thread is done with the versions and the row
+        differ = done[1]
         for v in self.versions:
             v.adopt()
         self._recorded, self._staged = self._staged, self._recorded
@@ -465,18 +470,28 @@ class SparsityRecorder:
         self.last_patch = patch
         return row
 
-    def _measure(self, adam, row):
-        """What only reads the recorded and the staged version, or neither, so that it runs beside
-        the encode: the optimizer's figures into row, then the change logs. Returns the changed
-        elements per parameter and {k: elements that differ from the version k steps back}."""
-        self._optimizer_figures(adam, row)
+    def _aside(self, task, *args):
+        """task(*args) on the recorder's second thread, or now on threads=1; a future of its result."""
+        if self._beside:
+            return self._beside.submit(task, *args)
+        done = concurrent.futures.Future()
+        done.set_result(task(*args))
+        return done
+
+    def _log(self):
+        """Logs the staged changes of each version; returns the changed elements per parameter."""
         changed = [0] * len(self.params)
-        differ = collections.Counter()
         for v in self.versions:
             for (i, _, _, _, _), c in zip(v.params, v.log()):
                 changed[i] = c
+        return changed
+
+    def _differing(self):
+        """{k: elements of the staged version that differ from the version k steps back}."""
+        differ = collections.Counter()
+        for v in self.versions:
             differ.update(v.differing(set(self.k_values)))
-        return changed, differ
+        return differ
 
     def _optimizer_figures(self, adam, row):
         """The Adam-ratio quantiles and the gradient's norm and counts into row."""
