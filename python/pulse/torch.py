@@ -163,8 +163,8 @@ class _Versions:
     changed). Reverting the newest logs in turn gives the versions 1, 2, ... steps back, so the
     k-step history costs the changes, not k copies of the model (pulse's C++,
     python/src/change_logs.hpp, as pulse-measure's src/measure/change_log.hpp). Logging and counting
-    only read the two versions, so they run while the patch encoder reads them; the staged version
-    then becomes the recorded one by the two buffers trading roles, without a copy."""
+    only read the versions, so the counts run while the patch encoder reads them; the staged
+    version then becomes the recorded one by the two buffers trading roles, without a copy."""
 
     def __init__(self, params, width, keep, threads):
         self.params = params  # [(index, name, numel, compared dtype, shape)], each of `width` bytes
