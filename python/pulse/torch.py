@@ -27,6 +27,7 @@ import json
 import math
 import sys
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -157,11 +158,13 @@ def _count_at_most(x, thresholds, threads=0):
 
 class _Versions:
     """The last recorded version of the parameters of one element width, as compared (flat, as bits),
-    and the change log of each of the last `keep` steps: the positions that changed and their old
-    bits, or the whole old version where that is smaller (most changed). Reverting the newest logs
-    in turn gives the versions 1, 2, ... steps back, so the k-step history costs the changes, not
-    k copies of the model (pulse's C++, python/src/change_logs.hpp, as pulse-measure's
-    src/measure/change_log.hpp)."""
+    the version now staged beside it, and the change log of each of the last `keep` steps: the
+    positions that changed and their old bits, or the whole old version where that is smaller (most
+    changed). Reverting the newest logs in turn gives the versions 1, 2, ... steps back, so the
+    k-step history costs the changes, not k copies of the model (pulse's C++,
+    python/src/change_logs.hpp, as pulse-measure's src/measure/change_log.hpp). Logging and counting
+    only read the versions, so the counts run while the patch encoder reads them; the staged
+    version then becomes the recorded one by the two buffers trading roles, without a copy."""
 
     def __init__(self, params, width, keep, threads):
         self.params = params  # [(index, name, numel, compared dtype, shape)], each of `width` bytes
@@ -185,14 +188,20 @@ class _Versions:
                 src = src.to(dtype)
             self.views[name][1].view(-1).copy_(src)
 
-    def commit(self):
-        """Logs the staged changes and makes staging the recorded version; returns the changed
+    def log(self):
+        """Logs the change from the recorded version to the staged one; returns the changed
         elements per parameter."""
-        return self.logs.commit(self.staging, self.flat, self.ends, self.threads)
+        return self.logs.log(self.staging, self.flat, self.ends, self.threads)
 
     def differing(self, ks):
-        """{k: elements that differ from the version k steps back} for the k the logs reach."""
-        return self.logs.differing(self.flat, sorted(ks), self.threads)
+        """{k: elements of the staged version that differ from the version k steps back} for the k
+        the logs reach (the staged version logged)."""
+        return self.logs.differing(self.staging, sorted(ks), self.threads)
+
+    def adopt(self):
+        """Makes the staged version the recorded one; the old recorded buffer stages the next."""
+        self.flat, self.staging = self.staging, self.flat
+        self.views = {name: (staged, recorded) for name, (recorded, staged) in self.views.items()}
 
     def bytes(self):
         return self.flat.nbytes + self.staging.nbytes + self.logs.bytes()
@@ -235,22 +244,25 @@ class SparsityRecorder:
         self.versions = [_Versions(group, width, max(self.k_values), self.threads) for width, group in by_width.items()]
         for v in self.versions:
             v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
-            np.copyto(v.flat, v.staging)
+            v.adopt()
         self.dense_bytes = sum(v.flat.nbytes for v in self.versions)
-        views = {name: v.views[name][0] for v in self.versions for name in v.views}
-        self.compared = {name: views[name] for name, _ in self.params}  # the recorded version, in parameter order
         staged = {name: v.views[name][1] for v in self.versions for name in v.views}
         # Each step's patch is encoded from the recorded version to the staged one before the
-        # commit makes the staged version the recorded one: the bytes pulse.Sender(self.compared)
-        # gives, without the Sender's copy of the model, and without hashing the recorded version
-        # again (the recorder alone writes it; the Sender keeps its digests from the last encode).
-        # On threads != 1 the Adam ratios and the gradient's figures are measured on a second
-        # thread meanwhile (the encode releases the GIL; it stays on this one, where its buffers
-        # reuse this thread's freed memory).
-        self._recorded, self._staged = entries(self.compared), entries({name: staged[name] for name, _ in self.params})
+        # staged version becomes the recorded one: the bytes pulse.Sender(self.compared) gives,
+        # without the Sender's copy of the model, and without hashing the recorded version again
+        # (the recorder alone writes it; the Sender keeps its digests from the last encode). On
+        # threads != 1 the Adam ratios, the gradient's figures and the k-step counts are measured
+        # on a second thread meanwhile (step(); the encode releases the GIL; it stays on this
+        # thread, where its buffers reuse this thread's freed memory). The entries of the two
+        # versions trade roles with their buffers (adopt).
+        self._recorded = entries(self.compared)
+        self._staged = entries({name: staged[name] for name, _ in self.params})
         self.sender = _pulse.Sender(self._recorded, 0, "reference", self.threads)
         self._coding = _coding("keydiff", None, "zstd", 3, self.threads)
         self._beside = concurrent.futures.ThreadPoolExecutor(1) if self.threads != 1 else None
+        # A recorder dropped without close() stops its thread once collected; without waiting for
+        # it, since the last reference may go on that thread.
+        self._stop_beside = weakref.finalize(self, self._beside.shutdown, wait=False) if self._beside else None
         self.master = self._master_copy()
         self.start = self.last = time.perf_counter()
         self.write_s = float("nan")
@@ -268,6 +280,13 @@ class SparsityRecorder:
         if not (self.absorption_every and self.mixed and (self.t + 1) % self.absorption_every == 0):
             return None
         return {n: p.detach().to(torch.float32).clone() for n, p in self.params}
+
+    @property
+    def compared(self):
+        """The recorded version of each parameter as compared, in parameter order (views of the
+        recorder's buffers)."""
+        views = {name: v.views[name][0] for v in self.versions for name in v.views}
+        return {name: views[name] for name, _ in self.params}
 
     @property
     def precision(self):
@@ -359,6 +378,7 @@ class SparsityRecorder:
     def _updates(self, adam):
         """(w, u) float32 of every parameter: the weights before the step and the step's update."""
         ws, us = [], []
+        compared = self.compared
         for i, (name, p) in enumerate(self.params):
             if self.mixed:
                 w = self.master[name]
@@ -367,7 +387,7 @@ class SparsityRecorder:
                 m, v, t, g = adam[i]
                 m, v = m.float(), v.float()
                 b1, b2 = g["betas"]
-                w = self.compared[name].float()  # the version before this step: not yet committed
+                w = compared[name].float()  # the version before this step: not yet adopted
                 denom = v.sqrt() / (1 - b2 ** t) ** 0.5 + g["eps"]
                 u = -(g["lr"] / (1 - b1 ** t)) * m / denom - g["lr"] * g["weight_decay"] * w
             ws.append(w.flatten())
@@ -397,22 +417,25 @@ class SparsityRecorder:
         self.t += 1
         row = _pulse.StatsRow()
         adam = self._adam()
-        for v in self.versions:
-            v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
-        if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
-            self._write_absorption(*absorption(*self._updates(adam)))
-        beside = self._beside.submit(self._optimizer_figures, adam, row) if self._beside else None
+        # On the second thread, in turn: the optimizer's figures (they read no version), then,
+        # once the staged version is logged, the k-step counts (reading the logs and the staged
+        # version, as the encode reads it meanwhile).
+        beside = [self._aside(self._optimizer_figures, adam, row)]
         try:
+            for v in self.versions:
+                v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
+            if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
+                self._write_absorption(*absorption(*self._updates(adam)))
+            changed = self._log()
+            beside.append(self._aside(self._differing))
             patch, encode_s = self._encode()
         finally:
-            beside.result() if beside else self._optimizer_figures(adam, row)
-        streams = inspect(patch)["streams"]
-        changed = [0] * len(self.params)
-        differ = collections.Counter()
+            done = [f.result() for f in beside]  # the thread is done with the versions and the row
+        differ = done[1]
         for v in self.versions:
-            for (i, _, _, _, _), c in zip(v.params, v.commit()):
-                changed[i] = c
-            differ.update(v.differing(set(self.k_values)))
+            v.adopt()
+        self._recorded, self._staged = self._staged, self._recorded
+        streams = inspect(patch)["streams"]
         total = sum(changed)
         reach = self.versions[0].logs.depth
         kstep = [1.0 - differ[k] / self.numel if k <= reach else float("nan") for k in self.k_values]
@@ -447,9 +470,31 @@ class SparsityRecorder:
         self.last_patch = patch
         return row
 
+    def _aside(self, task, *args):
+        """task(*args) on the recorder's second thread, or now on threads=1; a future of its result."""
+        if self._beside:
+            return self._beside.submit(task, *args)
+        done = concurrent.futures.Future()
+        done.set_result(task(*args))
+        return done
+
+    def _log(self):
+        """Logs the staged changes of each version; returns the changed elements per parameter."""
+        changed = [0] * len(self.params)
+        for v in self.versions:
+            for (i, _, _, _, _), c in zip(v.params, v.log()):
+                changed[i] = c
+        return changed
+
+    def _differing(self):
+        """{k: elements of the staged version that differ from the version k steps back}."""
+        differ = collections.Counter()
+        for v in self.versions:
+            differ.update(v.differing(set(self.k_values)))
+        return differ
+
     def _optimizer_figures(self, adam, row):
-        """The Adam-ratio quantiles and the gradient's norm and counts into row: they read neither
-        the recorded nor the staged version, so they run beside the encode."""
+        """The Adam-ratio quantiles and the gradient's norm and counts into row."""
         if adam is not None:
             row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
         grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
@@ -477,6 +522,7 @@ class SparsityRecorder:
 
     def close(self):
         if self._beside:
+            self._stop_beside.detach()
             self._beside.shutdown()
         self.file.close()
 

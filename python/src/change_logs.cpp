@@ -11,7 +11,7 @@
 namespace pulse::python {
 namespace {
 
-// Elements per block: a block of the recorded version and its reverted copy stay in a core's
+// Elements per block: a block of the latest version and its reverted copy stay in a core's
 // cache while all the logs are reverted.
 constexpr std::size_t kBlock = std::size_t(1) << 15;
 
@@ -20,12 +20,12 @@ class Logs final : public ChangeLogs {
  public:
   explicit Logs(std::size_t keep) : keep_(keep) {}
 
-  std::vector<std::uint64_t> commit(const std::byte* now_bytes, std::byte* recorded_bytes, std::size_t n,
-                                    const std::vector<std::uint64_t>& ends, unsigned threads) override {
+  std::vector<std::uint64_t> log(const std::byte* now_bytes, const std::byte* recorded_bytes, std::size_t n,
+                                 const std::vector<std::uint64_t>& ends, unsigned threads) override {
     PULSE_CHECK(!ends.empty() && ends.back() == n && std::is_sorted(ends.begin(), ends.end()),
-                "ChangeLogs.commit: the parameters' ends must ascend to the element count");
+                "ChangeLogs.log: the parameters' ends must ascend to the element count");
     const auto* now = reinterpret_cast<const Word*>(now_bytes);
-    auto* recorded = reinterpret_cast<Word*>(recorded_bytes);
+    const auto* recorded = reinterpret_cast<const Word*>(recorded_bytes);
     const std::size_t blocks = (n + kBlock - 1) / kBlock;
     // Counted first, then written straight into the log at each block's place: no buffer of
     // the whole model's positions beside the log.
@@ -49,15 +49,14 @@ class Logs final : public ChangeLogs {
         std::copy(recorded + lo, recorded + hi, log.old.begin() + lo);
       else
         gather(now, recorded, lo, hi, log.positions.data() + first[b], log.old.data() + first[b]);
-      std::copy(now + lo, now + hi, recorded + lo);
     });
     if (keep_ > 0) logs_.push_back(std::move(log));
     return changed;
   }
 
-  std::map<std::size_t, std::uint64_t> differing(const std::byte* recorded_bytes, std::size_t n,
+  std::map<std::size_t, std::uint64_t> differing(const std::byte* latest_bytes, std::size_t n,
                                                  const std::vector<std::size_t>& ks, unsigned threads) const override {
-    const auto* recorded = reinterpret_cast<const Word*>(recorded_bytes);
+    const auto* latest = reinterpret_cast<const Word*>(latest_bytes);
     std::vector<std::size_t> reached;  // ascending, each once
     for (const std::size_t k : ks)
       if (k >= 1 && k <= logs_.size()) reached.push_back(k);
@@ -70,11 +69,11 @@ class Logs final : public ChangeLogs {
     sync::parallel_for(threads, blocks, [&](std::size_t b) {
       const std::size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
       thread_local std::vector<Word> scratch;  // the block of the version j steps back
-      scratch.assign(recorded + lo, recorded + hi);
+      scratch.assign(latest + lo, latest + hi);
       std::size_t next = 0;  // into reached
       for (std::size_t j = 1; j <= reached.back(); ++j) {
         revert(logs_[logs_.size() - j], b, lo, hi, scratch.data());
-        if (j == reached[next]) per_block[b][next++] = count_differing(scratch.data(), recorded + lo, hi - lo);
+        if (j == reached[next]) per_block[b][next++] = count_differing(scratch.data(), latest + lo, hi - lo);
       }
     });
     for (std::size_t i = 0; i < reached.size(); ++i) {

@@ -1,7 +1,6 @@
 #pragma once
-// The k-step history of pulse.torch's recorder: the last recorded version of the parameters (one
-// flat array of elements of one width, held by the caller) and the change log of each of the
-// last `keep` steps: the positions that changed and their old bits, or the whole old version
+// The k-step history of pulse.torch's recorder: the versions of the parameters (flat arrays of
+// elements of one width, held by the caller) and the change log of each of the last `keep` steps: the positions that changed and their old bits, or the whole old version
 // where that takes less memory (most changed). Reverting the newest logs in turn gives the
 // versions 1, 2, ... steps back, so the history costs the changes, not keep copies of the model
 // (as pulse-measure's change logs, src/measure/change_log.hpp; like them, each log is indexed by
@@ -19,15 +18,15 @@ class ChangeLogs {
  public:
   virtual ~ChangeLogs() = default;
 
-  // Logs the change from recorded to now (n elements each) and writes now into recorded;
-  // returns the changed elements of each parameter, parameter p being elements
-  // [ends[p - 1], ends[p]) (ends ascending, the last n).
-  virtual std::vector<std::uint64_t> commit(const std::byte* now, std::byte* recorded, std::size_t n,
-                                            const std::vector<std::uint64_t>& ends, unsigned threads) = 0;
+  // Logs the change from recorded to now (n elements each), writing neither (so it may run while
+  // another reader holds them); returns the changed elements of each parameter, parameter p
+  // being elements [ends[p - 1], ends[p]) (ends ascending, the last n).
+  virtual std::vector<std::uint64_t> log(const std::byte* now, const std::byte* recorded, std::size_t n,
+                                         const std::vector<std::uint64_t>& ends, unsigned threads) = 0;
 
-  // {k: elements of recorded that differ from the version k steps back} for each k in ks that
-  // the logs reach (k <= depth()).
-  virtual std::map<std::size_t, std::uint64_t> differing(const std::byte* recorded, std::size_t n,
+  // {k: elements of latest (the version logged last as now) that differ from the version k
+  // steps back} for each k in ks that the logs reach (k <= depth()).
+  virtual std::map<std::size_t, std::uint64_t> differing(const std::byte* latest, std::size_t n,
                                                          const std::vector<std::size_t>& ks, unsigned threads) const = 0;
 
   // The steps logged (at most keep).

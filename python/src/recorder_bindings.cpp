@@ -56,18 +56,18 @@ class PyChangeLogs {
   PyChangeLogs(std::size_t element_bytes, std::size_t index_bytes, std::size_t keep)
       : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, index_bytes, keep)) {}
 
-  std::vector<std::uint64_t> commit(const py::buffer& now, const py::buffer& recorded,
-                                    const std::vector<std::uint64_t>& ends, unsigned threads) {
-    const auto [now_data, n] = flat_buffer(now, element_bytes_, false, "ChangeLogs.commit now");
-    const auto [recorded_data, m] = flat_buffer(recorded, element_bytes_, true, "ChangeLogs.commit recorded");
-    PULSE_CHECK(n == m, "ChangeLogs.commit: now holds " + std::to_string(n) + " elements, recorded " + std::to_string(m));
+  std::vector<std::uint64_t> log(const py::buffer& now, const py::buffer& recorded, const std::vector<std::uint64_t>& ends,
+                                 unsigned threads) {
+    const auto [now_data, n] = flat_buffer(now, element_bytes_, false, "ChangeLogs.log now");
+    const auto [recorded_data, m] = flat_buffer(recorded, element_bytes_, false, "ChangeLogs.log recorded");
+    PULSE_CHECK(n == m, "ChangeLogs.log: now holds " + std::to_string(n) + " elements, recorded " + std::to_string(m));
     py::gil_scoped_release release;
-    return logs_->commit(now_data, recorded_data, n, ends, threads);
+    return logs_->log(now_data, recorded_data, n, ends, threads);
   }
 
-  std::map<std::size_t, std::uint64_t> differing(const py::buffer& recorded, const std::vector<std::size_t>& ks,
+  std::map<std::size_t, std::uint64_t> differing(const py::buffer& latest, const std::vector<std::size_t>& ks,
                                                  unsigned threads) const {
-    const auto [data, n] = flat_buffer(recorded, element_bytes_, false, "ChangeLogs.differing recorded");
+    const auto [data, n] = flat_buffer(latest, element_bytes_, false, "ChangeLogs.differing latest");
     py::gil_scoped_release release;
     return logs_->differing(data, n, ks, threads);
   }
@@ -86,8 +86,8 @@ void bind_recorder(py::module_& m) {
   py::class_<PyChangeLogs>(m, "ChangeLogs")
       .def(py::init<std::size_t, std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("index_bytes"),
            py::arg("keep"))
-      .def("commit", &PyChangeLogs::commit, py::arg("now"), py::arg("recorded"), py::arg("ends"), py::arg("threads"))
-      .def("differing", &PyChangeLogs::differing, py::arg("recorded"), py::arg("ks"), py::arg("threads"))
+      .def("log", &PyChangeLogs::log, py::arg("now"), py::arg("recorded"), py::arg("ends"), py::arg("threads"))
+      .def("differing", &PyChangeLogs::differing, py::arg("latest"), py::arg("ks"), py::arg("threads"))
       .def_property_readonly("depth", &PyChangeLogs::depth)
       .def("bytes", &PyChangeLogs::bytes);
   m.def(

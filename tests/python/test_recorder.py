@@ -1,9 +1,11 @@
 """pulse.torch.SparsityRecorder against a direct recomputation with torch and numpy: changed,
 sparsity, per-tensor changes, k-step sparsity, patch bytes, Adam-ratio quantiles, absorption
 histograms; then pulse_analysis report reads the file."""
+import gc
 import os
 import subprocess
 import sys
+import threading
 
 import h5py
 import numpy as np
@@ -224,6 +226,37 @@ def test_patches_are_the_senders(tmp_path, precision, threads):
         raw = [pulse.inspect(p)["streams"] for p in patches]
         assert list(f["steps/patch_raw_bytes"][()]) == [r["index"]["raw"] + r["value"]["raw"] for r in raw]
     assert all(pulse.inspect(p)["total_changed"] > 0 for p in patches)
+
+
+@pytest.mark.parametrize("cycle", [False, True])
+def test_recorder_never_closed_stops_its_thread(tmp_path, cycle):
+    """A recorder on threads != 1 measures on a second thread; dropped without close(), its thread
+    ends once the recorder is collected (also when only the cycle collector frees it), and close()
+    ends it at once."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def record(out):
+        before = set(threading.enumerate())
+        rec = pulse.torch.SparsityRecorder(model, out=out, optimizer=opt, threads=2)
+        model(torch.ones(4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        rec.step()
+        started = [t for t in threading.enumerate() if t not in before]
+        assert len(started) == 1
+        return rec, started[0]
+
+    rec, thread = record(tmp_path / "closed.h5")
+    rec.close()
+    assert not thread.is_alive()
+    rec, thread = record(tmp_path / "dropped.h5")
+    if cycle:
+        rec.itself = rec
+    del rec
+    gc.collect()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 200001])

@@ -104,7 +104,7 @@ def next_version(rng, history, step):
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
 @pytest.mark.parametrize("index_bytes", [4, 8])
 def test_change_logs_against_kept_copies(width, index_bytes):
-    """commit's per-parameter changed counts, differing's k-step counts and the logs' bytes against
+    """log's per-parameter changed counts, differing's k-step counts and the logs' bytes against
     every version kept as a copy, over parameters that start and end inside the C++'s blocks (one
     empty), sparse and whole logs, and versions that return to earlier ones; at 1, 2, 3 threads."""
     rng = np.random.default_rng(width * 10 + index_bytes)
@@ -121,10 +121,12 @@ def test_change_logs_against_kept_copies(width, index_bytes):
         history.append(now)
         expected_differing = {k: int((now != history[-1 - k]).sum()) for k in ks if k <= min(step, keep)}
         for threads, (log, rec) in enumerate(zip(logs, recorded), start=1):
-            assert log.commit(now, rec, ends, threads) == expected_changed
-            np.testing.assert_array_equal(rec, now)
-            assert log.differing(rec, ks, threads) == expected_differing
+            before = rec.copy()
+            assert log.log(now, rec, ends, threads) == expected_changed
+            np.testing.assert_array_equal(rec, before)  # read, not written
+            assert log.differing(now, ks, threads) == expected_differing
             assert log.depth == min(step, keep)
+            rec[:] = now
         sizes = [int((history[j] != history[j - 1]).sum()) for j in range(max(1, step - keep + 1), step + 1)]
         assert logs[0].bytes() == sum(c * (index_bytes + width) if c * (index_bytes + width) < width * ends[-1]
                                       else width * ends[-1] for c in sizes)
@@ -134,11 +136,11 @@ def test_change_logs_refuse_what_does_not_fit():
     log = _pulse.ChangeLogs(2, 4, 3)
     a, b = np.zeros(10, np.int16), np.zeros(11, np.int16)
     with pytest.raises(pulse.Error, match="elements"):
-        log.commit(a, b, [10], 1)
+        log.log(a, b, [10], 1)
     with pytest.raises(pulse.Error, match="ends"):
-        log.commit(a, a.copy(), [4, 9], 1)
+        log.log(a, a.copy(), [4, 9], 1)
     with pytest.raises(pulse.Error, match="2-byte"):
-        log.commit(a.astype(np.int32), a.astype(np.int32), [10], 1)
+        log.log(a.astype(np.int32), a.astype(np.int32), [10], 1)
     with pytest.raises(pulse.Error, match="elements of 1, 2, 4 or 8 bytes"):
         _pulse.ChangeLogs(3, 4, 3)
 
