@@ -1,6 +1,6 @@
 // BF16 cast, ulp and key against an independent scalar reference: the cast is checked for all
-// 2^32 float bit patterns (and on a large unaligned output, the streamed path), the BF16
-// quantities for all 2^16 BF16 patterns.
+// 2^32 float bit patterns (and on a large unaligned output, the streamed path) on every backend
+// (tests/support/backends.hpp), the BF16 quantities for all 2^16 BF16 patterns.
 #include <gtest/gtest.h>
 
 #include <cmath>
