@@ -4,13 +4,16 @@
 #  1. OMP_BUILD: the tests whose code runs Kokkos kernels (label backend), with 2 OpenMP threads
 #     (cmake/test-targets.py builds only the targets they and step 2 run; with Ninja where it is
 #     installed, since CMake's Makefiles build the targets named on one command one at a time).
+#     The kernel unit tests (tests/kernels) run each case on Kokkos::Serial and on Kokkos::OpenMP,
+#     each on the host code paths and with the device paths forced (tests/support/backends.hpp),
+#     and compare the bits across all four.
 #  2. The same build with PULSE_FORCE_DEVICE_PATHS=1 in the environment: the host backends take the
 #     kernels' device code paths (teams and TeamThreadRange reductions, element-wise scans), which
 #     a GPU build runs and no CPU build otherwise would. Only the tests that run those kernels
-#     (AdamW and its changed list, sparsity counts and compaction, the gate, patches, the meter, LoCo, the trainers,
-#     the PyTorch oracles of AdamW and sparsity): the other tests run the same code as in step 1,
-#     and skipping them keeps `.ci/run` within its time budget.
-#     mpirun's local ranks inherit the variable.
+#     outside the kernel unit tests, which ran both paths in step 1 (patches, the meter, LoCo, the
+#     trainers, the PyTorch oracles of AdamW and sparsity; test_code_paths reads the variable):
+#     the other tests run the same code as in step 1, and skipping them keeps `.ci/run` within its
+#     time budget. mpirun's local ranks inherit the variable.
 #  3. kernel_digest prints the same lines in every combination: the Serial build (SERIAL_BUILD),
 #     OpenMP at 1, 2 and 4 threads and Kokkos::Serial inside the OpenMP build, each on the host
 #     and on the device code paths (and each with --check, which also runs the other code path).

@@ -10,6 +10,7 @@
 
 #include "kernels/absorption.hpp"
 #include "kernels/host_copy.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
@@ -82,12 +83,18 @@ TEST(FloorLog2Abs, NormalsAndSubnormals) {
   EXPECT_EQ(pulse::floor_log2_abs(from_bits(0x00000003)), -148);
 }
 
-TEST(Absorption, HandDerived) {
+template <class B>
+using Absorption = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(Absorption, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(Absorption, HandDerived) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   // w = 1: bf16 1.0, half ulp 2^-8. w = 0: half ulp 2^-134. FLT_MAX rounds to bf16 infinity.
   const std::vector<float> w = {1, 1, 1, -1, 1, 0, 0, nan_f, from_bits(0x7F7FFFFF), 1, -inf_f, 1};
   const std::vector<float> u = {0x1p-9f, 0x1p-8f,    3 * 0x1p-8f, -0.0f, nan_f, 0x1p-140f,
                                 from_bits(1), 1, 1, -inf_f, 0, 0x1p-30f};
-  const auto s = pulse::absorption_stats(pulse::DefaultExec(), pulse::to_device(w), pulse::to_device(u), {-16, 16});
+  const auto s = pulse::absorption_stats(space, pulse::to_device<Mem>(w), pulse::to_device<Mem>(u), {-16, 16});
   const auto& r = s.ratio;
   EXPECT_EQ(r.bins[-1 + 16], 1);  // 2^-9 / 2^-8 = 1/2
   EXPECT_EQ(r.bins[0 + 16], 1);   // exactly one half ulp: ratio 1, not absorbed
@@ -137,15 +144,17 @@ std::pair<std::vector<float>, std::vector<float>> random_inputs(index_t n, std::
   return {w, u};
 }
 
-TEST(Absorption, MatchesNaiveLoop) {
+TYPED_TEST(Absorption, MatchesNaiveLoop) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(7);
   const std::vector<std::pair<Log2Range, Log2Range>> ranges = {
       {{-16, 16}, pulse::all_float_binades}, {{-4, 2}, {-10, 0}}, {{0, 1}, {-200, 200}}};
   for (const index_t n : {0, 1, 7, 33, 1000003}) {
     const auto [w, u] = random_inputs(n, rng);
-    const auto wv = pulse::to_device(w), uv = pulse::to_device(u);
+    const auto wv = pulse::to_device<Mem>(w), uv = pulse::to_device<Mem>(u);
     for (const auto& [ratio_range, weight_range] : ranges) {
-      const auto got = pulse::absorption_stats(pulse::DefaultExec(), wv, uv, ratio_range, weight_range);
+      const auto got = pulse::absorption_stats(space, wv, uv, ratio_range, weight_range);
       const auto want = naive(w, u, ratio_range, weight_range);
       const std::string what = "n " + std::to_string(n) + " ratio range [" + std::to_string(ratio_range.k_min) +
                                ", " + std::to_string(ratio_range.k_max) + ")";
@@ -158,11 +167,13 @@ TEST(Absorption, MatchesNaiveLoop) {
   }
 }
 
-TEST(Absorption, RejectsBadArguments) {
-  const Kokkos::View<float*> a("a", 3), b("b", 4);
-  EXPECT_THROW(pulse::absorption_stats(pulse::DefaultExec(), a, b), pulse::Error);
-  EXPECT_THROW(pulse::absorption_stats(pulse::DefaultExec(), a, a, {2, 2}), pulse::Error);
-  EXPECT_THROW(pulse::absorption_stats(pulse::DefaultExec(), a, a, {-16, 16}, {5, -5}), pulse::Error);
+TYPED_TEST(Absorption, RejectsBadArguments) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  const Kokkos::View<float*, Mem> a("a", 3), b("b", 4);
+  EXPECT_THROW(pulse::absorption_stats(space, a, b), pulse::Error);
+  EXPECT_THROW(pulse::absorption_stats(space, a, a, {2, 2}), pulse::Error);
+  EXPECT_THROW(pulse::absorption_stats(space, a, a, {-16, 16}, {5, -5}), pulse::Error);
 }
 
 }  // namespace

@@ -10,36 +10,47 @@
 #include "kernels/adamw.hpp"
 #include "kernels/grad_norm.hpp"
 #include "kernels/host_copy.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 using namespace pulse;
 
 namespace {
 
+template <class Mem>
 struct MixedState {
-  Kokkos::View<float*> master, grad, m, v;
-  Kokkos::View<bf16_bits*> bf16;
+  Kokkos::View<float*, Mem> master, grad, m, v;
+  Kokkos::View<bf16_bits*, Mem> bf16;
 };
 
-MixedState mixed_state(const std::vector<float>& w, const std::vector<float>& g) {
-  MixedState s{to_device(w), to_device(g), Kokkos::View<float*>("m", w.size()), Kokkos::View<float*>("v", w.size()),
-               Kokkos::View<bf16_bits*>("bf16", w.size())};
-  cast_to_bf16(DefaultExec(), s.master, s.bf16);
+template <class Space, class Mem = typename Space::memory_space>
+MixedState<Mem> mixed_state(const Space& space, const std::vector<float>& w, const std::vector<float>& g) {
+  MixedState<Mem> s{to_device<Mem>(w), to_device<Mem>(g), Kokkos::View<float*, Mem>("m", w.size()),
+                    Kokkos::View<float*, Mem>("v", w.size()), Kokkos::View<bf16_bits*, Mem>("bf16", w.size())};
+  cast_to_bf16(space, s.master, s.bf16);
   return s;
 }
 
+template <class B>
+using AdamW = test::OnBackend<B>;
+TYPED_TEST_SUITE(AdamW, test::BackendTypes, test::BackendNames);
+template <class B>
+using GradNorms = test::OnBackend<B>;
+TYPED_TEST_SUITE(GradNorms, test::BackendTypes, test::BackendNames);
+
 }  // namespace
 
-TEST(AdamW, FirstStepMovesEachWeightByAboutLr) {
+TYPED_TEST(AdamW, FirstStepMovesEachWeightByAboutLr) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   // Step 1 from zero moments: m_hat = g, v_hat = g^2, so w -= lr * g / (|g| + eps).
   const std::vector<float> w{1.0f, -2.0f, 0.5f, 3.0f}, g{0.1f, -4.0f, 1e-3f, 0.0f};
-  auto s = mixed_state(w, g);
-  auto segs = make_segments(4);
-  auto mask = to_device(std::vector<std::uint8_t>{0});
+  auto s = mixed_state(space, w, g);
+  auto segs = make_segments<Mem>(4);
+  auto mask = to_device<Mem>(std::vector<std::uint8_t>{0});
   AdamWHyper h;
   h.lr = 1e-2;
-  adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v,
-              s.bf16, false);
+  adamw_mixed(space, segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v, s.bf16,
+              false);
   const auto out = to_host(s.master);
   for (int i = 0; i < 4; ++i) {
     const double expected = w[i] - h.lr * g[i] / (std::fabs(double(g[i])) + h.eps);
@@ -48,17 +59,19 @@ TEST(AdamW, FirstStepMovesEachWeightByAboutLr) {
   EXPECT_EQ(out[3], 3.0f);  // zero gradient, no decay: untouched
 }
 
-TEST(AdamW, WeightDecayFollowsThePerTensorMask) {
+TYPED_TEST(AdamW, WeightDecayFollowsThePerTensorMask) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   // Zero gradients: only decoupled decay acts, w *= 1 - lr*wd on decayed tensors.
   const std::vector<float> w{1.0f, 2.0f, 3.0f, 4.0f, 5.0f};
-  auto s = mixed_state(w, std::vector<float>(5, 0.0f));
-  auto segs = make_segments(std::vector<index_t>{0, 2, 5});
-  auto mask = to_device(std::vector<std::uint8_t>{1, 0});
+  auto s = mixed_state(space, w, std::vector<float>(5, 0.0f));
+  auto segs = make_segments<Mem>(std::vector<index_t>{0, 2, 5});
+  auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0});
   AdamWHyper h;
   h.lr = 1e-2;
   h.weight_decay = 0.5;
-  adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v,
-              s.bf16, false);
+  adamw_mixed(space, segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m, s.v, s.bf16,
+              false);
   const auto out = to_host(s.master);
   const float decay = static_cast<float>(1.0 - 1e-2 * 0.5);
   EXPECT_EQ(out[0], 1.0f * decay);
@@ -66,22 +79,24 @@ TEST(AdamW, WeightDecayFollowsThePerTensorMask) {
   for (int i = 2; i < 5; ++i) EXPECT_EQ(out[i], w[i]);
 }
 
-TEST(AdamW, ChangedCountEqualsBitsThatChanged) {
+TYPED_TEST(AdamW, ChangedCountEqualsBitsThatChanged) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int n = 10007;
   std::vector<float> w(n), g(n);
   for (int i = 0; i < n; ++i) {
     w[i] = std::ldexp(1.0f + (i % 127) / 128.0f, (i % 20) - 10) * (i % 3 ? 1 : -1);
     g[i] = std::sin(0.37f * i);
   }
-  auto s = mixed_state(w, g);
-  auto segs = make_segments(std::vector<index_t>{0, 5000, n}, 999);
-  auto mask = to_device(std::vector<std::uint8_t>{1, 0});
+  auto s = mixed_state(space, w, g);
+  auto segs = make_segments<Mem>(std::vector<index_t>{0, 5000, n}, 999);
+  auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0});
   const auto before = to_host(s.bf16);
   AdamWHyper h;
   h.lr = 1e-3;
   h.weight_decay = 0.1;
-  const index_t changed = adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed),
-                                      s.master, s.grad, s.m, s.v, s.bf16, true);
+  const index_t changed = adamw_mixed(space, segs, mask, adamw_scalars(h, 1, 1.0f, Precision::mixed), s.master,
+                                      s.grad, s.m, s.v, s.bf16, true);
   const auto after = to_host(s.bf16);
   const auto master = to_host(s.master);
   index_t expected = 0;
@@ -94,23 +109,25 @@ TEST(AdamW, ChangedCountEqualsBitsThatChanged) {
   EXPECT_LT(changed, n);  // small weights move by more than half an ulp, large ones do not
 }
 
-TEST(AdamW, Bf16ModeTinyLearningRateIsAbsorbed) {
+TYPED_TEST(AdamW, Bf16ModeTinyLearningRateIsAbsorbed) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int n = 4096;
   std::vector<bf16_bits> w(n), g(n);
   for (int i = 0; i < n; ++i) {
     w[i] = float_to_bf16(0.5f + i * 1e-4f);
     g[i] = float_to_bf16(std::cos(0.1f * i));
   }
-  auto wv = to_device(w), gv = to_device(g);
-  Kokkos::View<bf16_bits*> m("m", n), v("v", n);
-  auto segs = make_segments(n);
-  auto mask = to_device(std::vector<std::uint8_t>{0});
+  auto wv = to_device<Mem>(w), gv = to_device<Mem>(g);
+  Kokkos::View<bf16_bits*, Mem> m("m", n), v("v", n);
+  auto segs = make_segments<Mem>(n);
+  auto mask = to_device<Mem>(std::vector<std::uint8_t>{0});
   AdamWHyper h;
   h.lr = 1e-5;  // |update| ~ 1e-5 < half-ulp(0.5) = 2^-9
-  EXPECT_EQ(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, 1, 1.0f, Precision::bf16), wv, gv, m, v), 0);
+  EXPECT_EQ(adamw_bf16(space, segs, mask, adamw_scalars(h, 1, 1.0f, Precision::bf16), wv, gv, m, v), 0);
   EXPECT_EQ(to_host(wv), w);
   h.lr = 1e-2;  // now every weight moves
-  EXPECT_EQ(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, 2, 1.0f, Precision::bf16), wv, gv, m, v), n);
+  EXPECT_EQ(adamw_bf16(space, segs, mask, adamw_scalars(h, 2, 1.0f, Precision::bf16), wv, gv, m, v), n);
 }
 
 TEST(AdamW, Bf16ScalarsAreRoundedWherePyTorchRoundsThem) {
@@ -123,13 +140,15 @@ TEST(AdamW, Bf16ScalarsAreRoundedWherePyTorchRoundsThem) {
   EXPECT_THROW(adamw_scalars(h, 0, 1.0f, Precision::bf16), Error);
 }
 
-// Both precisions over three steps, on segments split inside tensors: the host code path (a plain
-// loop per segment) and the device one (a team reduction per segment) leave the same bits in
-// every buffer and count the same changes.
-TEST(AdamW, HostAndDevicePathsAgreeBitForBit) {
+// Both precisions over three steps, on segments split inside tensors: every backend (the host
+// code path, a plain loop per segment, and the device one, a team reduction per segment, on
+// each execution space) leaves the same bits in every buffer and counts the same changes.
+TEST(AdamW, EveryBackendGivesTheSameBits) {
   const std::vector<index_t> offsets = {0, 7, 7, 2500, 2501, 9000, 40000};
   const index_t n = offsets.back();
-  test::expect_same_outputs(test::on_both_code_paths([&] {
+  test::expect_same_outputs(test::on_every_backend([&](auto backend) {
+    using Mem = typename decltype(backend)::Mem;
+    const typename decltype(backend)::ExecSpace space;
     std::mt19937_64 rng(21);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     auto random = [&](float scale) {
@@ -137,20 +156,20 @@ TEST(AdamW, HostAndDevicePathsAgreeBitForBit) {
       for (auto& e : x) e = scale * normal(rng);
       return x;
     };
-    const auto segs = make_segments(offsets, 1000);
-    const auto mask = to_device(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
+    const auto segs = make_segments<Mem>(offsets, 1000);
+    const auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
     AdamWHyper h;
     h.lr = 1e-4, h.weight_decay = 0.1;
-    MixedState s = mixed_state(random(0.02f), random(1e-3f));
-    Kokkos::View<bf16_bits*> w("w", n), g("g", n), m("m", n), v("v", n);
-    cast_to_bf16(DefaultExec(), s.master, w);
+    auto s = mixed_state(space, random(0.02f), random(1e-3f));
+    Kokkos::View<bf16_bits*, Mem> w("w", n), g("g", n), m("m", n), v("v", n);
+    cast_to_bf16(space, s.master, w);
     std::vector<index_t> counts;
     for (int t = 1; t <= 3; ++t) {
-      s.grad = to_device(random(1e-3f));
-      cast_to_bf16(DefaultExec(), s.grad, g);
-      counts.push_back(adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, t, 0.7f, Precision::mixed), s.master,
-                                   s.grad, s.m, s.v, s.bf16, t != 2));
-      counts.push_back(adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, t, 1.0f, Precision::bf16), w, g, m, v));
+      s.grad = to_device<Mem>(random(1e-3f));
+      cast_to_bf16(space, s.grad, g);
+      counts.push_back(adamw_mixed(space, segs, mask, adamw_scalars(h, t, 0.7f, Precision::mixed), s.master, s.grad,
+                                   s.m, s.v, s.bf16, t != 2));
+      counts.push_back(adamw_bf16(space, segs, mask, adamw_scalars(h, t, 1.0f, Precision::bf16), w, g, m, v));
     }
     EXPECT_GT(counts[0], 0);
     return test::Outputs{{"counts", test::bytes_of(counts)},        {"mixed.master", test::bytes_of(to_host(s.master))},
@@ -160,20 +179,24 @@ TEST(AdamW, HostAndDevicePathsAgreeBitForBit) {
   }));
 }
 
-TEST(AdamW, RejectsMismatchedBuffers) {
-  auto s = mixed_state(std::vector<float>(8, 1.0f), std::vector<float>(8, 0.0f));
-  auto segs = make_segments(9);
-  auto mask = to_device(std::vector<std::uint8_t>{0});
-  EXPECT_THROW(adamw_mixed(DefaultExec(), segs, mask, adamw_scalars({}, 1, 1.0f, Precision::mixed), s.master, s.grad,
-                           s.m, s.v, s.bf16, false),
+TYPED_TEST(AdamW, RejectsMismatchedBuffers) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  auto s = mixed_state(space, std::vector<float>(8, 1.0f), std::vector<float>(8, 0.0f));
+  auto segs = make_segments<Mem>(9);
+  auto mask = to_device<Mem>(std::vector<std::uint8_t>{0});
+  EXPECT_THROW(adamw_mixed(space, segs, mask, adamw_scalars({}, 1, 1.0f, Precision::mixed), s.master, s.grad, s.m,
+                           s.v, s.bf16, false),
                Error);
 }
 
-TEST(GradNorm, HandDerivedNormsAndCoefficient) {
+TYPED_TEST(GradNorms, HandDerivedNormsAndCoefficient) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   // Tensor 0: (3, 4) -> 5; tensor 1: (12) -> 12; empty tensor 2 -> 0; total 13.
-  auto g = to_device(std::vector<float>{3.0f, 4.0f, 12.0f});
-  auto segs = make_segments(std::vector<index_t>{0, 2, 3, 3}, 1);
-  const auto norm = grad_norm(DefaultExec(), segs, g, Precision::mixed);
+  auto g = to_device<Mem>(std::vector<float>{3.0f, 4.0f, 12.0f});
+  auto segs = make_segments<Mem>(std::vector<index_t>{0, 2, 3, 3}, 1);
+  const auto norm = grad_norm(space, segs, g, Precision::mixed);
   EXPECT_EQ(norm.per_tensor, (std::vector<float>{5.0f, 12.0f, 0.0f}));
   EXPECT_EQ(norm.total, 13.0f);
   const float coef = clip_coefficient(norm.total, 1.0, Precision::mixed);

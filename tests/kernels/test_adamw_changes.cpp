@@ -11,7 +11,7 @@
 #include "kernels/adamw.hpp"
 #include "kernels/host_copy.hpp"
 #include "kernels/sparsity.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 using namespace pulse;
 
@@ -34,20 +34,23 @@ bool same_bits(const View& a, const View& b) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
 }
 
-template <class T>
-Kokkos::View<T*> copy_of(const Kokkos::View<T*>& v) {
-  Kokkos::View<T*> c("copy", v.extent(0));
+template <class View>
+View copy_of(const View& v) {
+  View c("copy", v.extent(0));
   Kokkos::deep_copy(c, v);
   return c;
 }
 
+using List = std::pair<std::vector<index_t>, std::vector<bf16_bits>>;
+
 // The reference list: compact_changed between two BF16 versions.
-std::pair<std::vector<index_t>, std::vector<bf16_bits>> reference_list(const Kokkos::View<bf16_bits*>& before,
-                                                                        const Kokkos::View<bf16_bits*>& after) {
+template <class Space, class Mem>
+List reference_list(const Space& space, const Kokkos::View<bf16_bits*, Mem>& before,
+                    const Kokkos::View<bf16_bits*, Mem>& after) {
   const index_t n = before.extent(0);
-  Kokkos::View<index_t*> idx("idx", n);
-  Kokkos::View<bf16_bits*> val("val", n);
-  const index_t count = compact_changed(DefaultExec(), before, after, idx, val);
+  Kokkos::View<index_t*, Mem> idx("idx", n);
+  Kokkos::View<bf16_bits*, Mem> val("val", n);
+  const index_t count = compact_changed(space, before, after, idx, val);
   std::vector<index_t> i = to_host(idx);
   std::vector<bf16_bits> v = to_host(val);
   i.resize(count), v.resize(count);
@@ -56,59 +59,65 @@ std::pair<std::vector<index_t>, std::vector<bf16_bits>> reference_list(const Kok
 
 // Gathers with too small an output first (the true count comes back, a prefix is written), then
 // with room for all.
-std::pair<std::vector<index_t>, std::vector<bf16_bits>> gathered_list(const TensorSegments<DefaultMem>& segs,
-                                                                       const ChangeStaging<DefaultMem>& staging,
-                                                                       const std::vector<index_t>& expected_prefix) {
+template <class Space, class Mem>
+List gathered_list(const Space& space, const TensorSegments<Mem>& segs, const ChangeStaging<Mem>& staging,
+                   const std::vector<index_t>& expected_prefix) {
   const index_t small = index_t(expected_prefix.size() / 2);
-  Kokkos::View<index_t*> idx("idx", small);
-  Kokkos::View<bf16_bits*> val("val", small);
-  const index_t count = gather_changes(DefaultExec(), segs, staging, idx, val);
+  Kokkos::View<index_t*, Mem> idx("idx", small);
+  Kokkos::View<bf16_bits*, Mem> val("val", small);
+  const index_t count = gather_changes(space, segs, staging, idx, val);
   EXPECT_EQ(count, index_t(expected_prefix.size()));
   const auto prefix = to_host(idx);
   EXPECT_EQ(prefix, std::vector<index_t>(expected_prefix.begin(), expected_prefix.begin() + small));
-  Kokkos::View<index_t*> all_idx("idx", count);
-  Kokkos::View<bf16_bits*> all_val("val", count);
-  EXPECT_EQ(gather_changes(DefaultExec(), segs, staging, all_idx, all_val), count);
+  Kokkos::View<index_t*, Mem> all_idx("idx", count);
+  Kokkos::View<bf16_bits*, Mem> all_val("val", count);
+  EXPECT_EQ(gather_changes(space, segs, staging, all_idx, all_val), count);
   return {to_host(all_idx), to_host(all_val)};
 }
 
 // The whole gathered list: the count first (from outputs of capacity 0), then the entries.
-std::pair<std::vector<index_t>, std::vector<bf16_bits>> all_changes(const TensorSegments<DefaultMem>& segs,
-                                                                     const ChangeStaging<DefaultMem>& staging) {
-  const index_t count =
-      gather_changes(DefaultExec(), segs, staging, Kokkos::View<index_t*>("idx", 0), Kokkos::View<bf16_bits*>("val", 0));
-  Kokkos::View<index_t*> idx("idx", count);
-  Kokkos::View<bf16_bits*> val("val", count);
-  EXPECT_EQ(gather_changes(DefaultExec(), segs, staging, idx, val), count);
+template <class Space, class Mem>
+List all_changes(const Space& space, const TensorSegments<Mem>& segs, const ChangeStaging<Mem>& staging) {
+  const index_t count = gather_changes(space, segs, staging, Kokkos::View<index_t*, Mem>("idx", 0),
+                                       Kokkos::View<bf16_bits*, Mem>("val", 0));
+  Kokkos::View<index_t*, Mem> idx("idx", count);
+  Kokkos::View<bf16_bits*, Mem> val("val", count);
+  EXPECT_EQ(gather_changes(space, segs, staging, idx, val), count);
   return {to_host(idx), to_host(val)};
 }
 
+template <class B>
+using AdamWChanges = test::OnBackend<B>;
+TYPED_TEST_SUITE(AdamWChanges, test::BackendTypes, test::BackendNames);
+
 }  // namespace
 
-TEST(AdamWChanges, MixedListEqualsSeparateCompaction) {
+TYPED_TEST(AdamWChanges, MixedListEqualsSeparateCompaction) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(11);
   const index_t n = offsets.back();
-  const auto segs = make_segments(offsets, segment_length);
+  const auto segs = make_segments<Mem>(offsets, segment_length);
   const auto staging = make_change_staging(segs);
-  const auto mask = to_device(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
-  Kokkos::View<float*> master = to_device(normal(n, 0.02f, rng)), m("m", n), v("v", n);
-  Kokkos::View<bf16_bits*> bf16("bf16", n);
-  cast_to_bf16(DefaultExec(), master, bf16);
+  const auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
+  Kokkos::View<float*, Mem> master = to_device<Mem>(normal(n, 0.02f, rng)), m("m", n), v("v", n);
+  Kokkos::View<bf16_bits*, Mem> bf16("bf16", n);
+  cast_to_bf16(space, master, bf16);
   auto ref_master = copy_of(master), ref_m = copy_of(m), ref_v = copy_of(v);
   auto ref_bf16 = copy_of(bf16);
   AdamWHyper h;
   h.lr = 1e-4, h.weight_decay = 0.1;
   for (int t = 1; t <= 4; ++t) {
-    const auto grad = to_device(normal(n, t == 3 ? 0.0f : 1e-3f, rng));  // step 3: zero gradient
+    const auto grad = to_device<Mem>(normal(n, t == 3 ? 0.0f : 1e-3f, rng));  // step 3: zero gradient
     const auto s = adamw_scalars(h, t, 0.7f, Precision::mixed);
     const auto before = copy_of(ref_bf16);
-    const index_t counted = adamw_mixed(DefaultExec(), segs, mask, s, ref_master, grad, ref_m, ref_v, ref_bf16, true);
-    const auto expected = reference_list(before, ref_bf16);
+    const index_t counted = adamw_mixed(space, segs, mask, s, ref_master, grad, ref_m, ref_v, ref_bf16, true);
+    const auto expected = reference_list(space, before, ref_bf16);
     ASSERT_EQ(counted, index_t(expected.first.size()));
-    adamw_mixed(DefaultExec(), segs, mask, s, master, grad, m, v, bf16, staging);
+    adamw_mixed(space, segs, mask, s, master, grad, m, v, bf16, staging);
     EXPECT_TRUE(same_bits(master, ref_master) && same_bits(m, ref_m) && same_bits(v, ref_v) && same_bits(bf16, ref_bf16))
         << "step " << t;
-    const auto got = gathered_list(segs, staging, expected.first);
+    const auto got = gathered_list(space, segs, staging, expected.first);
     EXPECT_EQ(got.first, expected.first) << "step " << t;
     EXPECT_EQ(got.second, expected.second) << "step " << t;
     EXPECT_GT(expected.first.size(), 0u);
@@ -116,59 +125,62 @@ TEST(AdamWChanges, MixedListEqualsSeparateCompaction) {
   }
 }
 
-TEST(AdamWChanges, Bf16ListEqualsSeparateCompaction) {
+TYPED_TEST(AdamWChanges, Bf16ListEqualsSeparateCompaction) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(12);
   const index_t n = offsets.back();
-  const auto segs = make_segments(offsets, segment_length);
+  const auto segs = make_segments<Mem>(offsets, segment_length);
   const auto staging = make_change_staging(segs);
-  const auto mask = to_device(std::vector<std::uint8_t>{0, 1, 1, 1, 0, 1});
-  Kokkos::View<bf16_bits*> w("w", n), m("m", n), v("v", n);
-  cast_to_bf16(DefaultExec(), to_device(normal(n, 0.02f, rng)), w);
+  const auto mask = to_device<Mem>(std::vector<std::uint8_t>{0, 1, 1, 1, 0, 1});
+  Kokkos::View<bf16_bits*, Mem> w("w", n), m("m", n), v("v", n);
+  cast_to_bf16(space, to_device<Mem>(normal(n, 0.02f, rng)), w);
   auto ref_w = copy_of(w), ref_m = copy_of(m), ref_v = copy_of(v);
   AdamWHyper h;
   h.lr = 1e-4, h.weight_decay = 0.01;
   for (int t = 1; t <= 3; ++t) {
-    Kokkos::View<bf16_bits*> grad("g", n);
-    cast_to_bf16(DefaultExec(), to_device(normal(n, 1e-3f, rng)), grad);
+    Kokkos::View<bf16_bits*, Mem> grad("g", n);
+    cast_to_bf16(space, to_device<Mem>(normal(n, 1e-3f, rng)), grad);
     const auto s = adamw_scalars(h, t, 1.0f, Precision::bf16);
     const auto before = copy_of(ref_w);
-    const index_t counted = adamw_bf16(DefaultExec(), segs, mask, s, ref_w, grad, ref_m, ref_v);
-    const auto expected = reference_list(before, ref_w);
+    const index_t counted = adamw_bf16(space, segs, mask, s, ref_w, grad, ref_m, ref_v);
+    const auto expected = reference_list(space, before, ref_w);
     ASSERT_EQ(counted, index_t(expected.first.size()));
-    adamw_bf16(DefaultExec(), segs, mask, s, w, grad, m, v, staging);
+    adamw_bf16(space, segs, mask, s, w, grad, m, v, staging);
     EXPECT_TRUE(same_bits(w, ref_w) && same_bits(m, ref_m) && same_bits(v, ref_v)) << "step " << t;
-    const auto got = gathered_list(segs, staging, expected.first);
+    const auto got = gathered_list(space, segs, staging, expected.first);
     EXPECT_EQ(got.first, expected.first) << "step " << t;
     EXPECT_EQ(got.second, expected.second) << "step " << t;
     EXPECT_GT(expected.first.size(), 0u);
   }
 }
 
-// The staged steps and the gathered lists on the host code path (blocks of change flags) and the
-// device one (a team scan per segment): the same bits everywhere.
-TEST(AdamWChanges, HostAndDevicePathsAgreeBitForBit) {
-  test::expect_same_outputs(test::on_both_code_paths([] {
+// The staged steps and the gathered lists on every backend: the host code path (blocks of change
+// flags) and the device one (a team scan per segment) on each execution space give the same bits.
+TEST(AdamWChanges, EveryBackendGivesTheSameBits) {
+  test::expect_same_outputs(test::on_every_backend([](auto backend) {
+    using Mem = typename decltype(backend)::Mem;
+    const typename decltype(backend)::ExecSpace space;
     std::mt19937_64 rng(13);
     const index_t n = offsets.back();
-    const auto segs = make_segments(offsets, segment_length);
+    const auto segs = make_segments<Mem>(offsets, segment_length);
     const auto staging = make_change_staging(segs);
-    const auto mask = to_device(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
-    Kokkos::View<float*> master = to_device(normal(n, 0.02f, rng)), m("m", n), v("v", n);
-    Kokkos::View<bf16_bits*> bf16("bf16", n), w("w", n), m16("m16", n), v16("v16", n);
-    cast_to_bf16(DefaultExec(), master, bf16);
-    cast_to_bf16(DefaultExec(), master, w);
+    const auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
+    Kokkos::View<float*, Mem> master = to_device<Mem>(normal(n, 0.02f, rng)), m("m", n), v("v", n);
+    Kokkos::View<bf16_bits*, Mem> bf16("bf16", n), w("w", n), m16("m16", n), v16("v16", n);
+    cast_to_bf16(space, master, bf16);
+    cast_to_bf16(space, master, w);
     AdamWHyper h;
     h.lr = 1e-4, h.weight_decay = 0.1;
     test::Outputs out;
     for (int t = 1; t <= 2; ++t) {
-      const auto grad = to_device(normal(n, 1e-3f, rng));
-      Kokkos::View<bf16_bits*> grad16("g", n);
-      cast_to_bf16(DefaultExec(), grad, grad16);
-      adamw_mixed(DefaultExec(), segs, mask, adamw_scalars(h, t, 0.7f, Precision::mixed), master, grad, m, v, bf16,
-                  staging);
-      const auto mixed = all_changes(segs, staging);
-      adamw_bf16(DefaultExec(), segs, mask, adamw_scalars(h, t, 1.0f, Precision::bf16), w, grad16, m16, v16, staging);
-      const auto pure = all_changes(segs, staging);
+      const auto grad = to_device<Mem>(normal(n, 1e-3f, rng));
+      Kokkos::View<bf16_bits*, Mem> grad16("g", n);
+      cast_to_bf16(space, grad, grad16);
+      adamw_mixed(space, segs, mask, adamw_scalars(h, t, 0.7f, Precision::mixed), master, grad, m, v, bf16, staging);
+      const auto mixed = all_changes(space, segs, staging);
+      adamw_bf16(space, segs, mask, adamw_scalars(h, t, 1.0f, Precision::bf16), w, grad16, m16, v16, staging);
+      const auto pure = all_changes(space, segs, staging);
       const std::string step = std::to_string(t);
       out["mixed.indices." + step] = test::bytes_of(mixed.first);
       out["mixed.values." + step] = test::bytes_of(mixed.second);
@@ -186,14 +198,16 @@ TEST(AdamWChanges, HostAndDevicePathsAgreeBitForBit) {
   }));
 }
 
-TEST(AdamWChanges, StagingMustMatchTheSegments) {
-  const auto segs = make_segments(offsets, segment_length);
-  const auto other = make_change_staging(make_segments(std::vector<index_t>{0, 10}));
+TYPED_TEST(AdamWChanges, StagingMustMatchTheSegments) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  const auto segs = make_segments<Mem>(offsets, segment_length);
+  const auto other = make_change_staging(make_segments<Mem>(std::vector<index_t>{0, 10}));
   const index_t n = offsets.back();
-  Kokkos::View<float*> master("w", n), grad("g", n), m("m", n), v("v", n);
-  Kokkos::View<bf16_bits*> bf16("b", n);
-  const auto mask = to_device(std::vector<std::uint8_t>(6, 0));
-  EXPECT_THROW(adamw_mixed(DefaultExec(), segs, mask, adamw_scalars({}, 1, 1.0f, Precision::mixed), master, grad, m, v,
-                           bf16, other),
+  Kokkos::View<float*, Mem> master("w", n), grad("g", n), m("m", n), v("v", n);
+  Kokkos::View<bf16_bits*, Mem> bf16("b", n);
+  const auto mask = to_device<Mem>(std::vector<std::uint8_t>(6, 0));
+  EXPECT_THROW(adamw_mixed(space, segs, mask, adamw_scalars({}, 1, 1.0f, Precision::mixed), master, grad, m, v, bf16,
+                           other),
                Error);
 }

@@ -1,6 +1,6 @@
 // BF16 cast, ulp and key against an independent scalar reference: the cast is checked for all
-// 2^32 float bit patterns (and on a large unaligned output, the streamed path), the BF16
-// quantities for all 2^16 BF16 patterns.
+// 2^32 float bit patterns (and on a large unaligned output, the streamed path) on every backend
+// (tests/support/backends.hpp), the BF16 quantities for all 2^16 BF16 patterns.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
@@ -40,24 +40,35 @@ bf16_bits reference_cast(std::uint32_t u) {
   return (down & 1) ? static_cast<bf16_bits>(down + 1) : down;
 }
 
-TEST(Bf16Cast, AllFloatBitPatternsMatchReference) {
+// Each chunk's reference is computed once (it costs far more than the cast) and checked against
+// every backend.
+TEST(Bf16Cast, AllFloatBitPatternsMatchReferenceOnEveryBackend) {
   constexpr std::uint64_t chunk = std::uint64_t(1) << 24;
-  Kokkos::View<std::uint32_t*> in("in", chunk);
-  Kokkos::View<bf16_bits*> out("out", chunk);
-  auto in_host = Kokkos::create_mirror_view(in);
-  auto out_host = Kokkos::create_mirror_view(out);
+  using HostView = Kokkos::View<std::uint32_t*, Kokkos::HostSpace>;
+  const HostView in_host("in", chunk);
+  const Kokkos::View<bf16_bits*, Kokkos::HostSpace> want("want", chunk), out_host("out", chunk);
   std::uint64_t mismatches = 0;
   for (std::uint64_t base = 0; base < (std::uint64_t(1) << 32); base += chunk) {
-    for (std::uint64_t i = 0; i < chunk; ++i) in_host(i) = static_cast<std::uint32_t>(base + i);
-    Kokkos::deep_copy(in, in_host);
-    const Kokkos::View<const float*> as_float(reinterpret_cast<const float*>(in.data()), chunk);
-    pulse::cast_to_bf16(pulse::DefaultExec(), as_float, out);
-    Kokkos::deep_copy(out_host, out);
     for (std::uint64_t i = 0; i < chunk; ++i) {
-      if (out_host(i) != reference_cast(in_host(i)) && ++mismatches <= 5)
-        ADD_FAILURE() << std::hex << "bits 0x" << in_host(i) << ": kernel 0x" << out_host(i)
-                      << ", reference 0x" << reference_cast(in_host(i));
+      in_host(i) = static_cast<std::uint32_t>(base + i);
+      want(i) = reference_cast(in_host(i));
     }
+    pulse::test::Backends::for_each([&](auto backend) {
+      using Mem = typename decltype(backend)::Mem;
+      // The output starts as the complement of the reference, so an element left unwritten fails.
+      for (std::uint64_t i = 0; i < chunk; ++i) out_host(i) = static_cast<bf16_bits>(~want(i));
+      const auto in = Kokkos::create_mirror_view_and_copy(Mem(), in_host);  // in_host itself on a host space
+      const auto out = Kokkos::create_mirror_view_and_copy(Mem(), out_host);
+      const Kokkos::View<const float*, Mem, Kokkos::MemoryUnmanaged> as_float(reinterpret_cast<const float*>(in.data()),
+                                                                              chunk);
+      pulse::cast_to_bf16(typename decltype(backend)::ExecSpace(), as_float, out);
+      Kokkos::deep_copy(out_host, out);
+      for (std::uint64_t i = 0; i < chunk; ++i) {
+        if (out_host(i) != want(i) && ++mismatches <= 5)
+          ADD_FAILURE() << std::hex << "bits 0x" << in_host(i) << ": kernel 0x" << out_host(i) << ", reference 0x"
+                        << want(i);
+      }
+    });
   }
   EXPECT_EQ(mismatches, 0u);
 }
@@ -89,28 +100,31 @@ TEST(Bf16Cast, HandDerivedCases) {
 // Large outputs take the streamed path on x86 hosts (non-temporal stores from a 16-byte boundary,
 // in chunks): an output that starts off that boundary and ends inside a chunk gets the
 // reference's bits, and nothing around it is written. So does the device code path's plain loop.
-TEST(Bf16Cast, LargeUnalignedOutputMatchesReference) {
-  for (const bool forced : {false, true}) {
-    const pulse::test::ForcedDevicePaths path(forced);
-    SCOPED_TRACE(forced ? "device code path" : "host code path");
-    const std::size_t n = std::size_t(pulse::streamed_cast_elements) + 4099, skip = 3, total = n + skip + 2;
-    Kokkos::View<std::uint32_t*> in("in", total);
-    Kokkos::View<bf16_bits*> out("out", total);
-    auto in_host = Kokkos::create_mirror_view(in);
-    for (std::size_t i = 0; i < total; ++i) in_host(i) = static_cast<std::uint32_t>(i * 2654435761u);
-    Kokkos::deep_copy(in, in_host);
-    Kokkos::deep_copy(out, bf16_bits(0xABCD));
-    const Kokkos::View<const float*, Kokkos::MemoryUnmanaged> in_range(reinterpret_cast<const float*>(in.data()) + skip, n);
-    pulse::cast_to_bf16(pulse::DefaultExec(), in_range, Kokkos::subview(out, std::make_pair(skip, skip + n)));
-    auto out_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
-    std::size_t mismatches = 0;
-    for (std::size_t i = 0; i < total; ++i) {
-      const bf16_bits expected = i >= skip && i < skip + n ? reference_cast(in_host(i)) : bf16_bits(0xABCD);
-      if (out_host(i) != expected && ++mismatches <= 5)
-        ADD_FAILURE() << "element " << i << ": 0x" << std::hex << out_host(i) << ", expected 0x" << expected;
-    }
-    EXPECT_EQ(mismatches, 0u);
+template <class B>
+using Bf16Cast = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(Bf16Cast, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(Bf16Cast, LargeUnalignedOutputMatchesReference) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  const std::size_t n = std::size_t(pulse::streamed_cast_elements) + 4099, skip = 3, total = n + skip + 2;
+  Kokkos::View<std::uint32_t*, Mem> in("in", total);
+  Kokkos::View<bf16_bits*, Mem> out("out", total);
+  auto in_host = Kokkos::create_mirror_view(in);
+  for (std::size_t i = 0; i < total; ++i) in_host(i) = static_cast<std::uint32_t>(i * 2654435761u);
+  Kokkos::deep_copy(in, in_host);
+  Kokkos::deep_copy(out, bf16_bits(0xABCD));
+  const Kokkos::View<const float*, Mem, Kokkos::MemoryUnmanaged> in_range(
+      reinterpret_cast<const float*>(in.data()) + skip, n);
+  pulse::cast_to_bf16(space, in_range, Kokkos::subview(out, std::make_pair(skip, skip + n)));
+  auto out_host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < total; ++i) {
+    const bf16_bits expected = i >= skip && i < skip + n ? reference_cast(in_host(i)) : bf16_bits(0xABCD);
+    if (out_host(i) != expected && ++mismatches <= 5)
+      ADD_FAILURE() << "element " << i << ": 0x" << std::hex << out_host(i) << ", expected 0x" << expected;
   }
+  EXPECT_EQ(mismatches, 0u);
 }
 
 // The AdamW element's per-op rounding: round_to_bf16 gives the cast's bits in the high half, and
@@ -132,18 +146,22 @@ TEST(Bf16Round, AgreesWithTheCastForAllFloatBitPatterns) {
 
 // Every BF16 bit pattern, in order. A free function: nvcc does not allow a device lambda in
 // TEST's body (a private member function).
-Kokkos::View<bf16_bits*> all_bf16_patterns() {
-  Kokkos::View<bf16_bits*> all("all", 65536);
-  Kokkos::parallel_for("fill", 65536, KOKKOS_LAMBDA(int i) { all(i) = static_cast<bf16_bits>(i); });
+template <class Space, class Mem = typename Space::memory_space>
+Kokkos::View<bf16_bits*, Mem> all_bf16_patterns(const Space& space) {
+  Kokkos::View<bf16_bits*, Mem> all("all", 65536);
+  Kokkos::parallel_for("fill", Kokkos::RangePolicy<Space>(space, 0, 65536),
+                       KOKKOS_LAMBDA(int i) { all(i) = static_cast<bf16_bits>(i); });
   return all;
 }
 
-TEST(Bf16Cast, WidenIsExactAndRoundTrips) {
-  const Kokkos::View<bf16_bits*> all = all_bf16_patterns();
-  Kokkos::View<float*> wide("wide", 65536);
-  Kokkos::View<bf16_bits*> back("back", 65536);
-  pulse::cast_to_float(pulse::DefaultExec(), all, wide);
-  pulse::cast_to_bf16(pulse::DefaultExec(), wide, back);
+TYPED_TEST(Bf16Cast, WidenIsExactAndRoundTrips) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  const Kokkos::View<bf16_bits*, Mem> all = all_bf16_patterns(space);
+  Kokkos::View<float*, Mem> wide("wide", 65536);
+  Kokkos::View<bf16_bits*, Mem> back("back", 65536);
+  pulse::cast_to_float(space, all, wide);
+  pulse::cast_to_bf16(space, wide, back);
   auto wide_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), wide);
   auto back_h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), back);
   for (int i = 0; i < 65536; ++i) {

@@ -1,13 +1,15 @@
 // The kernels' code path setting (kernels/segments.hpp): PULSE_FORCE_DEVICE_PATHS gives its
 // starting value (ctest runs this binary without the variable and, as test_code_paths_forced,
-// with it set to 1), and a launch on a host backend follows the setting.
+// with it set to 1), and a launch on a host backend follows the setting. The kernel tests'
+// backends (tests/support/backends.hpp): every enabled host space on both paths.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kernels/segments.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
@@ -46,6 +48,36 @@ TEST(CodePaths, LaunchesFollowTheSetting) {
   const pulse::test::ForcedDevicePaths path(false);
   EXPECT_TRUE(pulse::takes_host_path(Kokkos::Serial()));
 #endif
+}
+
+// Names built here from the enabled backends, not from the list being checked.
+TEST(Backends, EveryEnabledHostSpaceOnBothPathsThenTheDevice) {
+  std::vector<std::string> expected;
+#ifdef KOKKOS_ENABLE_SERIAL
+  expected.insert(expected.end(), {"SerialHostPath", "SerialDevicePath"});
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+  expected.insert(expected.end(), {"OpenMPHostPath", "OpenMPDevicePath"});
+#endif
+  if (!pulse::is_host_space<pulse::DefaultExec>) expected.push_back(pulse::DefaultExec::name() + std::string("DevicePath"));
+  std::vector<std::string> visited;
+  const bool before = pulse::device_paths_forced();
+  pulse::test::Backends::for_each([&](auto backend) {
+    using B = decltype(backend);
+    visited.push_back(B::name());
+    EXPECT_EQ(pulse::device_paths_forced(), B::device_paths_forced) << B::name();
+  });
+  EXPECT_EQ(visited, expected);
+  EXPECT_EQ(pulse::device_paths_forced(), before);
+}
+
+template <class B>
+using Backends = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(Backends, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(Backends, TestsRunOnTheirBackendsCodePath) {
+  using Space = typename TypeParam::ExecSpace;
+  EXPECT_EQ(pulse::takes_host_path(Space()), pulse::is_host_space<Space> && !TypeParam::device_paths_forced);
 }
 
 }  // namespace

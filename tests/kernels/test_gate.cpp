@@ -10,7 +10,7 @@
 
 #include "kernels/gate.hpp"
 #include "kernels/host_copy.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
@@ -34,7 +34,13 @@ std::vector<std::uint8_t> naive_mask(const std::vector<float>& theta, const std:
   return mask;
 }
 
-TEST(Gate, HandDerived) {
+template <class B>
+using Gate = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(Gate, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(Gate, HandDerived) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   // theta = 1: BF16 neighbours 1 - 2^-8 below, 1 + 2^-7 above.
   const std::vector<float> theta = {1, 1, 1, 1, 1, 1, 1, -0.0f, 0.0f, nan_f, 1, 1};
   const std::vector<float> s = {-0x1p-9f,      // 1 + 2^-9 rounds back to 1
@@ -49,8 +55,8 @@ TEST(Gate, HandDerived) {
                                 -inf_f, 1e-30f};
   const std::vector<std::uint8_t> expected = {0, 0, 1, 0, 1, 0, 1, 1, 0, 0, 1, 0};
   ASSERT_EQ(naive_mask(theta, s), expected);
-  Kokkos::View<std::uint8_t*> mask("mask", theta.size());
-  EXPECT_EQ(pulse::gate_mask(pulse::DefaultExec(), pulse::to_device(theta), pulse::to_device(s), mask), 5);
+  Kokkos::View<std::uint8_t*, Mem> mask("mask", theta.size());
+  EXPECT_EQ(pulse::gate_mask(space, pulse::to_device<Mem>(theta), pulse::to_device<Mem>(s), mask), 5);
   EXPECT_EQ(pulse::to_host(mask), expected);
 }
 
@@ -71,57 +77,56 @@ std::pair<std::vector<float>, std::vector<float>> random_inputs(index_t n, std::
   return {theta, s};
 }
 
-// On the host code path (flag words) and the device one (an element-wise scan).
-TEST(Gate, MaskAndCompactionMatchNaiveLoop) {
-  for (const bool forced : {false, true}) {
-    const pulse::test::ForcedDevicePaths path(forced);
-    SCOPED_TRACE(forced ? "device code path" : "host code path");
-    std::mt19937_64 rng(8);
-    for (const index_t n : {0, 1, 7, 33, 1000003}) {
-      const auto [theta, s] = random_inputs(n, rng);
-      const auto expected = naive_mask(theta, s);
-      std::vector<index_t> fired;
-      for (index_t i = 0; i < n; ++i)
-        if (expected[i]) fired.push_back(i);
-      const auto theta_v = pulse::to_device(theta), s_v = pulse::to_device(s);
+// On every backend: the host code path (flag words) and the device one (an element-wise scan).
+TYPED_TEST(Gate, MaskAndCompactionMatchNaiveLoop) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  std::mt19937_64 rng(8);
+  for (const index_t n : {0, 1, 7, 33, 1000003}) {
+    const auto [theta, s] = random_inputs(n, rng);
+    const auto expected = naive_mask(theta, s);
+    std::vector<index_t> fired;
+    for (index_t i = 0; i < n; ++i)
+      if (expected[i]) fired.push_back(i);
+    const auto theta_v = pulse::to_device<Mem>(theta), s_v = pulse::to_device<Mem>(s);
 
-      Kokkos::View<std::uint8_t*> mask("mask", n);
-      EXPECT_EQ(pulse::gate_mask(pulse::DefaultExec(), theta_v, s_v, mask), static_cast<index_t>(fired.size()));
-      EXPECT_EQ(pulse::to_host(mask), expected) << "n " << n;
-      if (n > 1000) {  // the random mix must exercise both outcomes
-        EXPECT_GT(fired.size(), std::size_t(n / 10));
-        EXPECT_LT(fired.size(), std::size_t(n - n / 10));
-      }
+    Kokkos::View<std::uint8_t*, Mem> mask("mask", n);
+    EXPECT_EQ(pulse::gate_mask(space, theta_v, s_v, mask), static_cast<index_t>(fired.size()));
+    EXPECT_EQ(pulse::to_host(mask), expected) << "n " << n;
+    if (n > 1000) {  // the random mix must exercise both outcomes
+      EXPECT_GT(fired.size(), std::size_t(n / 10));
+      EXPECT_LT(fired.size(), std::size_t(n - n / 10));
+    }
 
-      const index_t count = static_cast<index_t>(fired.size());
-      for (const index_t capacity : {index_t(0), count / 2, count, count + 3}) {
-        const float sentinel = -12345.0f;
-        const auto indices = pulse::to_device(std::vector<index_t>(capacity, -1));
-        const auto values = pulse::to_device(std::vector<float>(capacity, sentinel));
-        ASSERT_EQ(pulse::compact_fired(pulse::DefaultExec(), theta_v, s_v, indices, values), count);
-        const auto got_i = pulse::to_host(indices);
-        const auto got_v = pulse::to_host(values);
-        for (index_t j = 0; j < capacity; ++j) {
-          if (j < count) {
-            ASSERT_EQ(got_i[j], fired[j]) << "n " << n << " capacity " << capacity << " entry " << j;
-            ASSERT_EQ(bits_of(got_v[j]), bits_of(s[fired[j]])) << "entry " << j;
-          } else {
-            ASSERT_EQ(got_i[j], -1) << "entry " << j << " written beyond the count";
-            ASSERT_EQ(bits_of(got_v[j]), bits_of(sentinel)) << "entry " << j << " written beyond the count";
-          }
+    const index_t count = static_cast<index_t>(fired.size());
+    for (const index_t capacity : {index_t(0), count / 2, count, count + 3}) {
+      const float sentinel = -12345.0f;
+      const auto indices = pulse::to_device<Mem>(std::vector<index_t>(capacity, -1));
+      const auto values = pulse::to_device<Mem>(std::vector<float>(capacity, sentinel));
+      ASSERT_EQ(pulse::compact_fired(space, theta_v, s_v, indices, values), count);
+      const auto got_i = pulse::to_host(indices);
+      const auto got_v = pulse::to_host(values);
+      for (index_t j = 0; j < capacity; ++j) {
+        if (j < count) {
+          ASSERT_EQ(got_i[j], fired[j]) << "n " << n << " capacity " << capacity << " entry " << j;
+          ASSERT_EQ(bits_of(got_v[j]), bits_of(s[fired[j]])) << "entry " << j;
+        } else {
+          ASSERT_EQ(got_i[j], -1) << "entry " << j << " written beyond the count";
+          ASSERT_EQ(bits_of(got_v[j]), bits_of(sentinel)) << "entry " << j << " written beyond the count";
         }
       }
     }
   }
 }
 
-TEST(Gate, RejectsMismatchedSizes) {
-  const Kokkos::View<float*> a("a", 3), b("b", 4);
-  Kokkos::View<std::uint8_t*> mask3("mask", 3), mask4("mask", 4);
-  EXPECT_THROW(pulse::gate_mask(pulse::DefaultExec(), a, b, mask3), pulse::Error);
-  EXPECT_THROW(pulse::gate_mask(pulse::DefaultExec(), a, a, mask4), pulse::Error);
-  EXPECT_THROW(pulse::compact_fired(pulse::DefaultExec(), a, a, Kokkos::View<index_t*>("i", 2),
-                                    Kokkos::View<float*>("v", 1)),
+TYPED_TEST(Gate, RejectsMismatchedSizes) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  const Kokkos::View<float*, Mem> a("a", 3), b("b", 4);
+  Kokkos::View<std::uint8_t*, Mem> mask3("mask", 3), mask4("mask", 4);
+  EXPECT_THROW(pulse::gate_mask(space, a, b, mask3), pulse::Error);
+  EXPECT_THROW(pulse::gate_mask(space, a, a, mask4), pulse::Error);
+  EXPECT_THROW(pulse::compact_fired(space, a, a, Kokkos::View<index_t*, Mem>("i", 2), Kokkos::View<float*, Mem>("v", 1)),
                pulse::Error);
 }
 

@@ -17,7 +17,7 @@
 #include "core/error.hpp"
 #include "kernels/blas_gemm.hpp"
 #include "kernels/gemm.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
@@ -27,11 +27,13 @@ std::uint32_t pulse_bits(float x) {
   return u;
 }
 
-using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, pulse::DefaultMem>;
+template <class Mem>
+using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, Mem>;
 using pulse::Transpose;
 
-Matrix random_matrix(const std::string& label, int rows, int cols, std::mt19937& rng) {
-  Matrix x(label, rows, cols);
+template <class Mem>
+Matrix<Mem> random_matrix(const std::string& label, int rows, int cols, std::mt19937& rng) {
+  Matrix<Mem> x(label, rows, cols);
   auto h = Kokkos::create_mirror_view(x);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (int i = 0; i < rows; ++i)
@@ -46,15 +48,16 @@ double op(const HostMatrix& x, Transpose t, int i, int j) {
   return t == Transpose::yes ? x(j, i) : x(i, j);
 }
 
-template <class Gemm>
-void check_gemm(const Gemm& gemm, Transpose ta, Transpose tb, int m, int n, int k, float alpha, float beta) {
+template <class Gemm, class Space, class Mem = typename Space::memory_space>
+void check_gemm(const Gemm& gemm, const Space& space, Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                float beta) {
   const std::string where = "ta=" + std::to_string(int(ta)) + " tb=" + std::to_string(int(tb)) +
                             " m=" + std::to_string(m) + " n=" + std::to_string(n) +
                             " k=" + std::to_string(k);
   std::mt19937 rng(m * 10007 + n * 101 + k);
-  Matrix A = ta == Transpose::yes ? random_matrix("A", k, m, rng) : random_matrix("A", m, k, rng);
-  Matrix B = tb == Transpose::yes ? random_matrix("B", n, k, rng) : random_matrix("B", k, n, rng);
-  Matrix C = random_matrix("C", m, n, rng);
+  Matrix<Mem> A = ta == Transpose::yes ? random_matrix<Mem>("A", k, m, rng) : random_matrix<Mem>("A", m, k, rng);
+  Matrix<Mem> B = tb == Transpose::yes ? random_matrix<Mem>("B", n, k, rng) : random_matrix<Mem>("B", k, n, rng);
+  Matrix<Mem> C = random_matrix<Mem>("C", m, n, rng);
   auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
   auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B);
   auto c0 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
@@ -62,7 +65,7 @@ void check_gemm(const Gemm& gemm, Transpose ta, Transpose tb, int m, int n, int 
   Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> c_old("c_old", m, n);
   Kokkos::deep_copy(c_old, c0);
 
-  gemm(ta, tb, m, n, k, alpha, A, B, beta, C);
+  gemm(space, ta, tb, m, n, k, alpha, A, B, beta, C);
   auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
 
   const double eps = std::numeric_limits<float>::epsilon();
@@ -84,8 +87,8 @@ void check_gemm(const Gemm& gemm, Transpose ta, Transpose tb, int m, int n, int 
 const Transpose both[] = {Transpose::no, Transpose::yes};
 const int sizes[] = {1, 3, 17, 65};
 
-const auto ordered = [](auto... args) { pulse::gemm(pulse::DefaultExec(), args...); };
-const auto vendor = [](auto... args) { pulse::blas_gemm(pulse::DefaultExec(), args...); };
+const auto ordered = [](auto... args) { pulse::gemm(args...); };
+const auto vendor = [](auto... args) { pulse::blas_gemm(args...); };
 
 using HostMatrix = Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace>;
 
@@ -107,8 +110,9 @@ HostMatrix contract_gemm(Transpose ta, Transpose tb, int m, int n, int k, float 
 }
 
 // Rows [first, first + rows) of op(A) as a matrix of its own, in A's storage order.
-Matrix row_block(const HostMatrix& a, Transpose ta, int first, int rows, int k) {
-  Matrix out("block", ta == Transpose::yes ? k : rows, ta == Transpose::yes ? rows : k);
+template <class Mem>
+Matrix<Mem> row_block(const HostMatrix& a, Transpose ta, int first, int rows, int k) {
+  Matrix<Mem> out("block", ta == Transpose::yes ? k : rows, ta == Transpose::yes ? rows : k);
   auto h = Kokkos::create_mirror_view(out);
   for (int r = 0; r < rows; ++r)
     for (int p = 0; p < k; ++p) (ta == Transpose::yes ? h(p, r) : h(r, p)) = ta == Transpose::yes ? a(p, first + r) : a(first + r, p);
@@ -118,76 +122,88 @@ Matrix row_block(const HostMatrix& a, Transpose ta, int first, int rows, int k) 
 
 }  // namespace
 
-TEST(Gemm, AllTransposesOddSizesAgainstDoubleLoop) {
+template <class B>
+using Gemm = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(Gemm, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(Gemm, AllTransposesOddSizesAgainstDoubleLoop) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   for (Transpose ta : both)
     for (Transpose tb : both)
       for (int m : sizes)
         for (int n : sizes)
-          for (int k : sizes) check_gemm(ordered, ta, tb, m, n, k, 0.75f, -1.25f);
+          for (int k : sizes) check_gemm(ordered, space, ta, tb, m, n, k, 0.75f, -1.25f);
 }
 
-TEST(BlasGemm, AllTransposesOddSizesAgainstDoubleLoop) {
+template <class B>
+using BlasGemm = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(BlasGemm, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(BlasGemm, AllTransposesOddSizesAgainstDoubleLoop) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   for (Transpose ta : both)
     for (Transpose tb : both)
       for (int m : sizes)
         for (int n : sizes)
-          for (int k : sizes) check_gemm(vendor, ta, tb, m, n, k, 0.75f, -1.25f);
+          for (int k : sizes) check_gemm(vendor, space, ta, tb, m, n, k, 0.75f, -1.25f);
 }
 
 // Every element bit for bit the contract's ordered sum, at sizes that cut tiles and vectors
 // anywhere (rows past a multiple of 4 and 8, columns past a multiple of 16), for alpha = 1 and
-// beta = 0 or 1 (what the model calls) and the general case; on the host code path (register
-// tiles) and the device one (a thread per element), so the two give the same bits.
-TEST(Gemm, EachElementIsTheOrderedSumBitForBit) {
-  for (const bool forced : {false, true}) {
-    const pulse::test::ForcedDevicePaths path(forced);
-    SCOPED_TRACE(forced ? "device code path" : "host code path");
-    for (Transpose ta : both)
-      for (Transpose tb : both)
-        for (int m : {1, 5, 9, 13, 64})
-          for (int n : {1, 15, 16, 33, 48})
-            for (int k : {1, 7, 64, 200})
-              for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, -1.25f}}) {
-                std::mt19937 rng(m * 7919 + n * 131 + k);
-                Matrix A = ta == Transpose::yes ? random_matrix("A", k, m, rng) : random_matrix("A", m, k, rng);
-                Matrix B = tb == Transpose::yes ? random_matrix("B", n, k, rng) : random_matrix("B", k, n, rng);
-                Matrix C = random_matrix("C", m, n, rng);
-                HostMatrix c_old("c_old", m, n);
-                Kokkos::deep_copy(c_old, C);
-                const HostMatrix want = contract_gemm(ta, tb, m, n, k, alpha,
-                                                      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A),
-                                                      Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B),
-                                                      beta, c_old);
-                pulse::gemm(pulse::DefaultExec(), ta, tb, m, n, k, alpha, A, B, beta, C);
-                auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
-                for (int i = 0; i < m; ++i)
-                  for (int j = 0; j < n; ++j)
-                    ASSERT_EQ(pulse_bits(got(i, j)), pulse_bits(want(i, j)))
-                        << "ta=" << int(ta) << " tb=" << int(tb) << " m=" << m << " n=" << n << " k=" << k
-                        << " alpha=" << alpha << " beta=" << beta << " at (" << i << ", " << j << ")";
-              }
-  }
+// beta = 0 or 1 (what the model calls) and the general case; on every backend, the host code
+// path (register tiles) and the device one (a thread per element), so all give the same bits.
+TYPED_TEST(Gemm, EachElementIsTheOrderedSumBitForBit) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  for (Transpose ta : both)
+    for (Transpose tb : both)
+      for (int m : {1, 5, 9, 13, 64})
+        for (int n : {1, 15, 16, 33, 48})
+          for (int k : {1, 7, 64, 200})
+            for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, {1.0f, 1.0f}, {0.75f, -1.25f}}) {
+              std::mt19937 rng(m * 7919 + n * 131 + k);
+              auto A = ta == Transpose::yes ? random_matrix<Mem>("A", k, m, rng) : random_matrix<Mem>("A", m, k, rng);
+              auto B = tb == Transpose::yes ? random_matrix<Mem>("B", n, k, rng) : random_matrix<Mem>("B", k, n, rng);
+              auto C = random_matrix<Mem>("C", m, n, rng);
+              HostMatrix c_old("c_old", m, n);
+              Kokkos::deep_copy(c_old, C);
+              const HostMatrix want = contract_gemm(ta, tb, m, n, k, alpha,
+                                                    Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A),
+                                                    Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B),
+                                                    beta, c_old);
+              pulse::gemm(space, ta, tb, m, n, k, alpha, A, B, beta, C);
+              auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
+              for (int i = 0; i < m; ++i)
+                for (int j = 0; j < n; ++j)
+                  ASSERT_EQ(pulse_bits(got(i, j)), pulse_bits(want(i, j)))
+                      << "ta=" << int(ta) << " tb=" << int(tb) << " m=" << m << " n=" << n << " k=" << k
+                      << " alpha=" << alpha << " beta=" << beta << " at (" << i << ", " << j << ")";
+            }
 }
 
 // The property the model relies on: a row's result does not depend on how many rows share the
 // call. The rows of a 61-row product, computed in blocks of 1, 2, 3, 7 and 8 rows, give the same
 // bits as in one call.
-TEST(Gemm, RowsAreTheSameBitsHoweverTheyAreSplit) {
+TYPED_TEST(Gemm, RowsAreTheSameBitsHoweverTheyAreSplit) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int m = 61, n = 100, k = 96;
   for (Transpose ta : both)
     for (Transpose tb : both) {
       std::mt19937 rng(17);
-      Matrix A = ta == Transpose::yes ? random_matrix("A", k, m, rng) : random_matrix("A", m, k, rng);
-      Matrix B = tb == Transpose::yes ? random_matrix("B", n, k, rng) : random_matrix("B", k, n, rng);
-      Matrix whole("whole", m, n);
-      pulse::gemm(pulse::DefaultExec(), ta, tb, m, n, k, 1.0f, A, B, 0.0f, whole);
+      auto A = ta == Transpose::yes ? random_matrix<Mem>("A", k, m, rng) : random_matrix<Mem>("A", m, k, rng);
+      auto B = tb == Transpose::yes ? random_matrix<Mem>("B", n, k, rng) : random_matrix<Mem>("B", k, n, rng);
+      Matrix<Mem> whole("whole", m, n);
+      pulse::gemm(space, ta, tb, m, n, k, 1.0f, A, B, 0.0f, whole);
       const auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
       const auto want = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), whole);
       for (int block : {1, 2, 3, 7, 8})
         for (int first = 0; first < m; first += block) {
           const int rows = std::min(block, m - first);
-          Matrix part("part", rows, n);
-          pulse::gemm(pulse::DefaultExec(), ta, tb, rows, n, k, 1.0f, row_block(a, ta, first, rows, k), B, 0.0f, part);
+          Matrix<Mem> part("part", rows, n);
+          pulse::gemm(space, ta, tb, rows, n, k, 1.0f, row_block<Mem>(a, ta, first, rows, k), B, 0.0f, part);
           const auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), part);
           for (int r = 0; r < rows; ++r)
             for (int j = 0; j < n; ++j)
@@ -197,20 +213,23 @@ TEST(Gemm, RowsAreTheSameBitsHoweverTheyAreSplit) {
     }
 }
 
-TEST(Gemm, BetaZeroIgnoresOldC) {
-  Matrix A("A", 2, 3), B("B", 3, 2), C("C", 2, 2);
+TYPED_TEST(Gemm, BetaZeroIgnoresOldC) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  Matrix<Mem> A("A", 2, 3), B("B", 3, 2), C("C", 2, 2);
   Kokkos::deep_copy(A, 1.0f);
   Kokkos::deep_copy(B, 2.0f);
   Kokkos::deep_copy(C, std::numeric_limits<float>::quiet_NaN());
-  pulse::gemm(pulse::DefaultExec(), Transpose::no, Transpose::no, 2, 2, 3, 0.5f, A, B, 0.0f, C);
+  pulse::gemm(space, Transpose::no, Transpose::no, 2, 2, 3, 0.5f, A, B, 0.0f, C);
   auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) EXPECT_EQ(c(i, j), 3.0f) << i << "," << j;  // 0.5 * 3 * 1 * 2
 }
 
-TEST(Gemm, RejectsMismatchedShapes) {
-  Matrix A("A", 2, 3), B("B", 3, 4), C("C", 2, 4);
-  const auto space = pulse::DefaultExec();
+TYPED_TEST(Gemm, RejectsMismatchedShapes) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  Matrix<Mem> A("A", 2, 3), B("B", 3, 4), C("C", 2, 4);
   EXPECT_NO_THROW(pulse::gemm(space, Transpose::no, Transpose::no, 2, 4, 3, 1.0f, A, B, 0.0f, C));
   EXPECT_THROW(pulse::gemm(space, Transpose::yes, Transpose::no, 2, 4, 3, 1.0f, A, B, 0.0f, C),
                pulse::Error);

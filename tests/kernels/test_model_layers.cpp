@@ -22,12 +22,13 @@
 #include "kernels/layernorm.hpp"
 #include "kernels/matmul.hpp"
 #include "kernels/residual.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
 using Vec = std::vector<double>;
-using FView = Kokkos::View<float*, pulse::DefaultMem>;
+template <class Mem>
+using FView = Kokkos::View<float*, Mem>;
 
 Vec randn(std::size_t n, std::mt19937& rng, double scale = 1.0, double shift = 0.0) {
   std::normal_distribution<double> d(0.0, 1.0);
@@ -37,17 +38,23 @@ Vec randn(std::size_t n, std::mt19937& rng, double scale = 1.0, double shift = 0
   return x;
 }
 
-FView dev(const Vec& x) { return pulse::to_device(std::vector<float>(x.begin(), x.end())); }
-FView ones(std::size_t n) {
-  FView v("ones", n);
+template <class Mem>
+FView<Mem> dev(const Vec& x) {
+  return pulse::to_device<Mem>(std::vector<float>(x.begin(), x.end()));
+}
+template <class Mem>
+FView<Mem> ones(std::size_t n) {
+  FView<Mem> v("ones", n);
   Kokkos::deep_copy(v, 1.0f);
   return v;
 }
-Vec host(const FView& v) {
+template <class Mem>
+Vec host(const FView<Mem>& v) {
   const auto h = pulse::to_host(v);
   return Vec(h.begin(), h.end());
 }
-Vec minus_one(const FView& v) {
+template <class Mem>
+Vec minus_one(const FView<Mem>& v) {
   Vec h = host(v);
   for (double& x : h) x -= 1.0;
   return h;
@@ -150,7 +157,13 @@ Vec cross_entropy_ref(const Vec& logits, const std::vector<int>& targets, int N,
 
 }  // namespace
 
-TEST(Layers, EmbeddingRepeatedTokens) {
+template <class B>
+using Layers = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(Layers, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(Layers, EmbeddingRepeatedTokens) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int B = 2, T = 5, C = 3, V = 4, maxT = 7;
   std::mt19937 rng(1);
   Vec wte = randn(V * C, rng), wpe = randn(maxT * C, rng), R = randn(B * T * C, rng);
@@ -161,31 +174,36 @@ TEST(Layers, EmbeddingRepeatedTokens) {
       for (int c = 0; c < C; ++c) out[bt * C + c] = wte[tok[bt] * C + c] + wpe[(bt % T) * C + c];
     return out;
   };
-  const auto tokens = pulse::to_device(tok);
-  FView out("out", B * T * C), dwte = ones(V * C), dwpe = ones(maxT * C);
-  pulse::embedding_forward(pulse::DefaultExec(), out, tokens, dev(wte), dev(wpe), B, T, C);
+  const auto tokens = pulse::to_device<Mem>(tok);
+  FView<Mem> out("out", B * T * C), dwte = ones<Mem>(V * C), dwpe = ones<Mem>(maxT * C);
+  pulse::embedding_forward(space, out, tokens, dev<Mem>(wte), dev<Mem>(wpe), B, T, C);
   expect_close(host(out), ref(), 0.0 + 1e-7, "embedding out");
-  pulse::embedding_backward(pulse::DefaultExec(), dwte, dwpe, dev(R), tokens, B, T, C);
+  pulse::embedding_backward(space, dwte, dwpe, dev<Mem>(R), tokens, B, T, C);
   expect_close(minus_one(dwte), numeric_grad(ref, wte, R), grad_tol, "dwte");
   expect_close(minus_one(dwpe), numeric_grad(ref, wpe, R), grad_tol, "dwpe");
 }
 
-TEST(Layers, LayerNorm) {
+TYPED_TEST(Layers, LayerNorm) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int N = 5, C = 7;
   std::mt19937 rng(2);
   Vec x = randn(N * C, rng, 2.0, 3.0), w = randn(C, rng), b = randn(C, rng), R = randn(N * C, rng);
   auto ref = [&] { return layernorm_ref(x, w, b, N, C); };
-  const FView X = dev(x), W = dev(w);
-  FView out("out", N * C), mean("mean", N), rstd("rstd", N), dx = ones(N * C), dw = ones(C), db = ones(C);
-  pulse::layernorm_forward(pulse::DefaultExec(), out, mean, rstd, X, W, dev(b), N, C);
+  const FView<Mem> X = dev<Mem>(x), W = dev<Mem>(w);
+  FView<Mem> out("out", N * C), mean("mean", N), rstd("rstd", N);
+  FView<Mem> dx = ones<Mem>(N * C), dw = ones<Mem>(C), db = ones<Mem>(C);
+  pulse::layernorm_forward(space, out, mean, rstd, X, W, dev<Mem>(b), N, C);
   expect_close(host(out), ref(), out_tol, "layernorm out");
-  pulse::layernorm_backward(pulse::DefaultExec(), dx, dw, db, dev(R), X, W, mean, rstd, N, C);
+  pulse::layernorm_backward(space, dx, dw, db, dev<Mem>(R), X, W, mean, rstd, N, C);
   expect_close(minus_one(dx), numeric_grad(ref, x, R), grad_tol, "dx");
   expect_close(minus_one(dw), numeric_grad(ref, w, R), grad_tol, "dweight");
   expect_close(minus_one(db), numeric_grad(ref, b, R), grad_tol, "dbias");
 }
 
-TEST(Layers, MatmulWithAndWithoutBias) {
+TYPED_TEST(Layers, MatmulWithAndWithoutBias) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int N = 6, C = 5, OC = 3;
   for (bool with_bias : {true, false}) {
     SCOPED_TRACE(with_bias ? "bias" : "no bias");
@@ -193,35 +211,39 @@ TEST(Layers, MatmulWithAndWithoutBias) {
     Vec x = randn(N * C, rng), w = randn(OC * C, rng), R = randn(N * OC, rng);
     Vec b = with_bias ? randn(OC, rng) : Vec{};
     auto ref = [&] { return matmul_ref(x, w, b, N, C, OC); };
-    const FView X = dev(x), W = dev(w);
-    FView out("out", N * OC), dx = ones(N * C), dw = ones(OC * C), db = ones(b.size());
-    pulse::matmul_forward(pulse::DefaultExec(), out, X, W, dev(b), N, C, OC);
+    const FView<Mem> X = dev<Mem>(x), W = dev<Mem>(w);
+    FView<Mem> out("out", N * OC), dx = ones<Mem>(N * C), dw = ones<Mem>(OC * C), db = ones<Mem>(b.size());
+    pulse::matmul_forward(space, out, X, W, dev<Mem>(b), N, C, OC);
     expect_close(host(out), ref(), out_tol, "matmul out");
-    pulse::matmul_backward(pulse::DefaultExec(), dx, dw, db, dev(R), X, W, N, C, OC);
+    pulse::matmul_backward(space, dx, dw, db, dev<Mem>(R), X, W, N, C, OC);
     expect_close(minus_one(dx), numeric_grad(ref, x, R), grad_tol, "dx");
     expect_close(minus_one(dw), numeric_grad(ref, w, R), grad_tol, "dweight");
     if (with_bias) expect_close(minus_one(db), numeric_grad(ref, b, R), grad_tol, "dbias");
   }
 }
 
-// matmul on the host code path (a bias row copy, register-tiled GEMM) and the device one (a
-// thread per element): the same bits forward and backward.
-TEST(Layers, MatmulHostAndDevicePathsAgreeBitForBit) {
+// matmul on every backend, the host code path (a bias row copy, register-tiled GEMM) and the
+// device one (a thread per element): the same bits forward and backward.
+TEST(Layers, MatmulEveryBackendGivesTheSameBits) {
   const int N = 13, C = 37, OC = 19;
-  pulse::test::expect_same_outputs(pulse::test::on_both_code_paths([&] {
+  pulse::test::expect_same_outputs(pulse::test::on_every_backend([&](auto backend) {
+    using Mem = typename decltype(backend)::Mem;
+    const typename decltype(backend)::ExecSpace space;
     std::mt19937 rng(4);
-    const FView X = dev(randn(N * C, rng)), W = dev(randn(OC * C, rng)), B = dev(randn(OC, rng));
-    const FView dout = dev(randn(N * OC, rng));
-    FView out("out", N * OC), dx = ones(N * C), dw = ones(OC * C), db = ones(OC);
-    pulse::matmul_forward(pulse::DefaultExec(), out, X, W, B, N, C, OC);
-    pulse::matmul_backward(pulse::DefaultExec(), dx, dw, db, dout, X, W, N, C, OC);
+    const FView<Mem> X = dev<Mem>(randn(N * C, rng)), W = dev<Mem>(randn(OC * C, rng)), B = dev<Mem>(randn(OC, rng));
+    const FView<Mem> dout = dev<Mem>(randn(N * OC, rng));
+    FView<Mem> out("out", N * OC), dx = ones<Mem>(N * C), dw = ones<Mem>(OC * C), db = ones<Mem>(OC);
+    pulse::matmul_forward(space, out, X, W, B, N, C, OC);
+    pulse::matmul_backward(space, dx, dw, db, dout, X, W, N, C, OC);
     using pulse::test::bytes_of;
     return pulse::test::Outputs{{"out", bytes_of(pulse::to_host(out))}, {"dinp", bytes_of(pulse::to_host(dx))},
                                 {"dweight", bytes_of(pulse::to_host(dw))}, {"dbias", bytes_of(pulse::to_host(db))}};
   }));
 }
 
-TEST(Layers, CausalAttentionOddSizes) {
+TYPED_TEST(Layers, CausalAttentionOddSizes) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int B = 2, T = 5, C = 6, NH = 3;  // head size 2, T not a power of two
   std::mt19937 rng(4);
   Vec qkv = randn(B * T * 3 * C, rng), R = randn(B * T * C, rng);
@@ -231,14 +253,14 @@ TEST(Layers, CausalAttentionOddSizes) {
     all.resize(std::size_t(B) * T * C);
     return all;
   };
-  const FView QKV = dev(qkv);
-  FView out("out", B * T * C), att("att", B * NH * T * T), scratch("scratch", B * NH * T * T);
-  FView dqkv = ones(B * T * 3 * C);
-  pulse::attention_forward(pulse::DefaultExec(), out, att, QKV, B, T, C, NH);
+  const FView<Mem> QKV = dev<Mem>(qkv);
+  FView<Mem> out("out", B * T * C), att("att", B * NH * T * T), scratch("scratch", B * NH * T * T);
+  FView<Mem> dqkv = ones<Mem>(B * T * 3 * C);
+  pulse::attention_forward(space, out, att, QKV, B, T, C, NH);
   Vec got = host(out), got_att = host(att);
   got.insert(got.end(), got_att.begin(), got_att.end());
   expect_close(got, ref_all(), out_tol, "attention out and att (zero above the diagonal)");
-  pulse::attention_backward(pulse::DefaultExec(), dqkv, scratch, dev(R), QKV, att, B, T, C, NH);
+  pulse::attention_backward(space, dqkv, scratch, dev<Mem>(R), QKV, att, B, T, C, NH);
   expect_close(minus_one(dqkv), numeric_grad(ref_out, qkv, R), grad_tol, "dqkv");
 }
 
@@ -259,7 +281,9 @@ TEST(Layers, GeluTanhAgainstDoubleTanh) {
   EXPECT_EQ(pulse::detail::gelu_tanh(-std::numeric_limits<float>::infinity()), -1.0f);
 }
 
-TEST(Layers, GeluIncludingLargeInputs) {
+TYPED_TEST(Layers, GeluIncludingLargeInputs) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937 rng(5);
   Vec x = randn(60, rng, 3.0);
   x.insert(x.end(), {-30.0, -10.0, 0.0, 10.0, 30.0});  // tanh saturates; no overflow
@@ -269,46 +293,52 @@ TEST(Layers, GeluIncludingLargeInputs) {
     for (std::size_t i = 0; i < x.size(); ++i) y[i] = gelu_ref(x[i]);
     return y;
   };
-  const FView X = dev(x);
-  FView out("out", x.size()), dx = ones(x.size());
-  pulse::gelu_forward(pulse::DefaultExec(), out, X, x.size());
+  const FView<Mem> X = dev<Mem>(x);
+  FView<Mem> out("out", x.size()), dx = ones<Mem>(x.size());
+  pulse::gelu_forward(space, out, X, x.size());
   expect_close(host(out), ref(), out_tol, "gelu out");
-  pulse::gelu_backward(pulse::DefaultExec(), dx, X, dev(R), x.size());
+  pulse::gelu_backward(space, dx, X, dev<Mem>(R), x.size());
   expect_close(minus_one(dx), numeric_grad(ref, x, R), grad_tol, "dx");
 }
 
-TEST(Layers, Residual) {
+TYPED_TEST(Layers, Residual) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937 rng(6);
   const Vec a = randn(9, rng), b = randn(9, rng), R = randn(9, rng);
-  FView out("out", 9), da = ones(9), db = ones(9);
-  pulse::residual_forward(pulse::DefaultExec(), out, dev(a), dev(b), 9);
+  FView<Mem> out("out", 9), da = ones<Mem>(9), db = ones<Mem>(9);
+  pulse::residual_forward(space, out, dev<Mem>(a), dev<Mem>(b), 9);
   Vec sum(9);
   for (int i = 0; i < 9; ++i) sum[i] = a[i] + b[i];
   expect_close(host(out), sum, 1e-7, "residual out");
-  pulse::residual_backward(pulse::DefaultExec(), da, db, dev(R), 9);
+  pulse::residual_backward(space, da, db, dev<Mem>(R), 9);
   expect_close(minus_one(da), R, 1e-7, "da");
   expect_close(minus_one(db), R, 1e-7, "db");
 }
 
-TEST(Layers, CrossEntropyWeightedRows) {
+TYPED_TEST(Layers, CrossEntropyWeightedRows) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const int N = 4, V = 6;
   std::mt19937 rng(7);
   Vec logits = randn(N * V, rng, 3.0);
   const Vec dloss = randn(N, rng);  // per-row weights (1/N for a mean)
   const std::vector<int> tgt = {0, 5, 2, 2};
   auto ref = [&] { return cross_entropy_ref(logits, tgt, N, V); };
-  const auto targets = pulse::to_device(tgt);
-  FView losses("losses", N), probs("probs", N * V), dlogits = ones(N * V);
-  pulse::cross_entropy_forward(pulse::DefaultExec(), losses, probs, dev(logits), targets, N, V);
+  const auto targets = pulse::to_device<Mem>(tgt);
+  FView<Mem> losses("losses", N), probs("probs", N * V), dlogits = ones<Mem>(N * V);
+  pulse::cross_entropy_forward(space, losses, probs, dev<Mem>(logits), targets, N, V);
   expect_close(host(losses), ref(), out_tol, "losses");
-  pulse::cross_entropy_backward(pulse::DefaultExec(), dlogits, dev(dloss), probs, targets, N, V);
+  pulse::cross_entropy_backward(space, dlogits, dev<Mem>(dloss), probs, targets, N, V);
   expect_close(minus_one(dlogits), numeric_grad(ref, logits, dloss), grad_tol, "dlogits");
 }
 
-TEST(Layers, CrossEntropyStaysFiniteWhenTheTargetProbabilityUnderflows) {
+TYPED_TEST(Layers, CrossEntropyStaysFiniteWhenTheTargetProbabilityUnderflows) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const Vec logits = {0.0, 200.0, -200.0};  // p(target 2) = e^-400 underflows in FP32
-  const auto targets = pulse::to_device(std::vector<int>{2});
-  FView losses("losses", 1), probs("probs", 3);
-  pulse::cross_entropy_forward(pulse::DefaultExec(), losses, probs, dev(logits), targets, 1, 3);
+  const auto targets = pulse::to_device<Mem>(std::vector<int>{2});
+  FView<Mem> losses("losses", 1), probs("probs", 3);
+  pulse::cross_entropy_forward(space, losses, probs, dev<Mem>(logits), targets, 1, 3);
   EXPECT_NEAR(host(losses)[0], 400.0, 1e-3);
 }

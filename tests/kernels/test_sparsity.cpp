@@ -11,7 +11,7 @@
 
 #include "kernels/sparsity.hpp"
 #include "kernels/host_copy.hpp"
-#include "support/code_paths.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
@@ -62,20 +62,28 @@ index_t naive_count(const Bits& a, const Bits& b) {
   return c;
 }
 
-TEST(CountChanged, HandDerived) {
+template <class B>
+using CountChanged = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(CountChanged, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(CountChanged, HandDerived) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   // +0 -> -0, NaN payload 0x7FC1 -> 0x7FC0, equal 1.0, equal -inf, 1.0 -> next value up.
-  const auto old_bits = pulse::to_device(Bits{0x0000, 0x7FC1, 0x3F80, 0xFF80, 0x3F80});
-  const auto new_bits = pulse::to_device(Bits{0x8000, 0x7FC0, 0x3F80, 0xFF80, 0x3F81});
-  EXPECT_EQ(pulse::count_changed(pulse::DefaultExec(), old_bits, new_bits), 3);
+  const auto old_bits = pulse::to_device<Mem>(Bits{0x0000, 0x7FC1, 0x3F80, 0xFF80, 0x3F80});
+  const auto new_bits = pulse::to_device<Mem>(Bits{0x8000, 0x7FC0, 0x3F80, 0xFF80, 0x3F81});
+  EXPECT_EQ(pulse::count_changed(space, old_bits, new_bits), 3);
 }
 
-TEST(CountChanged, MatchesNaiveLoop) {
+TYPED_TEST(CountChanged, MatchesNaiveLoop) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(1);
   for (const index_t n : odd_sizes)
     for (const Kind kind : all_kinds) {
       const auto [a, b] = make_pair(kind, n, rng);
       const index_t expected = naive_count(a, b);
-      EXPECT_EQ(pulse::count_changed(pulse::DefaultExec(), pulse::to_device(a), pulse::to_device(b)), expected)
+      EXPECT_EQ(pulse::count_changed(space, pulse::to_device<Mem>(a), pulse::to_device<Mem>(b)), expected)
           << "n " << n << " kind " << int(kind);
       if (kind == Kind::all_changed) {
         EXPECT_EQ(expected, n);
@@ -86,13 +94,21 @@ TEST(CountChanged, MatchesNaiveLoop) {
     }
 }
 
-TEST(CountChanged, RejectsLengthMismatch) {
-  EXPECT_THROW(pulse::count_changed(pulse::DefaultExec(), Kokkos::View<bf16_bits*>("a", 3),
-                                    Kokkos::View<bf16_bits*>("b", 4)),
+TYPED_TEST(CountChanged, RejectsLengthMismatch) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  EXPECT_THROW(pulse::count_changed(space, Kokkos::View<bf16_bits*, Mem>("a", 3),
+                                    Kokkos::View<bf16_bits*, Mem>("b", 4)),
                pulse::Error);
 }
 
-TEST(CountChangedPerTensor, MatchesNaiveLoopAcrossSegmentBoundaries) {
+template <class B>
+using CountChangedPerTensor = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(CountChangedPerTensor, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(CountChangedPerTensor, MatchesNaiveLoopAcrossSegmentBoundaries) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(2);
   // Tensor sizes with empty and one-element tensors, sizes off any vector width.
   const std::vector<index_t> sizes = {0, 1, 7, 0, 33, 1, 100003, 0, 2, 64, 65};
@@ -101,9 +117,9 @@ TEST(CountChangedPerTensor, MatchesNaiveLoopAcrossSegmentBoundaries) {
   const index_t n = offsets.back();
   for (const index_t max_length : {index_t(1), index_t(3), index_t(64), pulse::default_segment_length})
     for (const Kind kind : all_kinds) {
-      const auto segments = pulse::make_segments(offsets, max_length);
+      const auto segments = pulse::make_segments<Mem>(offsets, max_length);
       const auto [a, b] = make_pair(kind, n, rng);
-      const auto counts = pulse::count_changed(pulse::DefaultExec(), segments, pulse::to_device(a), pulse::to_device(b));
+      const auto counts = pulse::count_changed(space, segments, pulse::to_device<Mem>(a), pulse::to_device<Mem>(b));
       ASSERT_EQ(counts.per_tensor.size(), sizes.size());
       for (std::size_t t = 0; t < sizes.size(); ++t) {
         const Bits ta(a.begin() + offsets[t], a.begin() + offsets[t + 1]);
@@ -115,28 +131,31 @@ TEST(CountChangedPerTensor, MatchesNaiveLoopAcrossSegmentBoundaries) {
     }
 }
 
-TEST(CountChangedPerTensor, EmptyBufferAndMismatch) {
-  const auto empty = pulse::make_segments(std::vector<index_t>{0, 0, 0});
-  const Kokkos::View<bf16_bits*> none("none", 0);
-  const auto counts = pulse::count_changed(pulse::DefaultExec(), empty, none, none);
+TYPED_TEST(CountChangedPerTensor, EmptyBufferAndMismatch) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  const auto empty = pulse::make_segments<Mem>(std::vector<index_t>{0, 0, 0});
+  const Kokkos::View<bf16_bits*, Mem> none("none", 0);
+  const auto counts = pulse::count_changed(space, empty, none, none);
   EXPECT_EQ(counts.total, 0);
   EXPECT_EQ(counts.per_tensor, (std::vector<index_t>{0, 0}));
-  const Kokkos::View<bf16_bits*> five("five", 5);
-  EXPECT_THROW(pulse::count_changed(pulse::DefaultExec(), pulse::make_segments(4), five, five), pulse::Error);
+  const Kokkos::View<bf16_bits*, Mem> five("five", 5);
+  EXPECT_THROW(pulse::count_changed(space, pulse::make_segments<Mem>(4), five, five), pulse::Error);
 }
 
 // Runs compact_changed with a given capacity and checks the contract: true count returned, the
 // first min(count, capacity) entries are the sorted changed indices and new bits, and nothing
 // beyond them is written.
-void check_compaction(const Bits& a, const Bits& b, index_t capacity) {
+template <class Space, class Mem = typename Space::memory_space>
+void check_compaction(const Space& space, const Bits& a, const Bits& b, index_t capacity) {
   std::vector<index_t> expected_indices;
   for (std::size_t i = 0; i < a.size(); ++i)
     if (a[i] != b[i]) expected_indices.push_back(static_cast<index_t>(i));
   const index_t sentinel_index = -7;
   const bf16_bits sentinel_value = 0xABCD;
-  const auto indices = pulse::to_device(std::vector<index_t>(capacity, sentinel_index));
-  const auto values = pulse::to_device(std::vector<bf16_bits>(capacity, sentinel_value));
-  const index_t count = pulse::compact_changed(pulse::DefaultExec(), pulse::to_device(a), pulse::to_device(b), indices, values);
+  const auto indices = pulse::to_device<Mem>(std::vector<index_t>(capacity, sentinel_index));
+  const auto values = pulse::to_device<Mem>(std::vector<bf16_bits>(capacity, sentinel_value));
+  const index_t count = pulse::compact_changed(space, pulse::to_device<Mem>(a), pulse::to_device<Mem>(b), indices, values);
   ASSERT_EQ(count, static_cast<index_t>(expected_indices.size())) << "capacity " << capacity;
   const auto got_indices = pulse::to_host(indices);
   const auto got_values = pulse::to_host(values);
@@ -151,46 +170,62 @@ void check_compaction(const Bits& a, const Bits& b, index_t capacity) {
   }
 }
 
-TEST(CompactChanged, MatchesNaiveLoopAtEveryCapacity) {
+template <class B>
+using CompactChanged = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(CompactChanged, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(CompactChanged, MatchesNaiveLoopAtEveryCapacity) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(3);
   for (const index_t n : odd_sizes)
     for (const Kind kind : all_kinds) {
       const auto [a, b] = make_pair(kind, n, rng);
       const index_t count = naive_count(a, b);
       for (const index_t capacity : {index_t(0), index_t(1), count / 2, count, count + 5})
-        if (capacity >= 0) check_compaction(a, b, capacity);
+        if (capacity >= 0) check_compaction(space, a, b, capacity);
     }
 }
 
-TEST(CompactChanged, GrowAndRetryReachesEveryChange) {
+TYPED_TEST(CompactChanged, GrowAndRetryReachesEveryChange) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(4);
   const auto [a, b] = make_pair(Kind::random, 33333, rng);
-  const auto old_bits = pulse::to_device(a), new_bits = pulse::to_device(b);
-  Kokkos::View<index_t*> indices("indices", 10);
-  Kokkos::View<bf16_bits*> values("values", 10);
-  index_t count = pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values);
+  const auto old_bits = pulse::to_device<Mem>(a), new_bits = pulse::to_device<Mem>(b);
+  Kokkos::View<index_t*, Mem> indices("indices", 10);
+  Kokkos::View<bf16_bits*, Mem> values("values", 10);
+  index_t count = pulse::compact_changed(space, old_bits, new_bits, indices, values);
   ASSERT_GT(count, 10);
   Kokkos::resize(indices, count);
   Kokkos::resize(values, count);
-  EXPECT_EQ(pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values), count);
+  EXPECT_EQ(pulse::compact_changed(space, old_bits, new_bits, indices, values), count);
   const auto got = pulse::to_host(values);
   const auto got_indices = pulse::to_host(indices);
   for (index_t j = 0; j < count; ++j) ASSERT_EQ(got[j], b[got_indices[j]]);
   EXPECT_EQ(count, naive_count(a, b));
 }
 
-TEST(CompactChanged, RejectsUnequalOutputCapacities) {
-  const Kokkos::View<bf16_bits*> x("x", 4);
-  EXPECT_THROW(pulse::compact_changed(pulse::DefaultExec(), x, x, Kokkos::View<index_t*>("i", 3),
-                                      Kokkos::View<bf16_bits*>("v", 2)),
+TYPED_TEST(CompactChanged, RejectsUnequalOutputCapacities) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  const Kokkos::View<bf16_bits*, Mem> x("x", 4);
+  EXPECT_THROW(pulse::compact_changed(space, x, x, Kokkos::View<index_t*, Mem>("i", 3),
+                                      Kokkos::View<bf16_bits*, Mem>("v", 2)),
                pulse::Error);
 }
 
-TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
+template <class B>
+using SnapshotRing = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(SnapshotRing, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(5);
   for (const index_t n : {index_t(1), index_t(33), index_t(10007)}) {
     const int depth = 4;
-    pulse::SnapshotRing<> ring(depth, n);
+    pulse::SnapshotRing<Mem> ring(depth, n);
     const std::vector<int> ks = {1, 2, 3, 4, 5, 8, 2};
     std::vector<Bits> history;  // every snapshot ever pushed
     Bits current = make_pair(Kind::random, n, rng).first;
@@ -202,7 +237,7 @@ TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
       if (n > 1) next[n - 1] = static_cast<bf16_bits>(0x7FC0 | (step % 3));
       current = next;
 
-      const auto counts = ring.count_changed_k(pulse::DefaultExec(), pulse::to_device(current), ks);
+      const auto counts = ring.count_changed_k(space, pulse::to_device<Mem>(current), ks);
       ASSERT_EQ(counts.size(), ks.size());
       for (std::size_t j = 0; j < ks.size(); ++j) {
         const int k = ks[j];
@@ -210,7 +245,7 @@ TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
         const index_t expected = held ? naive_count(history[history.size() - k], current) : -1;
         EXPECT_EQ(counts[j], expected) << "n " << n << " step " << step << " k " << k;
       }
-      ring.push(pulse::DefaultExec(), pulse::to_device(current));
+      ring.push(space, pulse::to_device<Mem>(current));
       history.push_back(current);
       EXPECT_EQ(ring.size(), std::min<int>(history.size(), depth));
       for (int k = 1; k <= ring.size(); ++k) ASSERT_EQ(pulse::to_host(ring.snapshot(k)), history[history.size() - k]);
@@ -219,25 +254,29 @@ TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
 }
 
 // Host backends count a block of 4096 elements in 16 bits: whole blocks of changes must not wrap.
-TEST(SnapshotRing, CountsBlocksInWhichEveryElementChanged) {
+TYPED_TEST(SnapshotRing, CountsBlocksInWhichEveryElementChanged) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const index_t n = 3 * 4096 + 5;
-  pulse::SnapshotRing<> ring(2, n);
-  ring.push(pulse::DefaultExec(), pulse::to_device(Bits(n, 0x3f80)));
-  ring.push(pulse::DefaultExec(), pulse::to_device(Bits(n, 0x3f81)));
+  pulse::SnapshotRing<Mem> ring(2, n);
+  ring.push(space, pulse::to_device<Mem>(Bits(n, 0x3f80)));
+  ring.push(space, pulse::to_device<Mem>(Bits(n, 0x3f81)));
   Bits current(n, 0x3f82);
   current[4096] = 0x3f81;  // equal to the newest snapshot only
-  EXPECT_EQ(ring.count_changed_k(pulse::DefaultExec(), pulse::to_device(current), {1, 2}),
+  EXPECT_EQ(ring.count_changed_k(space, pulse::to_device<Mem>(current), {1, 2}),
             (std::vector<index_t>{n - 1, n}));
 }
 
-TEST(SnapshotRing, RejectsBadArguments) {
-  EXPECT_THROW(pulse::SnapshotRing<>(0, 5), pulse::Error);
-  pulse::SnapshotRing<> ring(2, 5);
-  const Kokkos::View<bf16_bits*> x("x", 5), y("y", 6);
-  EXPECT_THROW(ring.push(pulse::DefaultExec(), y), pulse::Error);
-  EXPECT_THROW(ring.count_changed_k(pulse::DefaultExec(), x, {0}), pulse::Error);
+TYPED_TEST(SnapshotRing, RejectsBadArguments) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  EXPECT_THROW(pulse::SnapshotRing<Mem>(0, 5), pulse::Error);
+  pulse::SnapshotRing<Mem> ring(2, 5);
+  const Kokkos::View<bf16_bits*, Mem> x("x", 5), y("y", 6);
+  EXPECT_THROW(ring.push(space, y), pulse::Error);
+  EXPECT_THROW(ring.count_changed_k(space, x, {0}), pulse::Error);
   EXPECT_THROW(ring.snapshot(1), pulse::Error);
-  EXPECT_EQ(ring.count_changed_k(pulse::DefaultExec(), x, {1, 2}), (std::vector<index_t>{-1, -1}));
+  EXPECT_EQ(ring.count_changed_k(space, x, {1, 2}), (std::vector<index_t>{-1, -1}));
 }
 
 float from_bits(std::uint32_t u) {
@@ -246,16 +285,24 @@ float from_bits(std::uint32_t u) {
   return x;
 }
 
-TEST(CountSmall, HandDerived) {
+template <class B>
+using CountSmall = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(CountSmall, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(CountSmall, HandDerived) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  const auto grad = pulse::to_device(std::vector<float>{0.0f, -0.0f, 1e-9f, -1e-8f, 2e-8f, -1e-4f, nan, -nan, inf, -inf, 1.0f,
+  const auto grad = pulse::to_device<Mem>(std::vector<float>{0.0f, -0.0f, 1e-9f, -1e-8f, 2e-8f, -1e-4f, nan, -nan, inf, -inf, 1.0f,
                                     from_bits(0x00000001)});
-  const auto counts = pulse::count_small(pulse::DefaultExec(), grad, {0.0f, 1e-8f, 1e-6f, 1e-4f, -1.0f, inf});
+  const auto counts = pulse::count_small(space, grad, {0.0f, 1e-8f, 1e-6f, 1e-4f, -1.0f, inf});
   // tau 0: the two zeros; 1e-8: + 1e-9, -1e-8, the subnormal; 1e-4: + 2e-8, -1e-4; inf: all but NaNs.
   EXPECT_EQ(counts, (std::vector<index_t>{2, 5, 6, 7, 0, 10}));
 }
 
-TEST(CountSmall, MatchesNaiveLoop) {
+TYPED_TEST(CountSmall, MatchesNaiveLoop) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   std::mt19937_64 rng(6);
   const std::vector<float> taus = {0.0f, 1e-8f, 1e-6f, 1e-4f};
   std::uniform_real_distribution<double> log_mag(-40, 2);
@@ -273,26 +320,30 @@ TEST(CountSmall, MatchesNaiveLoop) {
     std::vector<index_t> expected(taus.size(), 0);
     for (const float g : grad)
       for (std::size_t j = 0; j < taus.size(); ++j) expected[j] += std::fabs(g) <= taus[j];
-    EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), taus), expected) << "n " << n;
+    EXPECT_EQ(pulse::count_small(space, pulse::to_device<Mem>(grad), taus), expected) << "n " << n;
   }
-  EXPECT_TRUE(pulse::count_small(pulse::DefaultExec(), pulse::to_device(std::vector<float>{1.0f}), {}).empty());
+  EXPECT_TRUE(pulse::count_small(space, pulse::to_device<Mem>(std::vector<float>{1.0f}), {}).empty());
 }
 
 // Host backends count a block of 4096 elements in 16 bits: whole blocks of small gradients must not wrap.
-TEST(CountSmall, CountsBlocksInWhichEveryGradientIsSmall) {
+TYPED_TEST(CountSmall, CountsBlocksInWhichEveryGradientIsSmall) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const index_t n = 2 * 4096 + 3;
   std::vector<float> grad(n, -0.0f);
   grad[n - 1] = 1.0f;
-  EXPECT_EQ(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), {0.0f, 2.0f}),
+  EXPECT_EQ(pulse::count_small(space, pulse::to_device<Mem>(grad), {0.0f, 2.0f}),
             (std::vector<index_t>{n - 1, n}));
 }
 
-// Every kernel here on the host code paths (blocked loops, flag words) and on the device ones
-// (team reductions, element-wise scans): the same counts, and the same bits in and beyond the
-// compacted entries.
-TEST(Sparsity, HostAndDevicePathsAgreeBitForBit) {
+// Every kernel here on every backend, on the host code paths (blocked loops, flag words) and on
+// the device ones (team reductions, element-wise scans): the same counts, and the same bits in
+// and beyond the compacted entries.
+TEST(Sparsity, EveryBackendGivesTheSameBits) {
   using pulse::test::bytes_of;
-  pulse::test::expect_same_outputs(pulse::test::on_both_code_paths([] {
+  pulse::test::expect_same_outputs(pulse::test::on_every_backend([](auto backend) {
+    using Mem = typename decltype(backend)::Mem;
+    const typename decltype(backend)::ExecSpace space;
     std::mt19937_64 rng(7);
     pulse::test::Outputs out;
     const index_t n = 100003;
@@ -300,32 +351,32 @@ TEST(Sparsity, HostAndDevicePathsAgreeBitForBit) {
     for (const Kind kind : {Kind::random, Kind::nan_payloads, Kind::signed_zero_flips}) {
       const std::string name = std::to_string(int(kind));
       const auto [a, b] = make_pair(kind, n, rng);
-      const auto old_bits = pulse::to_device(a), new_bits = pulse::to_device(b);
-      const index_t count = pulse::count_changed(pulse::DefaultExec(), old_bits, new_bits);
+      const auto old_bits = pulse::to_device<Mem>(a), new_bits = pulse::to_device<Mem>(b);
+      const index_t count = pulse::count_changed(space, old_bits, new_bits);
       out["count." + name] = bytes_of(std::vector<index_t>{count});
       for (const index_t max_length : {index_t(64), pulse::default_segment_length})
         out["per_tensor." + name + "." + std::to_string(max_length)] = bytes_of(
-            pulse::count_changed(pulse::DefaultExec(), pulse::make_segments(offsets, max_length), old_bits, new_bits)
+            pulse::count_changed(space, pulse::make_segments<Mem>(offsets, max_length), old_bits, new_bits)
                 .per_tensor);
       for (const index_t capacity : {count / 2, count + 5}) {
-        const auto indices = pulse::to_device(std::vector<index_t>(capacity, -7));
-        const auto values = pulse::to_device(std::vector<bf16_bits>(capacity, 0xABCD));
-        EXPECT_EQ(pulse::compact_changed(pulse::DefaultExec(), old_bits, new_bits, indices, values), count);
+        const auto indices = pulse::to_device<Mem>(std::vector<index_t>(capacity, -7));
+        const auto values = pulse::to_device<Mem>(std::vector<bf16_bits>(capacity, 0xABCD));
+        EXPECT_EQ(pulse::compact_changed(space, old_bits, new_bits, indices, values), count);
         const std::string at = name + "." + std::to_string(capacity);
         out["compact.indices." + at] = bytes_of(pulse::to_host(indices));
         out["compact.values." + at] = bytes_of(pulse::to_host(values));
       }
     }
-    pulse::SnapshotRing<> ring(3, n);
+    pulse::SnapshotRing<Mem> ring(3, n);
     for (int step = 0; step < 5; ++step) {
-      const auto current = pulse::to_device(make_pair(Kind::random, n, rng).second);
-      out["count_k." + std::to_string(step)] = bytes_of(ring.count_changed_k(pulse::DefaultExec(), current, {1, 2, 3}));
-      ring.push(pulse::DefaultExec(), current);
+      const auto current = pulse::to_device<Mem>(make_pair(Kind::random, n, rng).second);
+      out["count_k." + std::to_string(step)] = bytes_of(ring.count_changed_k(space, current, {1, 2, 3}));
+      ring.push(space, current);
     }
     std::vector<float> grad(n);
     std::uniform_real_distribution<double> log_mag(-12, 0);
     for (auto& g : grad) g = static_cast<float>(std::pow(10.0, log_mag(rng))) * ((rng() % 2) ? 1.0f : -1.0f);
-    out["count_small"] = bytes_of(pulse::count_small(pulse::DefaultExec(), pulse::to_device(grad), {0.0f, 1e-8f, 1e-4f}));
+    out["count_small"] = bytes_of(pulse::count_small(space, pulse::to_device<Mem>(grad), {0.0f, 1e-8f, 1e-4f}));
     return out;
   }));
 }

@@ -18,6 +18,7 @@
 #include "loco/exchange.hpp"
 #include "loco/outer_sync.hpp"
 #include "loco/sparse_payload.hpp"
+#include "support/backends.hpp"
 
 namespace {
 
@@ -139,14 +140,20 @@ TEST(Loco, RefusesDifferentStartingWeights) {
 // Step 1: g = 2, buf = 2, d = 2 + 0.5 * 2 = 3, theta = 10 - 1.5 = 8.5.
 // Step 2: g = 1, buf = 0.5 * 2 + 1 = 2, d = 1 + 0.5 * 2 = 2, theta = 8.5 - 1 = 7.5.
 // Without Nesterov, d = buf: 10 - 0.5 * 2 = 9, then 9 - 0.5 * 2 = 8.
-TEST(Loco, OuterSgdHandDerived) {
+template <class B>
+using OuterSgd = pulse::test::OnBackend<B>;
+TYPED_TEST_SUITE(OuterSgd, pulse::test::BackendTypes, pulse::test::BackendNames);
+
+TYPED_TEST(OuterSgd, HandDerived) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   for (const bool nesterov : {true, false}) {
-    auto theta = pulse::to_device(std::vector<float>{10.0f, -0.0f});
-    Kokkos::View<float*> momentum("momentum", 2);
+    auto theta = pulse::to_device<Mem>(std::vector<float>{10.0f, -0.0f});
+    Kokkos::View<float*, Mem> momentum("momentum", 2);
     for (int step = 0; step < 2; ++step) {
       const float summed = step == 0 ? 4.0f : 2.0f;
       const pulse::OuterSgdScalars s{0.5f, 0.5f, 2.0f, nesterov, step == 0};
-      pulse::outer_sgd(pulse::DefaultExec(), s, theta, momentum, pulse::to_device(std::vector<float>{summed, -0.0f}));
+      pulse::outer_sgd(space, s, theta, momentum, pulse::to_device<Mem>(std::vector<float>{summed, -0.0f}));
     }
     const auto t = pulse::to_host(theta);
     const auto m = pulse::to_host(momentum);
@@ -161,7 +168,9 @@ TEST(Loco, OuterSgdHandDerived) {
 // Gradients as large as the weights, so the roundings of PyTorch's fused add(alpha) show in
 // theta: two steps against a plain loop of the formula (checked against torch 1.13's SGD once:
 // 0 of 4096 elements differ fused, 1786 unfused), and the unfused variant must differ.
-TEST(Loco, OuterSgdMatchesFusedFormula) {
+TYPED_TEST(OuterSgd, MatchesFusedFormula) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
   const std::size_t n = 4096;
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -169,12 +178,12 @@ TEST(Loco, OuterSgdMatchesFusedFormula) {
   for (auto& t : theta) t = normal(rng);
   for (auto& s : sums)
     for (auto& v : s) v = 3.0f * normal(rng);
-  auto theta_view = pulse::to_device(theta);
-  Kokkos::View<float*> momentum("momentum", n);
+  auto theta_view = pulse::to_device<Mem>(theta);
+  Kokkos::View<float*, Mem> momentum("momentum", n);
   std::vector<float> fused = theta, unfused = theta, buf(n), buf_unfused(n);
   for (int step = 0; step < 2; ++step) {
     const pulse::OuterSgdScalars s{0.7f, 0.9f, 3.0f, true, step == 0};
-    pulse::outer_sgd(pulse::DefaultExec(), s, theta_view, momentum, pulse::to_device(sums[step]));
+    pulse::outer_sgd(space, s, theta_view, momentum, pulse::to_device<Mem>(sums[step]));
     for (std::size_t i = 0; i < n; ++i) {
       const float g = sums[step][i] / 3.0f;
       buf[i] = step == 0 ? g : 0.9f * buf[i] + g;
