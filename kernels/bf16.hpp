@@ -29,14 +29,19 @@ KOKKOS_INLINE_FUNCTION float bits_to_float(std::uint32_t u) {
   return x;
 }
 
-// x rounded to BF16, as FP32 bits (low half 0). Adding 0x7FFF plus the lowest kept bit rounds to
-// nearest, ties to even; a carry out of the mantissa correctly bumps the exponent (and the
-// largest finite values to infinity). A NaN (x != x: one compare) becomes the canonical one; a
-// select, not a branch, so loops over arrays vectorise.
-KOKKOS_INLINE_FUNCTION std::uint32_t rounded_bf16_bits(float x) {
+// x rounded to BF16, as FP32 bits (low half 0), a NaN's as they come. Adding 0x7FFF plus the
+// lowest kept bit rounds to nearest, ties to even; a carry out of the mantissa correctly bumps
+// the exponent (and the largest finite values to infinity). A NaN whose low 16 bits are 0 is left
+// as it is (adding at most 0x8000 to them carries nothing out); another may round to a zero.
+KOKKOS_INLINE_FUNCTION std::uint32_t rounded_bf16_bits_keeping_nan(float x) {
   const std::uint32_t u = float_to_bits(x);
-  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  return x != x ? std::uint32_t(bf16_canonical_nan) << 16 : rounded;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+}
+
+// The same with every NaN (x != x: one compare) the canonical one; a select, not a branch, so
+// loops over arrays vectorise.
+KOKKOS_INLINE_FUNCTION std::uint32_t rounded_bf16_bits(float x) {
+  return x != x ? std::uint32_t(bf16_canonical_nan) << 16 : rounded_bf16_bits_keeping_nan(x);
 }
 
 KOKKOS_INLINE_FUNCTION bf16_bits float_to_bf16(float x) { return static_cast<bf16_bits>(rounded_bf16_bits(x) >> 16); }
@@ -53,6 +58,22 @@ KOKKOS_INLINE_FUNCTION float round_to_bf16(float x) { return bits_to_float(round
 KOKKOS_INLINE_FUNCTION bf16_bits bf16_of_rounded(float rounded) {
   return static_cast<bf16_bits>(float_to_bits(rounded) >> 16);
 }
+
+// round_to_bf16 without the NaN select, for chains of operations on a host CPU (pure-BF16 AdamW
+// runs in half the time). A NaN whose low 16 bits are 0 stays a NaN, not canonical. On a CPU
+// every NaN an operation returns is one of its NaN operands (quieted) or the default NaN, whose
+// low 16 bits are 0, so operations on BF16 values, on results of this rounding and on FP32
+// scalars whose NaNs are canonical (canonical_nan_of) give no other NaNs; the final results are
+// made canonical by bf16_of_rounded_canonical. Not for devices: CUDA's default NaN is 0x7FFFFFFF.
+KOKKOS_INLINE_FUNCTION float round_to_bf16_keeping_nan(float x) { return bits_to_float(rounded_bf16_bits_keeping_nan(x)); }
+
+// The BF16 bits of a value round_to_bf16_keeping_nan returned: its high half, a NaN canonical.
+KOKKOS_INLINE_FUNCTION bf16_bits bf16_of_rounded_canonical(float rounded) {
+  return rounded != rounded ? bf16_canonical_nan : bf16_of_rounded(rounded);
+}
+
+// x itself, or the canonical NaN when x is a NaN (with any payload).
+KOKKOS_INLINE_FUNCTION float canonical_nan_of(float x) { return x != x ? bf16_to_float(bf16_canonical_nan) : x; }
 
 KOKKOS_INLINE_FUNCTION int bf16_biased_exponent(bf16_bits b) { return (b >> 7) & 0xFF; }
 
