@@ -172,7 +172,8 @@ TEST(AdamW, Bf16SpecialValuesAgreeOnBothPathsWithCanonicalNaNs) {
   const std::size_t k = specials.size(), n = k * k * k * k;
   std::vector<bf16_bits> w0(n), g0(n), m0(n), v0(n);
   for (std::size_t i = 0; i < n; ++i)
-    w0[i] = specials[i % k], g0[i] = specials[i / k % k], m0[i] = specials[i / (k * k) % k], v0[i] = specials[i / (k * k * k)];
+    w0[i] = specials[i % k], g0[i] = specials[i / k % k], m0[i] = specials[i / (k * k) % k],
+    v0[i] = specials[i / (k * k * k)];
   AdamWHyper h;
   h.lr = 1e-2, h.weight_decay = 0.1;
   auto nan_with_bits = [](std::uint32_t bits) { return bits_to_float(bits); };
