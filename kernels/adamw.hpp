@@ -85,8 +85,8 @@ KOKKOS_INLINE_FUNCTION float adamw_mixed_element(const AdamWScalars& s, bool dec
 // a BF16 value as it is (a NaN may keep its payload, but every result it reaches is a NaN made
 // canonical when stored), so those two multiply-and-rounds are skipped with the same bits out.
 // HostRounding (host code paths): the intermediate results are rounded by
-// round_to_bf16_keeping_nan and only the stored ones made canonical, the same bits in half the
-// time; the scalars' NaNs must be canonical (with_canonical_nans).
+// round_to_bf16_keeping_nan and only the stored ones made canonical, the same bits with a compare
+// and a select less per rounding; the scalars' NaNs must be canonical (with_canonical_nans).
 template <bool Scale, bool Decay, bool HostRounding = false>
 KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bf16_bits w_bits, bf16_bits g_bits,
                                                     bf16_bits& m_bits, bf16_bits& v_bits) {
