@@ -82,25 +82,40 @@ KOKKOS_INLINE_FUNCTION float adamw_mixed_element(const AdamWScalars& s, bool dec
 
 // One element of the BF16 step: every PyTorch op rounds its result to BF16. Scale and Decay say
 // whether the gradient-scaling and weight-decay factors can differ from 1: a factor of 1 leaves
-// a BF16 value as it is (a NaN may keep its payload, but every result it reaches is a rounded,
-// so canonical, NaN), so those two multiply-and-rounds are skipped with the same bits out.
-template <bool Scale, bool Decay>
+// a BF16 value as it is (a NaN may keep its payload, but every result it reaches is a NaN made
+// canonical when stored), so those two multiply-and-rounds are skipped with the same bits out.
+// HostRounding (host code paths): the intermediate results are rounded by
+// round_to_bf16_keeping_nan and only the stored ones made canonical, the same bits with a compare
+// and a select less per rounding; the scalars' NaNs must be canonical (with_canonical_nans).
+template <bool Scale, bool Decay, bool HostRounding = false>
 KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bf16_bits w_bits, bf16_bits g_bits,
                                                     bf16_bits& m_bits, bf16_bits& v_bits) {
+  const auto round = [](float x) { return HostRounding ? round_to_bf16_keeping_nan(x) : round_to_bf16(x); };
+  const auto stored = [](float rounded) {
+    return HostRounding ? bf16_of_rounded_canonical(rounded) : bf16_of_rounded(rounded);
+  };
   float g = bf16_to_float(g_bits);
-  if (Scale) g = round_to_bf16(g * s.grad_scale);
+  if (Scale) g = round(g * s.grad_scale);
   float w = bf16_to_float(w_bits);
-  if (Decay) w = round_to_bf16(w * s.decay);
-  float m = round_to_bf16(bf16_to_float(m_bits) * s.beta1);
-  m = round_to_bf16(fmaf(g, s.one_minus_beta1, m));
-  float v = round_to_bf16(bf16_to_float(v_bits) * s.beta2);
-  v = round_to_bf16(fmaf(s.one_minus_beta2 * g, g, v));
-  float denom = round_to_bf16(sqrtf(v));
-  denom = round_to_bf16(denom / s.bias_correction2_sqrt);
-  denom = round_to_bf16(denom + s.eps);
-  m_bits = bf16_of_rounded(m);
-  v_bits = bf16_of_rounded(v);
-  return float_to_bf16(w + (s.neg_step_size * m) / denom);
+  if (Decay) w = round(w * s.decay);
+  float m = round(bf16_to_float(m_bits) * s.beta1);
+  m = round(fmaf(g, s.one_minus_beta1, m));
+  float v = round(bf16_to_float(v_bits) * s.beta2);
+  v = round(fmaf(s.one_minus_beta2 * g, g, v));
+  float denom = round(sqrtf(v));
+  denom = round(denom / s.bias_correction2_sqrt);
+  denom = round(denom + s.eps);
+  m_bits = stored(m);
+  v_bits = stored(v);
+  return stored(round(w + (s.neg_step_size * m) / denom));
+}
+
+// The scalars with every NaN canonical, whatever its payload (a BF16 step's outputs are the same).
+inline AdamWScalars with_canonical_nans(AdamWScalars s) {
+  for (float* x : {&s.decay, &s.beta1, &s.one_minus_beta1, &s.beta2, &s.one_minus_beta2, &s.bias_correction2_sqrt,
+                   &s.eps, &s.neg_step_size, &s.grad_scale})
+    *x = canonical_nan_of(*x);
+  return s;
 }
 
 // The element with both factors applied, as PyTorch runs it (decay: the tensor has weight decay).
@@ -110,18 +125,26 @@ KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool 
                : adamw_bf16_element<true, false>(s, w_bits, g_bits, m_bits, v_bits);
 }
 
-// Calls body(std::integral_constant<bool, Scale>, std::integral_constant<bool, Decay>) with the
-// element variant a segment needs: one loop per variant, without a per-element test.
-template <class Body>
-KOKKOS_INLINE_FUNCTION void with_bf16_variant(const AdamWScalars& s, bool decay, const Body& body) {
+// Calls body(scale, decay, host_rounding), each a std::integral_constant<bool, ...>, with the
+// element variant a segment needs: one loop per variant, without a per-element test. Host
+// rounding on host code paths (host_path: as given to segment_policy).
+template <class ExecSpace, class Body>
+KOKKOS_INLINE_FUNCTION void with_bf16_variant(const AdamWScalars& s, bool decay, [[maybe_unused]] const bool host_path,
+                                              const Body& body) {
   using yes = std::true_type;
   using no = std::false_type;
+  const auto with_rounding = [&](auto scale, auto decayed) {
+    if constexpr (is_host_space<ExecSpace>) {
+      if (host_path) return body(scale, decayed, yes());
+    }
+    body(scale, decayed, no());
+  };
   const bool scale = s.grad_scale != 1.0f;
   decay = decay && s.decay != 1.0f;
   if (scale) {
-    if (decay) body(yes(), yes()); else body(yes(), no());
+    if (decay) with_rounding(yes(), yes()); else with_rounding(yes(), no());
   } else {
-    if (decay) body(no(), yes()); else body(no(), no());
+    if (decay) with_rounding(no(), yes()); else with_rounding(no(), no());
   }
 }
 
@@ -228,6 +251,7 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
                    const AdamWScalars& s, const WeightView& weights, const GradView& grad,
                    const MomentView& m, const MomentView& v) {
   detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
+  const AdamWScalars scalars = detail::with_canonical_nans(s);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   const bool host_path = takes_host_path(space);
@@ -238,13 +262,14 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
         // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
-        const AdamWScalars sl = s;
+        const AdamWScalars sl = scalars;
         index_t seg_changed = 0;
-        detail::with_bf16_variant(sl, decay, [&](auto scale, auto decayed) {
+        detail::with_bf16_variant<ExecSpace>(sl, decay, host_path, [&](auto scale, auto decayed, auto host_rounding) {
           seg_changed = segment_sum<ExecSpace>(team, seg, host_path, [&](const index_t i) -> index_t {
             bf16_bits mi = m(i), vi = v(i);
             const bf16_bits old = weights(i);
-            const bf16_bits w = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value>(sl, old, grad(i), mi, vi);
+            const bf16_bits w = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value,
+                                                           decltype(host_rounding)::value>(sl, old, grad(i), mi, vi);
             weights(i) = w;
             m(i) = mi;
             v(i) = vi;
@@ -375,6 +400,7 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
                   staging.counts.extent(0) == segs.segments.extent(0),
               "adamw_bf16: the change staging does not match the segments");
   detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
+  const AdamWScalars scalars = detail::with_canonical_nans(s);
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   const bool host_path = takes_host_path(space);
@@ -386,12 +412,13 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
         const Segment seg = segments(team.league_rank());
         const bool decay = decay_mask(seg.tensor) != 0;
         // A local copy of the scalars: without it GCC stops vectorising the loop under OpenMP.
-        const AdamWScalars sl = s;
-        detail::with_bf16_variant(sl, decay, [&](auto scale, auto decayed) {
+        const AdamWScalars sl = scalars;
+        detail::with_bf16_variant<ExecSpace>(sl, decay, host_path, [&](auto scale, auto decayed, auto host_rounding) {
           auto update = [&](const index_t i, const bool write, bf16_bits& bits) -> bool {
             bf16_bits mi = m(i), vi = v(i);
             const bf16_bits old = weights(i);
-            bits = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value>(sl, old, grad(i), mi, vi);
+            bits = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value,
+                                              decltype(host_rounding)::value>(sl, old, grad(i), mi, vi);
             if (write) weights(i) = bits, m(i) = mi, v(i) = vi;
             return bits != old;
           };

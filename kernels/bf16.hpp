@@ -29,14 +29,19 @@ KOKKOS_INLINE_FUNCTION float bits_to_float(std::uint32_t u) {
   return x;
 }
 
-// x rounded to BF16, as FP32 bits (low half 0). Adding 0x7FFF plus the lowest kept bit rounds to
-// nearest, ties to even; a carry out of the mantissa correctly bumps the exponent (and the
-// largest finite values to infinity). A NaN (x != x: one compare) becomes the canonical one; a
-// select, not a branch, so loops over arrays vectorise.
-KOKKOS_INLINE_FUNCTION std::uint32_t rounded_bf16_bits(float x) {
+// x rounded to BF16, as FP32 bits (low half 0), a NaN's as they come. Adding 0x7FFF plus the
+// lowest kept bit rounds to nearest, ties to even; a carry out of the mantissa correctly bumps
+// the exponent (and the largest finite values to infinity). A NaN whose low 16 bits are 0 is left
+// as it is (adding at most 0x8000 to them carries nothing out); another may round to a zero.
+KOKKOS_INLINE_FUNCTION std::uint32_t rounded_bf16_bits_keeping_nan(float x) {
   const std::uint32_t u = float_to_bits(x);
-  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  return x != x ? std::uint32_t(bf16_canonical_nan) << 16 : rounded;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+}
+
+// The same with every NaN (x != x: one compare) the canonical one; a select, not a branch, so
+// loops over arrays vectorise.
+KOKKOS_INLINE_FUNCTION std::uint32_t rounded_bf16_bits(float x) {
+  return x != x ? std::uint32_t(bf16_canonical_nan) << 16 : rounded_bf16_bits_keeping_nan(x);
 }
 
 KOKKOS_INLINE_FUNCTION bf16_bits float_to_bf16(float x) { return static_cast<bf16_bits>(rounded_bf16_bits(x) >> 16); }
@@ -53,6 +58,22 @@ KOKKOS_INLINE_FUNCTION float round_to_bf16(float x) { return bits_to_float(round
 KOKKOS_INLINE_FUNCTION bf16_bits bf16_of_rounded(float rounded) {
   return static_cast<bf16_bits>(float_to_bits(rounded) >> 16);
 }
+
+// round_to_bf16 without the NaN select, for chains of operations on a host CPU (pure-BF16 AdamW
+// rounds eight times per element). A NaN whose low 16 bits are 0 stays a NaN, not canonical. On a
+// CPU every NaN an operation returns is one of its NaN operands (quieted) or the default NaN, whose
+// low 16 bits are 0, so operations on BF16 values, on results of this rounding and on FP32 scalars
+// whose NaNs are canonical (canonical_nan_of) give no other NaNs; the final results are made
+// canonical by bf16_of_rounded_canonical. Not for devices: CUDA's default NaN is 0x7FFFFFFF.
+KOKKOS_INLINE_FUNCTION float round_to_bf16_keeping_nan(float x) { return bits_to_float(rounded_bf16_bits_keeping_nan(x)); }
+
+// The BF16 bits of a value round_to_bf16_keeping_nan returned: its high half, a NaN canonical.
+KOKKOS_INLINE_FUNCTION bf16_bits bf16_of_rounded_canonical(float rounded) {
+  return rounded != rounded ? bf16_canonical_nan : bf16_of_rounded(rounded);
+}
+
+// x itself, or the canonical NaN when x is a NaN (with any payload).
+KOKKOS_INLINE_FUNCTION float canonical_nan_of(float x) { return x != x ? bf16_to_float(bf16_canonical_nan) : x; }
 
 KOKKOS_INLINE_FUNCTION int bf16_biased_exponent(bf16_bits b) { return (b >> 7) & 0xFF; }
 
@@ -102,31 +123,34 @@ void cast_to_bf16(const ExecSpace& space, const FloatView& in, const Bf16View& o
     if (n >= streamed_cast_elements && in.span_is_contiguous() && out.span_is_contiguous() && takes_host_path(space)) {
       // A large output is written with non-temporal stores, as a large memcpy is: a plain store
       // first reads the output's cache line from memory (write-allocate), a third more traffic.
-      // Chunks of 4096 elements are converted into a buffer in L1 (a loop the compiler
-      // vectorises; the input 8 KiB ahead is prefetched, which one core's hardware prefetcher
-      // alone does not keep up with), then streamed out 16 bytes at a time from a 16-byte
-      // aligned address. The bits are those of the plain loop; only where they are cached differs.
+      // Each group of 16384 elements is read as four streams 16 KiB apart, as glibc's large
+      // memcpy reads four pages at a time: one core keeps more reads in flight than along one
+      // stream. A step converts 64 elements of each stream into a buffer in L1 (a loop the
+      // compiler vectorises), then streams them out 16 bytes at a time from a 16-byte aligned
+      // address. The bits are those of the plain loop; only where they are cached differs.
       const float* const from = in.data();
       bf16_bits* const to = out.data();
       const index_t head = std::min<index_t>(n, (16 - reinterpret_cast<std::uintptr_t>(to) % 16) % 16 / 2);
-      constexpr index_t chunk = 4096, prefetch_distance = 2048;
-      const index_t num_chunks = (n - head + chunk - 1) / chunk;
+      constexpr index_t streams = 4, stream_length = 4096, step = 64;
+      const index_t num_groups = (n - head + streams * stream_length - 1) / (streams * stream_length);
       Kokkos::parallel_for(
-          "pulse::bf16::cast_to_bf16", FlatPolicy<ExecSpace>(space, 0, num_chunks), [=](const index_t c) {
-            const index_t begin = head + c * chunk, length = std::min(chunk, n - begin);
-            alignas(16) bf16_bits buffer[chunk];
-            for (index_t part = 0; part < length; part += 512) {
-              const index_t part_end = std::min(part + 512, length);
-              for (index_t j = part; j < part_end; j += 16) __builtin_prefetch(from + begin + j + prefetch_distance);
-              for (index_t j = part; j < part_end; ++j) buffer[j] = float_to_bf16(from[begin + j]);
+          "pulse::bf16::cast_to_bf16", FlatPolicy<ExecSpace>(space, 0, num_groups), [=](const index_t g) {
+            const index_t begin = head + g * streams * stream_length;
+            const index_t length = std::min(streams * stream_length, n - begin);
+            const index_t per_stream = length / streams / step * step;  // stream_length but in a short last group
+            alignas(16) bf16_bits buffer[streams * step];
+            for (index_t j = 0; j < per_stream; j += step) {
+              for (index_t s = 0; s < streams; ++s)
+                for (index_t k = 0; k < step; ++k)
+                  buffer[s * step + k] = float_to_bf16(from[begin + s * per_stream + j + k]);
+              for (index_t s = 0; s < streams; ++s)
+                for (index_t k = 0; k < step; k += 8)
+                  _mm_stream_si128(reinterpret_cast<__m128i*>(to + begin + s * per_stream + j + k),
+                                   _mm_load_si128(reinterpret_cast<const __m128i*>(buffer + s * step + k)));
             }
-            const index_t whole = length / 8 * 8;
-            for (index_t j = 0; j < whole; j += 8)
-              _mm_stream_si128(reinterpret_cast<__m128i*>(to + begin + j),
-                               _mm_load_si128(reinterpret_cast<const __m128i*>(buffer + j)));
-            for (index_t j = whole; j < length; ++j) to[begin + j] = buffer[j];
-            if (c == 0)
-              for (index_t j = 0; j < head; ++j) to[j] = float_to_bf16(from[j]);
+            for (index_t i = begin + streams * per_stream; i < begin + length; ++i) to[i] = float_to_bf16(from[i]);
+            if (g == 0)
+              for (index_t i = 0; i < head; ++i) to[i] = float_to_bf16(from[i]);
             _mm_sfence();  // the streamed stores are visible before the kernel ends
           });
       return;

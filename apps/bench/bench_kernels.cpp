@@ -1,9 +1,10 @@
-// Kernel benchmarks (Google Benchmark): BF16 cast, AdamW in both precisions (the plain pass and
-// the staged pass pulse-train's trainer 0 runs), diff-count and diff-compact at 99% sparsity,
-// each reporting bytes/s and, as counter `fraction`, its share of the bound named in its label.
-// The bounds are the machine's limits, measured by this same binary at start-up with the same
-// clock (JSON context): copy (Kokkos deep_copy, 8 B per float), read-only (a reduction over a
-// buffer), STREAM triad (12 B per element), xxh3 (the codec's hash) and a 1024^3 SGEMM.
+// Kernel benchmarks (Google Benchmark): BF16 cast (and, on x86, its memory traffic alone), AdamW in
+// both precisions (the plain pass and the staged pass pulse-train's trainer 0 runs), diff-count and
+// diff-compact at 99% sparsity, each reporting bytes/s and, as counter `fraction`, its share of the
+// bound named in its label. The bounds are the machine's limits, measured by this same binary at
+// start-up with the same clock (JSON context): copy (Kokkos deep_copy, 8 B per float), read-only (a
+// reduction over a buffer), STREAM triad (12 B per element), xxh3 (the codec's hash) and a 1024^3
+// SGEMM.
 // With one thread (Kokkos Serial, or OMP_NUM_THREADS=1) every time is the process's CPU time, so
 // a loaded machine slows the figures less; with more threads it is wall time (context `clock`).
 //   OPENBLAS_NUM_THREADS=1 taskset -c 1 pulse-bench-kernels --benchmark_format=json
@@ -17,6 +18,9 @@
 #include <algorithm>
 #include <chrono>
 #include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "coding/digest.hpp"
 #include "kernels/adamw.hpp"
@@ -168,6 +172,37 @@ void BM_CastToBf16(benchmark::State& state) {
   Kokkos::View<bf16_bits*> y("y", n);
   run_timed(state, 6.0 * n, "copy", g_bounds.copy, [&] { cast_to_bf16(DefaultExec(), x, y); });
 }
+
+#if defined(__SSE2__)
+// The streamed cast's memory traffic without its rounding: the high half of every float, read as
+// four streams 16 KiB apart, 64 elements of each per step, and written 16 bytes at a time with
+// non-temporal stores, as cast_to_bf16 does above streamed_cast_elements. When the cast is as fast,
+// its rounding costs nothing and this access pattern is what bounds it on this core.
+void high_halves_streamed(const Kokkos::View<float*>& in, const Kokkos::View<bf16_bits*>& out) {
+  const auto* const from = reinterpret_cast<const std::uint32_t*>(in.data());
+  bf16_bits* const to = out.data();
+  constexpr index_t streams = 4, stream_length = 4096, step = 64;
+  const index_t n = static_cast<index_t>(in.extent(0)) / (streams * stream_length) * (streams * stream_length);
+  for (index_t begin = 0; begin < n; begin += streams * stream_length)
+    for (index_t j = 0; j < stream_length; j += step)
+      for (index_t s = 0; s < streams; ++s)
+        for (index_t k = 0; k < step; k += 8) {
+          const index_t at = begin + s * stream_length + j + k;
+          const __m128i low = _mm_srai_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at)), 16);
+          const __m128i high = _mm_srai_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at + 4)), 16);
+          _mm_stream_si128(reinterpret_cast<__m128i*>(to + at), _mm_packs_epi32(low, high));
+        }
+  _mm_sfence();
+}
+
+// Reads 4 B and writes 2 B per element, as the cast.
+void BM_CastTraffic(benchmark::State& state) {
+  const index_t n = state.range(0);
+  auto x = random_floats(n, 4, 1.0f);
+  Kokkos::View<bf16_bits*> y("y", n);
+  run_timed(state, 6.0 * n, "copy", g_bounds.copy, [&] { high_halves_streamed(x, y); });
+}
+#endif
 
 // A model-like table: 64 tensors, every other one without weight decay.
 std::vector<index_t> bench_offsets(index_t n) {
@@ -337,6 +372,9 @@ PULSE_BENCH(BM_DeviceCopy);
 PULSE_BENCH(BM_ReadOnly);
 PULSE_BENCH(BM_Triad);
 PULSE_BENCH(BM_CastToBf16);
+#if defined(__SSE2__)
+PULSE_BENCH(BM_CastTraffic);
+#endif
 PULSE_BENCH(BM_AdamWMixed);
 PULSE_BENCH(BM_AdamWBf16);
 PULSE_BENCH(BM_AdamWMixedStaged);

@@ -305,8 +305,8 @@ void Relay::publish_locked(std::uint64_t version, const std::vector<TensorRef>& 
     const std::string record = format_anchor_record(record_of, key);
     write_file_atomically(path(anchor_record_name(version)), record.data(), record.size());
   }
-  RelayHead next{relay_id, version, *digest, layout_digest(state)};
-  if (current) next.follows = current->version;
+  const RelayHead next{relay_id, version, *digest, layout_digest(state),
+                       current ? std::optional(current->version) : std::nullopt};
   const std::string text = format_head(next, key);
   lock.confirm();
   write_file_atomically(path(kRelayHeadName), text.data(), text.size());  // last: the version is now visible

@@ -2,6 +2,7 @@
 // PyTorch is tests/oracle/test_adamw_torch.py).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -176,6 +177,50 @@ TEST(AdamW, EveryBackendGivesTheSameBits) {
                          {"mixed.m", test::bytes_of(to_host(s.m))}, {"mixed.v", test::bytes_of(to_host(s.v))},
                          {"mixed.bf16", test::bytes_of(to_host(s.bf16))}, {"bf16.w", test::bytes_of(to_host(w))},
                          {"bf16.m", test::bytes_of(to_host(m))},    {"bf16.v", test::bytes_of(to_host(v))}};
+  }));
+}
+
+// Pure BF16 on every combination of special weights, gradients and moments (zeros, infinities,
+// NaNs with any payload, subnormals, the largest finite values, a negative v), with NaN scalars
+// of full payload: every backend's host path, which rounds intermediate results without making
+// NaNs canonical, leaves the same bits as the device paths, which make every NaN canonical, and every
+// NaN it stores is the canonical one.
+TEST(AdamW, Bf16SpecialValuesAgreeOnBothPathsWithCanonicalNaNs) {
+  const std::vector<bf16_bits> specials = {0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7FFF, 0xFFFF, 0xFF81,
+                                           0x7F81, 0x0001, 0x807F, 0x7F7F, 0xFF7F, 0x3F80, 0xBC00, 0x2000};
+  const std::size_t k = specials.size(), n = k * k * k * k;
+  std::vector<bf16_bits> w0(n), g0(n), m0(n), v0(n);
+  for (std::size_t i = 0; i < n; ++i)
+    w0[i] = specials[i % k], g0[i] = specials[i / k % k], m0[i] = specials[i / (k * k) % k],
+    v0[i] = specials[i / (k * k * k)];
+  AdamWHyper h;
+  h.lr = 1e-2, h.weight_decay = 0.1;
+  auto nan_with_bits = [](std::uint32_t bits) { return bits_to_float(bits); };
+  std::vector<AdamWScalars> settings(4, adamw_scalars(h, 2, 0.5f, Precision::bf16));
+  settings[1].grad_scale = nan_with_bits(0x7FFFFFFFu);
+  settings[2].one_minus_beta2 = nan_with_bits(0xFFFFFFFFu);
+  settings[3].neg_step_size = nan_with_bits(0x7FBFFFFFu);  // a signalling NaN
+  test::expect_same_outputs(test::on_every_backend([&](auto backend) {
+    using Mem = typename decltype(backend)::Mem;
+    const typename decltype(backend)::ExecSpace space;
+    const auto segs = make_segments<Mem>(std::vector<index_t>{0, index_t(n) / 2, index_t(n)}, 1000);
+    const auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0});
+    test::Outputs out;
+    for (std::size_t setting = 0; setting < settings.size(); ++setting) {
+      const auto w = to_device<Mem>(w0), g = to_device<Mem>(g0), m = to_device<Mem>(m0), v = to_device<Mem>(v0);
+      const index_t changed = adamw_bf16(space, segs, mask, settings[setting], w, g, m, v);
+      const std::string name = std::to_string(setting);
+      out["changed." + name] = test::bytes_of(std::vector<index_t>{changed});
+      for (const auto& [buffer, view] : {std::pair{"w.", w}, std::pair{"m.", m}, std::pair{"v.", v}}) {
+        const auto bits = to_host(view);
+        const auto other_nans = std::count_if(bits.begin(), bits.end(), [](bf16_bits b) {
+          return std::isnan(bf16_to_float(b)) && b != bf16_canonical_nan;
+        });
+        EXPECT_EQ(other_nans, 0) << buffer << name;
+        out[buffer + name] = test::bytes_of(bits);
+      }
+    }
+    return out;
   }));
 }
 

@@ -86,6 +86,27 @@ List all_changes(const Space& space, const TensorSegments<Mem>& segs, const Chan
   return {to_host(idx), to_host(val)};
 }
 
+// What every test steps, in Space's memory: the segments with their staging, a decay mask, an FP32
+// master (its first draw from rng) with zero moments and its BF16 copy (mixed), and the master's
+// BF16 cast with zero moments (pure BF16).
+template <class Space, class Mem = typename Space::memory_space>
+struct StepState {
+  StepState(const Space& space, std::uint64_t seed, const std::vector<std::uint8_t>& decay)
+      : rng(seed), segs(make_segments<Mem>(offsets, segment_length)), staging(make_change_staging(segs)),
+        mask(to_device<Mem>(decay)), master(to_device<Mem>(normal(offsets.back(), 0.02f, rng))), m("m", n),
+        v("v", n), bf16("bf16", n), w("w", n), m16("m16", n), v16("v16", n) {
+    cast_to_bf16(space, master, bf16);
+    cast_to_bf16(space, master, w);
+  }
+  const index_t n = offsets.back();
+  std::mt19937_64 rng;
+  TensorSegments<Mem> segs;
+  ChangeStaging<Mem> staging;
+  Kokkos::View<std::uint8_t*, Mem> mask;
+  Kokkos::View<float*, Mem> master, m, v;
+  Kokkos::View<bf16_bits*, Mem> bf16, w, m16, v16;
+};
+
 template <class B>
 using AdamWChanges = test::OnBackend<B>;
 TYPED_TEST_SUITE(AdamWChanges, test::BackendTypes, test::BackendNames);
@@ -95,60 +116,48 @@ TYPED_TEST_SUITE(AdamWChanges, test::BackendTypes, test::BackendNames);
 TYPED_TEST(AdamWChanges, MixedListEqualsSeparateCompaction) {
   using Mem = typename TypeParam::Mem;
   const typename TypeParam::ExecSpace space;
-  std::mt19937_64 rng(11);
-  const index_t n = offsets.back();
-  const auto segs = make_segments<Mem>(offsets, segment_length);
-  const auto staging = make_change_staging(segs);
-  const auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
-  Kokkos::View<float*, Mem> master = to_device<Mem>(normal(n, 0.02f, rng)), m("m", n), v("v", n);
-  Kokkos::View<bf16_bits*, Mem> bf16("bf16", n);
-  cast_to_bf16(space, master, bf16);
-  auto ref_master = copy_of(master), ref_m = copy_of(m), ref_v = copy_of(v);
-  auto ref_bf16 = copy_of(bf16);
+  StepState x(space, 11, {1, 0, 1, 0, 1, 1});
+  auto ref_master = copy_of(x.master), ref_m = copy_of(x.m), ref_v = copy_of(x.v);
+  auto ref_bf16 = copy_of(x.bf16);
   AdamWHyper h;
   h.lr = 1e-4, h.weight_decay = 0.1;
   for (int t = 1; t <= 4; ++t) {
-    const auto grad = to_device<Mem>(normal(n, t == 3 ? 0.0f : 1e-3f, rng));  // step 3: zero gradient
+    const auto grad = to_device<Mem>(normal(x.n, t == 3 ? 0.0f : 1e-3f, x.rng));  // step 3: zero gradient
     const auto s = adamw_scalars(h, t, 0.7f, Precision::mixed);
     const auto before = copy_of(ref_bf16);
-    const index_t counted = adamw_mixed(space, segs, mask, s, ref_master, grad, ref_m, ref_v, ref_bf16, true);
+    const index_t counted = adamw_mixed(space, x.segs, x.mask, s, ref_master, grad, ref_m, ref_v, ref_bf16, true);
     const auto expected = reference_list(space, before, ref_bf16);
     ASSERT_EQ(counted, index_t(expected.first.size()));
-    adamw_mixed(space, segs, mask, s, master, grad, m, v, bf16, staging);
-    EXPECT_TRUE(same_bits(master, ref_master) && same_bits(m, ref_m) && same_bits(v, ref_v) && same_bits(bf16, ref_bf16))
+    adamw_mixed(space, x.segs, x.mask, s, x.master, grad, x.m, x.v, x.bf16, x.staging);
+    EXPECT_TRUE(same_bits(x.master, ref_master) && same_bits(x.m, ref_m) && same_bits(x.v, ref_v) &&
+                same_bits(x.bf16, ref_bf16))
         << "step " << t;
-    const auto got = gathered_list(space, segs, staging, expected.first);
+    const auto got = gathered_list(space, x.segs, x.staging, expected.first);
     EXPECT_EQ(got.first, expected.first) << "step " << t;
     EXPECT_EQ(got.second, expected.second) << "step " << t;
     EXPECT_GT(expected.first.size(), 0u);
-    EXPECT_LT(expected.first.size(), std::size_t(n));
+    EXPECT_LT(expected.first.size(), std::size_t(x.n));
   }
 }
 
 TYPED_TEST(AdamWChanges, Bf16ListEqualsSeparateCompaction) {
   using Mem = typename TypeParam::Mem;
   const typename TypeParam::ExecSpace space;
-  std::mt19937_64 rng(12);
-  const index_t n = offsets.back();
-  const auto segs = make_segments<Mem>(offsets, segment_length);
-  const auto staging = make_change_staging(segs);
-  const auto mask = to_device<Mem>(std::vector<std::uint8_t>{0, 1, 1, 1, 0, 1});
-  Kokkos::View<bf16_bits*, Mem> w("w", n), m("m", n), v("v", n);
-  cast_to_bf16(space, to_device<Mem>(normal(n, 0.02f, rng)), w);
-  auto ref_w = copy_of(w), ref_m = copy_of(m), ref_v = copy_of(v);
+  StepState x(space, 12, {0, 1, 1, 1, 0, 1});
+  auto ref_w = copy_of(x.w), ref_m = copy_of(x.m16), ref_v = copy_of(x.v16);
   AdamWHyper h;
   h.lr = 1e-4, h.weight_decay = 0.01;
   for (int t = 1; t <= 3; ++t) {
-    Kokkos::View<bf16_bits*, Mem> grad("g", n);
-    cast_to_bf16(space, to_device<Mem>(normal(n, 1e-3f, rng)), grad);
+    Kokkos::View<bf16_bits*, Mem> grad("g", x.n);
+    cast_to_bf16(space, to_device<Mem>(normal(x.n, 1e-3f, x.rng)), grad);
     const auto s = adamw_scalars(h, t, 1.0f, Precision::bf16);
     const auto before = copy_of(ref_w);
-    const index_t counted = adamw_bf16(space, segs, mask, s, ref_w, grad, ref_m, ref_v);
+    const index_t counted = adamw_bf16(space, x.segs, x.mask, s, ref_w, grad, ref_m, ref_v);
     const auto expected = reference_list(space, before, ref_w);
     ASSERT_EQ(counted, index_t(expected.first.size()));
-    adamw_bf16(space, segs, mask, s, w, grad, m, v, staging);
-    EXPECT_TRUE(same_bits(w, ref_w) && same_bits(m, ref_m) && same_bits(v, ref_v)) << "step " << t;
-    const auto got = gathered_list(space, segs, staging, expected.first);
+    adamw_bf16(space, x.segs, x.mask, s, x.w, grad, x.m16, x.v16, x.staging);
+    EXPECT_TRUE(same_bits(x.w, ref_w) && same_bits(x.m16, ref_m) && same_bits(x.v16, ref_v)) << "step " << t;
+    const auto got = gathered_list(space, x.segs, x.staging, expected.first);
     EXPECT_EQ(got.first, expected.first) << "step " << t;
     EXPECT_EQ(got.second, expected.second) << "step " << t;
     EXPECT_GT(expected.first.size(), 0u);
@@ -161,26 +170,20 @@ TEST(AdamWChanges, EveryBackendGivesTheSameBits) {
   test::expect_same_outputs(test::on_every_backend([](auto backend) {
     using Mem = typename decltype(backend)::Mem;
     const typename decltype(backend)::ExecSpace space;
-    std::mt19937_64 rng(13);
-    const index_t n = offsets.back();
-    const auto segs = make_segments<Mem>(offsets, segment_length);
-    const auto staging = make_change_staging(segs);
-    const auto mask = to_device<Mem>(std::vector<std::uint8_t>{1, 0, 1, 0, 1, 1});
-    Kokkos::View<float*, Mem> master = to_device<Mem>(normal(n, 0.02f, rng)), m("m", n), v("v", n);
-    Kokkos::View<bf16_bits*, Mem> bf16("bf16", n), w("w", n), m16("m16", n), v16("v16", n);
-    cast_to_bf16(space, master, bf16);
-    cast_to_bf16(space, master, w);
+    StepState x(space, 13, {1, 0, 1, 0, 1, 1});
     AdamWHyper h;
     h.lr = 1e-4, h.weight_decay = 0.1;
     test::Outputs out;
     for (int t = 1; t <= 2; ++t) {
-      const auto grad = to_device<Mem>(normal(n, 1e-3f, rng));
-      Kokkos::View<bf16_bits*, Mem> grad16("g", n);
+      const auto grad = to_device<Mem>(normal(x.n, 1e-3f, x.rng));
+      Kokkos::View<bf16_bits*, Mem> grad16("g", x.n);
       cast_to_bf16(space, grad, grad16);
-      adamw_mixed(space, segs, mask, adamw_scalars(h, t, 0.7f, Precision::mixed), master, grad, m, v, bf16, staging);
-      const auto mixed = all_changes(space, segs, staging);
-      adamw_bf16(space, segs, mask, adamw_scalars(h, t, 1.0f, Precision::bf16), w, grad16, m16, v16, staging);
-      const auto pure = all_changes(space, segs, staging);
+      adamw_mixed(space, x.segs, x.mask, adamw_scalars(h, t, 0.7f, Precision::mixed), x.master, grad, x.m, x.v,
+                  x.bf16, x.staging);
+      const auto mixed = all_changes(space, x.segs, x.staging);
+      adamw_bf16(space, x.segs, x.mask, adamw_scalars(h, t, 1.0f, Precision::bf16), x.w, grad16, x.m16, x.v16,
+                 x.staging);
+      const auto pure = all_changes(space, x.segs, x.staging);
       const std::string step = std::to_string(t);
       out["mixed.indices." + step] = test::bytes_of(mixed.first);
       out["mixed.values." + step] = test::bytes_of(mixed.second);
@@ -189,11 +192,11 @@ TEST(AdamWChanges, EveryBackendGivesTheSameBits) {
       EXPECT_GT(mixed.first.size(), 0u);
       EXPECT_GT(pure.first.size(), 0u);
     }
-    out["mixed.master"] = test::bytes_of(to_host(master));
-    out["mixed.m"] = test::bytes_of(to_host(m)), out["mixed.v"] = test::bytes_of(to_host(v));
-    out["mixed.bf16"] = test::bytes_of(to_host(bf16));
-    out["bf16.w"] = test::bytes_of(to_host(w));
-    out["bf16.m"] = test::bytes_of(to_host(m16)), out["bf16.v"] = test::bytes_of(to_host(v16));
+    out["mixed.master"] = test::bytes_of(to_host(x.master));
+    out["mixed.m"] = test::bytes_of(to_host(x.m)), out["mixed.v"] = test::bytes_of(to_host(x.v));
+    out["mixed.bf16"] = test::bytes_of(to_host(x.bf16));
+    out["bf16.w"] = test::bytes_of(to_host(x.w));
+    out["bf16.m"] = test::bytes_of(to_host(x.m16)), out["bf16.v"] = test::bytes_of(to_host(x.v16));
     return out;
   }));
 }

@@ -98,8 +98,9 @@ TEST(Bf16Cast, HandDerivedCases) {
 }
 
 // Large outputs take the streamed path on x86 hosts (non-temporal stores from a 16-byte boundary,
-// in chunks): an output that starts off that boundary and ends inside a chunk gets the
-// reference's bits, and nothing around it is written. So does the device code path's plain loop.
+// in groups of four streams): an output that starts off that boundary and ends inside a group gets
+// the reference's bits, and nothing around it is written. So does the device code path's plain
+// loop.
 template <class B>
 using Bf16Cast = pulse::test::OnBackend<B>;
 TYPED_TEST_SUITE(Bf16Cast, pulse::test::BackendTypes, pulse::test::BackendNames);
