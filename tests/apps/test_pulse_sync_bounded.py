@@ -1,5 +1,5 @@
 """pulse-sync in bounded memory (issue 26): on a numpy-generated Llama-layout folder pair (3
-shards, 0.42 GB per version, the largest tensor 64 MiB; tests/apps/llama_folder.py), verify, diff
+shards, 0.54 GiB per version, the largest tensor 32 MiB; tests/apps/llama_folder.py), verify, diff
 and encode (keydiff and expclass) peak at a few times the largest tensor plus the patch, far
 below the model (the command's maximum resident set: tests/apps/peak_rss.py), on folders and on single
 .safetensors files; their results are those of the checks here (the changed count the generator
