@@ -4,7 +4,11 @@ vocabulary 2048, batch 8 x 128 tokens) trained with torch.optim.AdamW, at the re
 settings (k up to 32, Adam-ratio quantiles every step), in FP32 (mixed: the BF16 view of the FP32
 weights) and in pure BF16. Per step: the training step (forward, backward, optimizer) and
 recorder.step(), medians over the steps after --warmup, in wall time and in the process's CPU time
-(all threads: steadier than wall time on a loaded machine); the recorder's k-step history in bytes
+(all threads: steadier than wall time on a loaded machine). The recorder's second thread works on
+while the next training step runs, so its cost is also measured as the overhead of a step: the
+median of training step + recorder.step() against the median training step of the same run
+without a recorder (the model, data and optimizer made again from the same seeds, run after the
+recorded one in the same process). Also: the recorder's k-step history in bytes
 (history_bytes(), where the recorder has it) and the process's peak RSS growth over the run (each
 precision in a process of its own).
 --recorder FILE loads another version of pulse/torch.py (e.g. `git show REV:python/pulse/torch.py`)
@@ -116,14 +120,29 @@ def save_weights(model, folder, step):
     pulse.save({n: p.detach().clone() for n, p in model.named_parameters()}, os.path.join(folder, f"step-{step}.safetensors"))
 
 
-def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
+def training(precision, steps, lr):
+    """The model, its optimizer and the batches, from fixed seeds."""
     torch.manual_seed(0)
     model = Llama()
     if precision == "bf16":
         model = model.to(torch.bfloat16)
-    params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     data = torch.randint(0, 2048, (steps, 8, 129), generator=torch.Generator().manual_seed(1))
+    return model, opt, data
+
+
+def train_step(model, opt, batch):
+    logits = model(batch[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
+    model, opt, data = training(precision, steps, lr)
+    params = sum(p.numel() for p in model.parameters())
     rss0 = peak_rss_bytes()
     rec = recorder_module.SparsityRecorder(model, out=out, optimizer=opt, overwrite=True)
     train_s, record_s, train_cpu, record_cpu = [], [], [], []
@@ -131,11 +150,7 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
         save_weights(model, os.path.join(checkpoints, precision), 0)
     for t in range(steps):
         c0, t0 = time.process_time(), time.perf_counter()
-        logits = model(data[t, :, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), data[t, :, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        loss = train_step(model, opt, data[t])
         c1, t1 = time.process_time(), time.perf_counter()
         rec.step(loss=loss.item())
         c2, t2 = time.process_time(), time.perf_counter()
@@ -147,6 +162,15 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
             save_weights(model, os.path.join(checkpoints, precision), t + 1)
     history = rec.history_bytes() if hasattr(rec, "history_bytes") else None
     rec.close()
+    peak_growth = peak_rss_bytes() - rss0
+    del rec, model, opt
+    model, opt, data = training(precision, steps, lr)
+    plain_s, plain_cpu = [], []
+    for t in range(steps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        train_step(model, opt, data[t])
+        plain_s.append(time.perf_counter() - t0)
+        plain_cpu.append(time.process_time() - c0)
     import h5py
 
     with h5py.File(out, "r") as f:
@@ -154,10 +178,15 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
         k32 = f["kstep/sparsity"][()][:, -1]
     train, record = float(np.median(train_s[warmup:])), float(np.median(record_s[warmup:]))
     train_c, record_c = float(np.median(train_cpu[warmup:])), float(np.median(record_cpu[warmup:]))
+    plain, plain_c = float(np.median(plain_s[warmup:])), float(np.median(plain_cpu[warmup:]))
+    recorded = float(np.median(np.add(train_s, record_s)[warmup:]))
+    recorded_c = float(np.median(np.add(train_cpu, record_cpu)[warmup:]))
     return {"precision": precision, "parameters": params, "steps": steps, "warmup": warmup, "lr": lr,
             "train_step_s": train, "record_step_s": record, "record_over_train": record / train,
             "train_step_cpu_s": train_c, "record_step_cpu_s": record_c, "record_over_train_cpu": record_c / train_c,
-            "history_bytes": history, "peak_rss_growth_bytes": peak_rss_bytes() - rss0,
+            "plain_step_s": plain, "plain_step_cpu_s": plain_c, "recorded_step_s": recorded,
+            "recorded_step_cpu_s": recorded_c, "overhead": recorded / plain - 1, "overhead_cpu": recorded_c / plain_c - 1,
+            "history_bytes": history, "peak_rss_growth_bytes": peak_growth,
             "mean_sparsity": sparsity, "k32_sparsity_last": float(k32[-1])}
 
 
@@ -191,7 +220,9 @@ def main():
             history = "-" if r["history_bytes"] is None else f"{r['history_bytes'] / 2**20:.1f} MiB"
             print(f"{precision:5s} {r['parameters'] / 1e6:.2f}M params: train step {1e3 * r['train_step_s']:.0f} ms, "
                   f"recorder {1e3 * r['record_step_s']:.1f} ms ({100 * r['record_over_train']:.1f}% of the step; "
-                  f"CPU time {100 * r['record_over_train_cpu']:.1f}%), "
+                  f"CPU time {100 * r['record_over_train_cpu']:.1f}%); step without a recorder "
+                  f"{1e3 * r['plain_step_s']:.0f} ms, with it (step + recorder) {1e3 * r['recorded_step_s']:.0f} ms: "
+                  f"overhead {100 * r['overhead']:.1f}% (CPU time {100 * r['overhead_cpu']:.1f}%), "
                   f"history {history}, peak RSS +{r['peak_rss_growth_bytes'] / 2**20:.0f} MiB, "
                   f"mean sparsity {100 * r['mean_sparsity']:.2f}%")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
