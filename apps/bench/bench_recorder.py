@@ -4,11 +4,11 @@ vocabulary 2048, batch 8 x 128 tokens) trained with torch.optim.AdamW, at the re
 settings (k up to 32, Adam-ratio quantiles every step), in FP32 (mixed: the BF16 view of the FP32
 weights) and in pure BF16. Per step: the training step (forward, backward, optimizer) and
 recorder.step(), medians over the steps after --warmup, in wall time and in the process's CPU time
-(all threads: steadier than wall time on a loaded machine). The recorder's second thread works on
-while the next training step runs, so its cost is also measured as the overhead of a step: the
-median of training step + recorder.step() against the median training step of the same run
-without a recorder (the model, data and optimizer made again from the same seeds, run after the
-recorded one in the same process). Also: the recorder's k-step history in bytes
+(all threads: steadier than wall time on a loaded machine). A training step with a recorder can
+itself take longer than one without, so the recorder's cost is also measured as the overhead of
+a step: the median of training step + recorder.step() against the median training step of the
+same run without a recorder (the model, data and optimizer made again from the same seeds, run
+after the recorded one in the same process). Also: the recorder's k-step history in bytes
 (history_bytes(), where the recorder has it) and the process's peak RSS growth over the run (each
 precision in a process of its own).
 --recorder FILE loads another version of pulse/torch.py (e.g. `git show REV:python/pulse/torch.py`)
