@@ -62,10 +62,24 @@ void write_bytes(int fd, const void* data, std::size_t size, std::uint64_t offse
 struct Mapping {
   void* data = MAP_FAILED;
   std::size_t size = 0;
+  // Maps the first bytes of fd read-only (nothing for an empty file); error: what a failure says.
+  void map(int fd, std::uint64_t bytes, const std::string& error) {
+    if (bytes == 0) return;
+    data = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    PULSE_CHECK(data != MAP_FAILED, error);
+    size = bytes;
+  }
   ~Mapping() {
     if (data != MAP_FAILED) ::munmap(data, size);
   }
 };
+
+// The size of the file open as fd, which must be a regular file (named path in the error).
+std::uint64_t regular_file_size(int fd, const std::string& path) {
+  struct stat st {};
+  PULSE_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), path + ": not a regular file");
+  return std::uint64_t(st.st_size);
+}
 
 // Copies bytes [offset, offset + size) of in to the same place in out: in the kernel where it
 // can, else through a buffer.
@@ -298,17 +312,11 @@ void open_copy(FileCopy& c, const std::string& base, const std::string& out, uns
   c.out = out;
   c.in.fd = ::open(base.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   PULSE_CHECK(c.in.fd >= 0, io_error(base, "cannot open"));
-  struct stat st {};
-  PULSE_CHECK(::fstat(c.in.fd, &st) == 0 && S_ISREG(st.st_mode), base + ": not a regular file");
-  const std::uint64_t size = std::uint64_t(st.st_size);
+  const std::uint64_t size = regular_file_size(c.in.fd, base);
   c.file = std::make_unique<AtomicFile>(out);
   const int fd = c.file->fd();
   PULSE_CHECK(::ftruncate(fd, off_t(size)) == 0, io_error(out, "cannot size the temporary file"));
-  if (size > 0) {
-    c.map.data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    PULSE_CHECK(c.map.data != MAP_FAILED, io_error(out, "cannot map the temporary file"));
-    c.map.size = size;
-  }
+  c.map.map(fd, size, io_error(out, "cannot map the temporary file"));
   const std::byte* bytes = c.bytes();
   // The header first: its 8-byte length, then as much as that says (the parser checks it).
   const std::uint64_t length_end = std::min<std::uint64_t>(size, 8);
@@ -339,14 +347,8 @@ bool open_link(FileCopy& c, const std::string& base, const std::string& out) {
   c.linked = true;
   c.in.fd = ::open(out.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   PULSE_CHECK(c.in.fd >= 0, io_error(out, "cannot open"));
-  struct stat st {};
-  PULSE_CHECK(::fstat(c.in.fd, &st) == 0 && S_ISREG(st.st_mode), out + ": not a regular file");
-  const std::uint64_t size = std::uint64_t(st.st_size);
-  if (size > 0) {
-    c.map.data = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, c.in.fd, 0);
-    PULSE_CHECK(c.map.data != MAP_FAILED, io_error(out, "cannot map"));
-    c.map.size = size;
-  }
+  const std::uint64_t size = regular_file_size(c.in.fd, out);
+  c.map.map(c.in.fd, size, io_error(out, "cannot map"));
   c.header = io::parse_header(c.bytes(), size, {}, base);
   return true;
 }
