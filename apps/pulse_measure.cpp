@@ -413,9 +413,9 @@ class Measurement {
         for (std::size_t v = 0; v < versions.size(); ++v)
           pieces[v] = versions[v] ? versions[v]->data(t, p.begin, p.end) : nullptr;
         const bool whole = p.begin == 0 && p.end == t.numel;
-        for (std::size_t j = measured; j < batch; ++j)
-          w.patches[j].add_tensor(whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]",
-                                  compared_dtype(p.tensor), n);
+        const std::string name =
+            whole ? t.name : t.name + "[" + std::to_string(p.begin) + ":" + std::to_string(p.end) + "]";
+        for (std::size_t j = measured; j < batch; ++j) w.patches[j].add_tensor(name, compared_dtype(p.tensor), n);
         if (measured >= batch) continue;  // the series' first checkpoint: mapped, compared with none
         for (std::size_t b = 0; b < n; b += kBlockElements) {
           const std::size_t m = std::min(kBlockElements, n - b);

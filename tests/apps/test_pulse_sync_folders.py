@@ -192,6 +192,19 @@ def bad_input(app, p):
            f"a folder without a model is not replaced: {r.stderr}")
 
 
+def have_strace():
+    """Whether strace is here for the fault injection; a failure where it is not."""
+    if shutil.which("strace") is None:
+        expect(False, "strace is needed for the fault injection (cmake/debian-deps.sh installs it)")
+        return False
+    return True
+
+
+def strace(*inject):
+    """The command prefix that runs an apply under strace with these -e inject= rules on its renames."""
+    return ["strace", "-f", "-qq", "-e", "trace=renameat,renameat2", *sum((["-e", i] for i in inject), [])]
+
+
 def failures_leave_old(app, p, target_digest, patch="f.pulse", target="target"):
     """Corrupt patches, failing swaps, a full disk and kills never change the old folder."""
     good = open(p(patch), "rb").read()
@@ -207,10 +220,8 @@ def failures_leave_old(app, p, target_digest, patch="f.pulse", target="target"):
         expect(one_line_error(r) and snapshot(p("victim")) == before and not leftovers(parent),
                f"corrupt folder patch {k}: rc={r.returncode} {r.stderr}")
 
-    if shutil.which("strace") is None:
-        expect(False, "strace is needed for the fault injection (cmake/debian-deps.sh installs it)")
+    if not have_strace():
         return
-    strace = lambda *inject: ["strace", "-f", "-qq", "-e", "trace=renameat,renameat2", *sum((["-e", i] for i in inject), [])]
     # The swap itself fails: the new folder was complete, the old one stays.
     r = run(app, "apply", "--in-place", p("victim"), "--patch", p(patch), prefix=strace("inject=renameat2:error=EIO"))
     expect(r.returncode != 0 and snapshot(p("victim")) == before and not leftovers(parent),
@@ -332,11 +343,9 @@ def unchanged_shard_linked(app, p):
     r = run(app, "apply", "--in-place", work, "--patch", p("one_bad.pulse"))
     expect(one_line_error(r) and snapshot(work) == before and inodes(work) == old and not leftovers(parent),
            f"a corrupt patch leaves the old files, inodes and link counts: {r.stderr} {inodes(work)}")
-    if shutil.which("strace") is None:
-        expect(False, "strace is needed for the fault injection (cmake/debian-deps.sh installs it)")
-    else:  # the new folder complete, its link made, the swap failing
+    if have_strace():  # the new folder complete, its link made, the swap failing
         r = run(app, "apply", "--in-place", work, "--patch", p("one.pulse"),
-                prefix=["strace", "-f", "-qq", "-e", "trace=renameat2", "-e", "inject=renameat2:error=EIO"])
+                prefix=strace("inject=renameat2:error=EIO"))
         expect(r.returncode != 0 and snapshot(work) == before and inodes(work) == old and not leftovers(parent),
                f"a failing swap leaves the old files, inodes and link counts: {r.stderr[-300:]} {inodes(work)}")
 
