@@ -12,7 +12,9 @@ server would:
             by reference instead of copying it)
   receiver: state = pulse.load(base); Receiver(state); apply(patch); digest checked
   decode:   pulse.decode(patch, pulse.load(base)); every change counted
-Prints one JSON object: model bytes and, per role, peak RSS (GiB and x the model), wall seconds.
+Prints one JSON object: model bytes, the interpreter's own peak (a process that only imports torch
+and pulse) and, per role, peak RSS (GiB, x the model, and x the model beyond the interpreter's
+peak: what the role itself holds), wall seconds.
     PYTHONPATH=build/python python3 tests/python/sync_memory.py --layout qwen2-1.5b [--dir D]
 """
 import argparse
@@ -116,13 +118,16 @@ def main():
         model_bytes, changed, largest = llama_folder.write_pair(base, target, args.layout)
         result = {"layout": args.layout, "values": args.values, "model_gib": round(model_bytes / GiB, 3),
                   "changed": changed, "largest_tensor_gib": round(largest / GiB, 3)}
+        interpreter = peak_rss.run([sys.executable, "-c", "import torch, pulse"])[3]
+        result["interpreter_gib"] = round(interpreter / GiB, 3)
         for role in args.roles.split(","):
             extra = [base, target, patch] if role.startswith("sender") else [base, patch]
             t0 = time.perf_counter()
             rc, out, err, peak, cpu = peak_rss.run([sys.executable, os.path.abspath(__file__), "--values", args.values,
                                                     "--role", role, *extra])
             r = {"rc": rc, "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(cpu, 2),
-                 "peak_rss_gib": round(peak / GiB, 3), "x_model": round(peak / model_bytes, 2)}
+                 "peak_rss_gib": round(peak / GiB, 3), "x_model": round(peak / model_bytes, 2),
+                 "x_model_beyond_interpreter": round((peak - interpreter) / model_bytes, 3)}
             if rc != 0:
                 r["error"] = err.strip()[-400:]
             if role.startswith("sender") and rc == 0:
