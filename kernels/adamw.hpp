@@ -88,13 +88,14 @@ KOKKOS_INLINE_FUNCTION float adamw_mixed_element(const AdamWScalars& s, bool dec
 // round_to_bf16_keeping_nan and only the stored ones made canonical, the same bits with a compare
 // and a select less per rounding; the scalars' NaNs must be canonical (with_canonical_nans). The
 // division by bias_correction2_sqrt is a multiplication by inverse_bias_correction2_sqrt, its
-// reciprocal, which gives the same BF16 result (bf16_quotient_by_reciprocal) and frees the
-// divider, which bounds the element's speed: host paths need bf16_reciprocal_is_exact of it.
+// reciprocal: the same BF16 result where bf16_reciprocal_is_exact(bias_correction2_sqrt), which
+// with_bf16_variant checks, and the divider, which bounds the element's speed, is freed.
 // Forced inline: a call per element stops the loop over a segment from vectorising.
 template <bool Scale, bool Decay, bool HostRounding = false>
-KOKKOS_FORCEINLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, [[maybe_unused]] float inverse_bias_correction2_sqrt,
-                                                    bf16_bits w_bits, bf16_bits g_bits, bf16_bits& m_bits,
-                                                    bf16_bits& v_bits) {
+KOKKOS_FORCEINLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s,
+                                                         [[maybe_unused]] float inverse_bias_correction2_sqrt,
+                                                         bf16_bits w_bits, bf16_bits g_bits, bf16_bits& m_bits,
+                                                         bf16_bits& v_bits) {
   const auto round = [](float x) { return HostRounding ? round_to_bf16_keeping_nan(x) : round_to_bf16(x); };
   const auto stored = [](float rounded) {
     return HostRounding ? bf16_of_rounded_canonical(rounded) : bf16_of_rounded(rounded);
@@ -158,7 +159,7 @@ KOKKOS_INLINE_FUNCTION void with_bf16_variant(const AdamWScalars& s, bool decay,
 // whose count fits 16 bits, so the vectorised loop adds its compares' 16-bit lanes as they are
 // (a 64-bit count per element widens every compare twice).
 template <class Update>
-index_t host_count(const Segment& seg, const Update& update) {
+KOKKOS_INLINE_FUNCTION index_t host_count(const Segment& seg, const Update& update) {
   constexpr index_t block = 4096;
   index_t count = 0;
   for (index_t b = seg.begin; b < seg.end; b += block) {
@@ -303,7 +304,8 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
           if (decltype(host_rounding)::value)
             seg_changed = detail::host_count(seg, update);
           else
-            seg_changed = segment_sum<ExecSpace>(team, seg, host_path, [&](const index_t i) -> index_t { return update(i); });
+            seg_changed =
+                segment_sum<ExecSpace>(team, seg, host_path, [&](const index_t i) -> index_t { return update(i); });
         });
         Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
       },
