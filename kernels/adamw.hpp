@@ -86,10 +86,16 @@ KOKKOS_INLINE_FUNCTION float adamw_mixed_element(const AdamWScalars& s, bool dec
 // canonical when stored), so those two multiply-and-rounds are skipped with the same bits out.
 // HostRounding (host code paths): the intermediate results are rounded by
 // round_to_bf16_keeping_nan and only the stored ones made canonical, the same bits with a compare
-// and a select less per rounding; the scalars' NaNs must be canonical (with_canonical_nans).
+// and a select less per rounding; the scalars' NaNs must be canonical (with_canonical_nans). The
+// division by bias_correction2_sqrt is a multiplication by inverse_bias_correction2_sqrt, its
+// reciprocal: the same BF16 result where bf16_reciprocal_is_exact(bias_correction2_sqrt), which
+// with_bf16_variant checks, and the divider, which bounds the element's speed, is freed.
+// Forced inline: a call per element stops the loop over a segment from vectorising.
 template <bool Scale, bool Decay, bool HostRounding = false>
-KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bf16_bits w_bits, bf16_bits g_bits,
-                                                    bf16_bits& m_bits, bf16_bits& v_bits) {
+KOKKOS_FORCEINLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s,
+                                                         [[maybe_unused]] float inverse_bias_correction2_sqrt,
+                                                         bf16_bits w_bits, bf16_bits g_bits, bf16_bits& m_bits,
+                                                         bf16_bits& v_bits) {
   const auto round = [](float x) { return HostRounding ? round_to_bf16_keeping_nan(x) : round_to_bf16(x); };
   const auto stored = [](float rounded) {
     return HostRounding ? bf16_of_rounded_canonical(rounded) : bf16_of_rounded(rounded);
@@ -103,7 +109,7 @@ KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bf16_
   float v = round(bf16_to_float(v_bits) * s.beta2);
   v = round(fmaf(s.one_minus_beta2 * g, g, v));
   float denom = round(sqrtf(v));
-  denom = round(denom / s.bias_correction2_sqrt);
+  denom = HostRounding ? round(denom * inverse_bias_correction2_sqrt) : round(denom / s.bias_correction2_sqrt);
   denom = round(denom + s.eps);
   m_bits = stored(m);
   v_bits = stored(v);
@@ -121,13 +127,14 @@ inline AdamWScalars with_canonical_nans(AdamWScalars s) {
 // The element with both factors applied, as PyTorch runs it (decay: the tensor has weight decay).
 KOKKOS_INLINE_FUNCTION bf16_bits adamw_bf16_element(const AdamWScalars& s, bool decay, bf16_bits w_bits,
                                                     bf16_bits g_bits, bf16_bits& m_bits, bf16_bits& v_bits) {
-  return decay ? adamw_bf16_element<true, true>(s, w_bits, g_bits, m_bits, v_bits)
-               : adamw_bf16_element<true, false>(s, w_bits, g_bits, m_bits, v_bits);
+  return decay ? adamw_bf16_element<true, true>(s, 0.0f, w_bits, g_bits, m_bits, v_bits)
+               : adamw_bf16_element<true, false>(s, 0.0f, w_bits, g_bits, m_bits, v_bits);
 }
 
 // Calls body(scale, decay, host_rounding), each a std::integral_constant<bool, ...>, with the
 // element variant a segment needs: one loop per variant, without a per-element test. Host
-// rounding on host code paths (host_path: as given to segment_policy).
+// rounding on host code paths (host_path: as given to segment_policy) when the bias correction's
+// reciprocal can stand in for it (always, for the scalars adamw_scalars computes).
 template <class ExecSpace, class Body>
 KOKKOS_INLINE_FUNCTION void with_bf16_variant(const AdamWScalars& s, bool decay, [[maybe_unused]] const bool host_path,
                                               const Body& body) {
@@ -135,7 +142,7 @@ KOKKOS_INLINE_FUNCTION void with_bf16_variant(const AdamWScalars& s, bool decay,
   using no = std::false_type;
   const auto with_rounding = [&](auto scale, auto decayed) {
     if constexpr (is_host_space<ExecSpace>) {
-      if (host_path) return body(scale, decayed, yes());
+      if (host_path && bf16_reciprocal_is_exact(s.bias_correction2_sqrt)) return body(scale, decayed, yes());
     }
     body(scale, decayed, no());
   };
@@ -146,6 +153,22 @@ KOKKOS_INLINE_FUNCTION void with_bf16_variant(const AdamWScalars& s, bool decay,
   } else {
     if (decay) with_rounding(no(), yes()); else with_rounding(no(), no());
   }
+}
+
+// Host paths: how many elements of the segment update(i) returns true for, counted in blocks
+// whose count fits 16 bits, so the vectorised loop adds its compares' 16-bit lanes as they are
+// (a 64-bit count per element widens every compare twice).
+template <class Update>
+KOKKOS_INLINE_FUNCTION index_t host_count(const Segment& seg, const Update& update) {
+  constexpr index_t block = 4096;
+  index_t count = 0;
+  for (index_t b = seg.begin; b < seg.end; b += block) {
+    const index_t end = b + block < seg.end ? b + block : seg.end;
+    std::uint16_t block_count = 0;
+    for (index_t i = b; i < end; ++i) block_count += update(i) ? 1 : 0;
+    count += block_count;
+  }
+  return count;
 }
 
 }  // namespace detail
@@ -252,6 +275,7 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
                    const MomentView& m, const MomentView& v) {
   detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
   const AdamWScalars scalars = detail::with_canonical_nans(s);
+  const float inverse = 1.0f / scalars.bias_correction2_sqrt;  // host paths' divisor (adamw_bf16_element)
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   const bool host_path = takes_host_path(space);
@@ -265,16 +289,23 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
         const AdamWScalars sl = scalars;
         index_t seg_changed = 0;
         detail::with_bf16_variant<ExecSpace>(sl, decay, host_path, [&](auto scale, auto decayed, auto host_rounding) {
-          seg_changed = segment_sum<ExecSpace>(team, seg, host_path, [&](const index_t i) -> index_t {
+          const auto update = [&](const index_t i) -> bool {
             bf16_bits mi = m(i), vi = v(i);
             const bf16_bits old = weights(i);
             const bf16_bits w = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value,
-                                                           decltype(host_rounding)::value>(sl, old, grad(i), mi, vi);
+                                                           decltype(host_rounding)::value>(sl, inverse, old, grad(i),
+                                                                                           mi, vi);
             weights(i) = w;
             m(i) = mi;
             v(i) = vi;
             return w != old;
-          });
+          };
+          // Host rounding means a host path (with_bf16_variant): a plain if, as in adamw_mixed_pass.
+          if (decltype(host_rounding)::value)
+            seg_changed = detail::host_count(seg, update);
+          else
+            seg_changed =
+                segment_sum<ExecSpace>(team, seg, host_path, [&](const index_t i) -> index_t { return update(i); });
         });
         Kokkos::single(Kokkos::PerTeam(team), [&]() { team_changed += seg_changed; });
       },
@@ -401,6 +432,7 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
               "adamw_bf16: the change staging does not match the segments");
   detail::check_bf16_buffers(segs, decay_mask, weights, grad, m, v);
   const AdamWScalars scalars = detail::with_canonical_nans(s);
+  const float inverse = 1.0f / scalars.bias_correction2_sqrt;  // host paths' divisor (adamw_bf16_element)
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   const bool host_path = takes_host_path(space);
@@ -418,7 +450,7 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
             bf16_bits mi = m(i), vi = v(i);
             const bf16_bits old = weights(i);
             bits = detail::adamw_bf16_element<decltype(scale)::value, decltype(decayed)::value,
-                                              decltype(host_rounding)::value>(sl, old, grad(i), mi, vi);
+                                              decltype(host_rounding)::value>(sl, inverse, old, grad(i), mi, vi);
             if (write) weights(i) = bits, m(i) = mi, v(i) = vi;
             return bits != old;
           };

@@ -75,6 +75,16 @@ KOKKOS_INLINE_FUNCTION bf16_bits bf16_of_rounded_canonical(float rounded) {
 // x itself, or the canonical NaN when x is a NaN (with any payload).
 KOKKOS_INLINE_FUNCTION float canonical_nan_of(float x) { return x != x ? bf16_to_float(bf16_canonical_nan) : x; }
 
+// Whether dividing BF16 values by b and rounding to BF16 can multiply by b's reciprocal instead:
+// b a BF16 value in [2^-126, 1]. Then round_to_bf16(a * (1.0f / b)) == round_to_bf16(a / b) for
+// every BF16 a (tests/kernels/test_adamw.cpp checks all of them): a quotient of 8-bit significands
+// is never a midpoint between BF16 values (9 bits, the last one set) and otherwise lies at least
+// 2^-17 of itself from every one, while the product is within 2^-23 of the quotient (two FP32
+// roundings, 1.0f / b normal); b <= 1 keeps the quotient at least as far from zero as a.
+KOKKOS_INLINE_FUNCTION bool bf16_reciprocal_is_exact(float b) {
+  return b >= bits_to_float(0x00800000u) && b <= 1.0f && (float_to_bits(b) & 0xFFFFu) == 0;
+}
+
 KOKKOS_INLINE_FUNCTION int bf16_biased_exponent(bf16_bits b) { return (b >> 7) & 0xFF; }
 
 // 2^p as an FP32 value for p in [-149, 127], built from bits (exact, no libm).

@@ -141,6 +141,26 @@ TEST(AdamW, Bf16ScalarsAreRoundedWherePyTorchRoundsThem) {
   EXPECT_THROW(adamw_scalars(h, 0, 1.0f, Precision::bf16), Error);
 }
 
+// Host paths multiply by the bias correction's reciprocal instead of dividing by it: for every
+// BF16 divisor the predicate admits, every BF16 dividend gives the quotient's BF16 bits.
+TEST(AdamW, Bf16QuotientByAdmittedReciprocalIsExact) {
+  std::vector<float> dividends(65536);
+  for (std::uint32_t a = 0; a < 65536; ++a) dividends[a] = bf16_to_float(static_cast<bf16_bits>(a));
+  index_t admitted = 0;
+  for (std::uint32_t b_bits = 0; b_bits < 65536; ++b_bits) {
+    const float b = bf16_to_float(static_cast<bf16_bits>(b_bits));
+    if (!bf16_reciprocal_is_exact(b)) continue;
+    ++admitted;
+    const float inverse = 1.0f / b;
+    index_t differing = 0;
+    for (const float a : dividends) differing += rounded_bf16_bits(a * inverse) != rounded_bf16_bits(a / b);
+    ASSERT_EQ(differing, 0) << "divisor bits " << b_bits;
+  }
+  EXPECT_EQ(admitted, 126 * 128 + 1);  // every normal BF16 value in [2^-126, 1)
+  for (const float b : {bits_to_float(0x00400000u), 0.0f, -0.5f, 1.0078125f, 0.3f, NAN, INFINITY})
+    EXPECT_FALSE(bf16_reciprocal_is_exact(b)) << b;
+}
+
 // Both precisions over three steps, on segments split inside tensors: every backend (the host
 // code path, a plain loop per segment, and the device one, a team reduction per segment, on
 // each execution space) leaves the same bits in every buffer and counts the same changes.
@@ -196,10 +216,15 @@ TEST(AdamW, Bf16SpecialValuesAgreeOnBothPathsWithCanonicalNaNs) {
   AdamWHyper h;
   h.lr = 1e-2, h.weight_decay = 0.1;
   auto nan_with_bits = [](std::uint32_t bits) { return bits_to_float(bits); };
-  std::vector<AdamWScalars> settings(4, adamw_scalars(h, 2, 0.5f, Precision::bf16));
+  std::vector<AdamWScalars> settings(7, adamw_scalars(h, 2, 0.5f, Precision::bf16));
   settings[1].grad_scale = nan_with_bits(0x7FFFFFFFu);
   settings[2].one_minus_beta2 = nan_with_bits(0xFFFFFFFFu);
   settings[3].neg_step_size = nan_with_bits(0x7FBFFFFFu);  // a signalling NaN
+  // Bias corrections whose reciprocal host paths multiply by (the smallest normal), and two they
+  // must divide by (above 1; not a BF16 value).
+  settings[4].bias_correction2_sqrt = bits_to_float(0x00800000u);
+  settings[5].bias_correction2_sqrt = 1.5f;
+  settings[6].bias_correction2_sqrt = 0.3f;
   test::expect_same_outputs(test::on_every_backend([&](auto backend) {
     using Mem = typename decltype(backend)::Mem;
     const typename decltype(backend)::ExecSpace space;
