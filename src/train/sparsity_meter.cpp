@@ -48,7 +48,7 @@ std::vector<double> SparsityMeter::kstep_and_push(const Kokkos::View<const bf16_
   std::vector<int> longer;  // k > 1: k = 1 is the step's own count
   for (const int k : ks_)
     if (k != 1) longer.push_back(k);
-  const std::vector<index_t> changed_longer = ring_.count_changed_k(space, weights, longer);
+  const std::vector<index_t> changed_longer = ring_.count_changed_k_and_push(space, weights, longer);
   const double n = double(ring_.num_elements());
   std::vector<double> kstep;
   std::size_t next = 0;
@@ -56,7 +56,6 @@ std::vector<double> SparsityMeter::kstep_and_push(const Kokkos::View<const bf16_
     const index_t c = k == 1 ? changed : changed_longer[next++];
     kstep.push_back(c < 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - c / n);
   }
-  ring_.push(space, weights);
   return kstep;
 }
 
@@ -114,12 +113,29 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
     std::memcpy(&bits, values + i, sizeof bits);
     return bits;
   };
+  for (const index_t rank : ranks)
+    PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
   const std::size_t num_bins = std::size_t(first_nan >> shift) + 1;
   std::vector<index_t> below(num_bins + 1, 0);  // counts per bin, then the values in the bins before each
+  // A run of values in one bin is counted in a register: a clustered sample (all 0 while the
+  // gradients are) would otherwise chain every increment through the same memory word.
+  std::size_t run_bin = 0;
+  index_t run = 0;
+  std::uint64_t low = first_nan, high = 0;
   for (index_t i = 0; i < count; ++i) {
     const std::uint64_t bits = bits_of(i);
     if (bits >= first_nan) return false;
-    ++below[(bits >> shift) + 1];
+    low = std::min(low, bits), high = std::max(high, bits);
+    const std::size_t b = std::size_t(bits >> shift) + 1;
+    if (b != run_bin) below[run_bin] += run, run_bin = b, run = 0;
+    ++run;
+  }
+  below[run_bin] += run;
+  if (low == high) {  // one value: every order statistic is it
+    double value;
+    std::memcpy(&value, &low, sizeof value);
+    out.assign(ranks.size(), value);
+    return true;
   }
   for (std::size_t b = 1; b <= num_bins; ++b) below[b] += below[b - 1];
   // Each wanted bin gets a slot (1, 2, ...) and a stretch [starts[slot - 1], starts[slot]) of `picked`.
@@ -127,7 +143,6 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
   std::vector<index_t> starts{0};
   std::vector<std::size_t> bin_of_rank;
   for (const index_t rank : ranks) {
-    PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
     const std::size_t b = std::size_t(std::upper_bound(below.begin(), below.end(), rank) - below.begin()) - 1;
     if (slot[b] == 0) {
       if (starts.size() > 255) return false;  // more wanted bins than slots
