@@ -412,7 +412,8 @@ class SnapshotRing {
       if (k <= size_) rows.push_back(row(k));
     }
     // The pass runs only when there is a row to compare: a push before the history reaches any k copies.
-    if (rows.empty() && write_row >= 0) Kokkos::deep_copy(space, Kokkos::subview(history_, write_row, Kokkos::ALL), current);
+    if (rows.empty() && write_row >= 0)
+      Kokkos::deep_copy(space, Kokkos::subview(history_, write_row, Kokkos::ALL), current);
     const auto rows_d = to_device<typename ExecSpace::memory_space>(rows, "pulse::sparsity::kstep_rows");
     const std::vector<index_t> counts = detail::count_changed_rows(space, history_, rows_d, current, write_row);
     std::vector<index_t> result;
