@@ -115,27 +115,21 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
   };
   for (const index_t rank : ranks)
     PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
+  // One bit pattern throughout (all 0 while the gradients are): every order statistic is that
+  // value, without the histogram and the passes over the bin. A spread sample leaves at i = 1.
+  const std::uint64_t first_bits = bits_of(0);
+  index_t same = 1;
+  while (same < count && bits_of(same) == first_bits) ++same;
+  if (same == count && first_bits < first_nan) {
+    out.assign(ranks.size(), values[0]);
+    return true;
+  }
   const std::size_t num_bins = std::size_t(first_nan >> shift) + 1;
   std::vector<index_t> below(num_bins + 1, 0);  // counts per bin, then the values in the bins before each
-  // A run of values in one bin is counted in a register: a clustered sample (all 0 while the
-  // gradients are) would otherwise chain every increment through the same memory word.
-  std::size_t run_bin = 0;
-  index_t run = 0;
-  std::uint64_t low = first_nan, high = 0;
   for (index_t i = 0; i < count; ++i) {
     const std::uint64_t bits = bits_of(i);
     if (bits >= first_nan) return false;
-    low = std::min(low, bits), high = std::max(high, bits);
-    const std::size_t b = std::size_t(bits >> shift) + 1;
-    if (b != run_bin) below[run_bin] += run, run_bin = b, run = 0;
-    ++run;
-  }
-  below[run_bin] += run;
-  if (low == high) {  // one value: every order statistic is it
-    double value;
-    std::memcpy(&value, &low, sizeof value);
-    out.assign(ranks.size(), value);
-    return true;
+    ++below[(bits >> shift) + 1];
   }
   for (std::size_t b = 1; b <= num_bins; ++b) below[b] += below[b - 1];
   // Each wanted bin gets a slot (1, 2, ...) and a stretch [starts[slot - 1], starts[slot]) of `picked`.
