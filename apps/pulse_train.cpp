@@ -182,7 +182,7 @@ void set_step_columns(io::StatsRow& row, std::int64_t t, const StepOutcome& s, i
   row.set_int("/steps/rollout_version", std::int64_t(s.rollout_version));
   row.set("/steps/step_s", s.step_s);
   row.set("/steps/measure_s", s.measure_s);
-  row.set("/steps/sync_s", s.published.seconds);
+  row.set("/steps/sync_s", s.published.seconds - s.published.wait_seconds);
   row.set("/steps/eval_pass1", s.pass1);
   row.set_int("/steps/d2h_bytes", std::int64_t(copies.d2h_bytes));
   row.set_int("/steps/h2d_bytes", std::int64_t(copies.h2d_bytes));

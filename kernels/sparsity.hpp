@@ -311,10 +311,11 @@ index_t compact_changed(const ExecSpace& space, const OldView& old_bits, const N
 namespace detail {
 
 // For each row r in rows, the count of elements whose bits differ between history's row r and
-// current (SnapshotRing::count_changed_k).
+// current (SnapshotRing::count_changed_k); then, when write_row >= 0, current is copied into that
+// row in the same pass (each element compared before it is overwritten: write_row may be one of rows).
 template <class ExecSpace, class History, class Rows, class View>
 std::vector<index_t> count_changed_rows(const ExecSpace& space, const History& history, const Rows& rows,
-                                        const View& current) {
+                                        const View& current, int write_row = -1) {
   const index_t n = static_cast<index_t>(current.extent(0));
   const std::size_t num_rows = rows.extent(0);
   if constexpr (is_host_space<ExecSpace>) {
@@ -327,12 +328,15 @@ std::vector<index_t> count_changed_rows(const ExecSpace& space, const History& h
                               for (index_t i = begin; i < end; ++i) changed += history(r, i) != current(i);
                               c[j] += changed;
                             }
+                            if (write_row >= 0)
+                              for (index_t i = begin; i < end; ++i) history(write_row, i) = current(i);
                           });
     }
   }
   return count_array(space, "pulse::sparsity::count_k", n, num_rows, KOKKOS_LAMBDA(const index_t i, index_t* c) {
     const bf16_bits now = current(i);
     for (std::size_t j = 0; j < num_rows; ++j) c[j] += history(rows(j), i) != now;
+    if (write_row >= 0) history(write_row, i) = now;
   });
 }
 
@@ -362,8 +366,7 @@ class SnapshotRing {
   void push(const ExecSpace& space, const View& current) {
     check_current(current);
     Kokkos::deep_copy(space, Kokkos::subview(history_, head_, Kokkos::ALL), current);
-    head_ = (head_ + 1) % depth();
-    if (size_ < depth()) ++size_;
+    advance();
   }
 
   // For each k in ks, the count of elements whose bits differ between current and the snapshot
@@ -371,18 +374,16 @@ class SnapshotRing {
   template <class ExecSpace, class View>
   std::vector<index_t> count_changed_k(const ExecSpace& space, const View& current,
                                        const std::vector<int>& ks) const {
-    check_current(current);
-    std::vector<int> rows;  // ring rows of the ks that the history reaches
-    for (const int k : ks) {
-      PULSE_CHECK(k >= 1, "k-step distance must be at least 1, got " + std::to_string(k));
-      if (k <= size_) rows.push_back(row(k));
-    }
-    const auto rows_d = to_device<typename ExecSpace::memory_space>(rows, "pulse::sparsity::kstep_rows");
-    const std::vector<index_t> counts = detail::count_changed_rows(space, history_, rows_d, current);
-    std::vector<index_t> result;
-    std::size_t next = 0;
-    for (const int k : ks) result.push_back(k <= size_ ? counts[next++] : -1);
-    return result;
+    return count_rows(space, current, ks, -1);
+  }
+
+  // count_changed_k, then push(current), in one pass over current and the ring.
+  template <class ExecSpace, class View>
+  std::vector<index_t> count_changed_k_and_push(const ExecSpace& space, const View& current,
+                                                const std::vector<int>& ks) {
+    const std::vector<index_t> counts = count_rows(space, current, ks, head_);
+    advance();
+    return counts;
   }
 
  private:
@@ -392,6 +393,34 @@ class SnapshotRing {
   }
 
   int row(int k) const { return ((head_ - k) % depth() + depth()) % depth(); }
+
+  // The row just written becomes the newest snapshot.
+  void advance() {
+    head_ = (head_ + 1) % depth();
+    if (size_ < depth()) ++size_;
+  }
+
+  // count_changed_k's counts; write_row >= 0: current is copied into that row in the same pass
+  // (const as count_changed_k is; only count_changed_k_and_push passes a row).
+  template <class ExecSpace, class View>
+  std::vector<index_t> count_rows(const ExecSpace& space, const View& current, const std::vector<int>& ks,
+                                  int write_row) const {
+    check_current(current);
+    std::vector<int> rows;  // ring rows of the ks that the history reaches
+    for (const int k : ks) {
+      PULSE_CHECK(k >= 1, "k-step distance must be at least 1, got " + std::to_string(k));
+      if (k <= size_) rows.push_back(row(k));
+    }
+    // The pass runs only when there is a row to compare: a push before the history reaches any k copies.
+    if (rows.empty() && write_row >= 0)
+      Kokkos::deep_copy(space, Kokkos::subview(history_, write_row, Kokkos::ALL), current);
+    const auto rows_d = to_device<typename ExecSpace::memory_space>(rows, "pulse::sparsity::kstep_rows");
+    const std::vector<index_t> counts = detail::count_changed_rows(space, history_, rows_d, current, write_row);
+    std::vector<index_t> result;
+    std::size_t next = 0;
+    for (const int k : ks) result.push_back(k <= size_ ? counts[next++] : -1);
+    return result;
+  }
 
   template <class View>
   void check_current(const View& current) const {

@@ -15,7 +15,8 @@ machine's preemptions; the flushes every 100 rows or 10 s show in the JSON's wri
   step      wall seconds from one step's end to the next (/steps/time_s)
   compute   the rest of the step on trainer 0
   wait      trainer 0's seconds in collective calls (/ranks/wait_s; the patch send included)
-  measure   /steps/measure_s; sync: /steps/encode_s (the send is in wait); sync_s: /steps/sync_s
+  measure   /steps/measure_s; sync: /steps/encode_s (the send is in wait); sync_s: /steps/sync_s,
+            trainer 0's PULSESync outside collective calls (waiting for the inference rank is in wait)
   stats     /steps/write_s of the next row (the append once every rank is there)
   overhead  (measure_s + sync_s + write_s) / step: the measurement, PULSESync and statistics share;
             ovh_sum: the same over the sums of all those steps (the median step of a run whose

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/wait.hpp"
 #include "core/error.hpp"
 
 namespace pulse {
@@ -62,8 +63,10 @@ Publication Publisher::publish(sync::ChangeSet* changes, const Kokkos::View<cons
     return out;
   }
   Kokkos::Timer timer;
+  const double waited_before = wait_totals().seconds;
   out.sync = weight_sync_->step(version_, role_ == SyncRole::sender ? changes : nullptr, next_version());
   out.seconds = timer.seconds();
+  out.wait_seconds = wait_totals().seconds - waited_before;
   return out;
 }
 

@@ -30,7 +30,8 @@ enum class SyncRole { sender, receiver, trainer };
 struct Publication {
   SyncStepStats sync;  // the WeightSync step's (sender, receivers); sync.state there: the digest
                        // of the weights this rank now holds (zero on the other trainers: none hashed)
-  double seconds = 0;  // in the WeightSync step
+  double seconds = 0;       // in the WeightSync step
+  double wait_seconds = 0;  // of those, in collective calls (waiting for the peers, the patch's send)
 };
 
 class Publisher {

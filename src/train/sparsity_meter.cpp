@@ -48,7 +48,7 @@ std::vector<double> SparsityMeter::kstep_and_push(const Kokkos::View<const bf16_
   std::vector<int> longer;  // k > 1: k = 1 is the step's own count
   for (const int k : ks_)
     if (k != 1) longer.push_back(k);
-  const std::vector<index_t> changed_longer = ring_.count_changed_k(space, weights, longer);
+  const std::vector<index_t> changed_longer = ring_.count_changed_k_and_push(space, weights, longer);
   const double n = double(ring_.num_elements());
   std::vector<double> kstep;
   std::size_t next = 0;
@@ -56,7 +56,6 @@ std::vector<double> SparsityMeter::kstep_and_push(const Kokkos::View<const bf16_
     const index_t c = k == 1 ? changed : changed_longer[next++];
     kstep.push_back(c < 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 - c / n);
   }
-  ring_.push(space, weights);
   return kstep;
 }
 
@@ -114,6 +113,17 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
     std::memcpy(&bits, values + i, sizeof bits);
     return bits;
   };
+  for (const index_t rank : ranks)
+    PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
+  // One bit pattern throughout (all 0 while the gradients are): every order statistic is that
+  // value, without the histogram and the passes over the bin. A spread sample leaves at i = 1.
+  const std::uint64_t first_bits = bits_of(0);
+  index_t same = 1;
+  while (same < count && bits_of(same) == first_bits) ++same;
+  if (same == count && first_bits < first_nan) {
+    out.assign(ranks.size(), values[0]);
+    return true;
+  }
   const std::size_t num_bins = std::size_t(first_nan >> shift) + 1;
   std::vector<index_t> below(num_bins + 1, 0);  // counts per bin, then the values in the bins before each
   for (index_t i = 0; i < count; ++i) {
@@ -127,7 +137,6 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
   std::vector<index_t> starts{0};
   std::vector<std::size_t> bin_of_rank;
   for (const index_t rank : ranks) {
-    PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
     const std::size_t b = std::size_t(std::upper_bound(below.begin(), below.end(), rank) - below.begin()) - 1;
     if (slot[b] == 0) {
       if (starts.size() > 255) return false;  // more wanted bins than slots

@@ -33,7 +33,9 @@ std::vector<StatsColumn> make_schema() {
        "patch apply time with the check of the target digest, slowest inference rank"},
       {"/steps/step_s", f64, step, one, "s", "wall time of the step"},
       {"/steps/measure_s", f64, step, one, "s", "sparsity, gradient and Adam statistics time on trainer 0"},
-      {"/steps/sync_s", f64, step, one, "s", "PULSESync time on trainer 0 (encode + send)"},
+      {"/steps/sync_s", f64, step, one, "s",
+       "PULSESync time on trainer 0 outside collective calls (encode, its own copy's update; the patch's send and "
+       "the waits for the other ranks are in /ranks/wait_s)"},
       {"/steps/write_s", f64, step, one, "s",
        "time the previous step's statistics append took once every rank was there (gather to rank 0, flush when "
        "due; on rank 0, which holds the file)"},

@@ -253,6 +253,33 @@ TYPED_TEST(SnapshotRing, KStepCountsMatchNaiveHistoryThroughWrapAround) {
   }
 }
 
+// The fused pass against count_changed_k then push on a twin ring: the same counts and the same
+// snapshots, from an empty ring (nothing to compare, only the push) through wrap-arounds where
+// the row written is the row of k = depth that the pass compares with.
+TYPED_TEST(SnapshotRing, CountAndPushInOnePassMatchesCountThenPush) {
+  using Mem = typename TypeParam::Mem;
+  const typename TypeParam::ExecSpace space;
+  std::mt19937_64 rng(9);
+  for (const index_t n : {index_t(1), index_t(4097), index_t(3 * 4096 + 5)}) {
+    const int depth = 4;
+    pulse::SnapshotRing<Mem> fused(depth, n), reference(depth, n);
+    for (const std::vector<int>& ks : {std::vector<int>{2, 4}, std::vector<int>{4, 1, 3, 9}}) {
+      for (int step = 0; step < 9; ++step) {
+        Bits current = reference.size() ? pulse::to_host(reference.snapshot(1)) : Bits(n, 0x3f80);
+        for (index_t i = 0; i < n; ++i)
+          if (rng() % 5 == 0) current[i] = static_cast<bf16_bits>(rng());
+        const auto device_current = pulse::to_device<Mem>(current);
+        const auto want = reference.count_changed_k(space, device_current, ks);
+        reference.push(space, device_current);
+        EXPECT_EQ(fused.count_changed_k_and_push(space, device_current, ks), want) << "n " << n << " step " << step;
+        ASSERT_EQ(fused.size(), reference.size());
+        for (int k = 1; k <= fused.size(); ++k)
+          ASSERT_EQ(pulse::to_host(fused.snapshot(k)), pulse::to_host(reference.snapshot(k))) << "n " << n << " k " << k;
+      }
+    }
+  }
+}
+
 // Host backends count a block of 4096 elements in 16 bits: whole blocks of changes must not wrap.
 TYPED_TEST(SnapshotRing, CountsBlocksInWhichEveryElementChanged) {
   using Mem = typename TypeParam::Mem;

@@ -215,6 +215,26 @@ TEST(AdamRatioQuantiles, MatchFullSortOnRandomMoments) {
   }
 }
 
+// Every ratio the same (all 0, as while the gradients are 0; or one positive value): each
+// quantile is that value, as a sort gives it.
+TEST(AdamRatioQuantiles, OneValueEverywhereIsEveryQuantile) {
+  const std::vector<double> quantiles = {0.0, 0.5, 0.9, 0.999, 1.0};
+  for (const float moment : {0.0f, 1e-5f})
+    for (const index_t n : {index_t(1), index_t(204992)}) {
+      const std::vector<float> m(n, moment), v(n, moment * moment);
+      const auto got = adam_ratio_quantiles(to_device(m), to_device(v), 0.9, 0.999, 1e-8, 3, quantiles);
+      const auto want = sorted_reference_quantiles(m, v, 0.9, 0.999, 1e-8, 3, quantiles, 1 << 16);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t j = 0; j < want.size(); ++j) EXPECT_EQ(bits_of(got[j]), bits_of(want[j])) << "n " << n;
+      EXPECT_EQ(got[0], moment == 0 ? 0.0 : want[4]);
+    }
+  // One value but the last sampled one: the full selection, as a sort.
+  std::vector<float> m(204992, 1e-5f), v(204992, 1e-10f);
+  m[204990] = 2e-5f;  // sampled: the stride is 3
+  EXPECT_EQ(adam_ratio_quantiles(to_device(m), to_device(v), 0.9, 0.999, 1e-8, 3, quantiles),
+            sorted_reference_quantiles(m, v, 0.9, 0.999, 1e-8, 3, quantiles, 1 << 16));
+}
+
 // A NaN, an infinity or a -0 ratio in the sample: the same order statistics as a sort (by value:
 // which of +0 and -0 comes out is the selection's choice).
 TEST(AdamRatioQuantiles, MatchFullSortWithNegativeZeroAndInfinity) {
