@@ -149,11 +149,11 @@ def _host_moments(m, v):
         m.is_contiguous() and v.is_contiguous()
 
 
-def _count_at_most(x, thresholds, threads=0):
-    """Elements of the FP32 x at most each threshold; on the host by pulse's C++ (one pass)."""
+def _count_magnitude_at_most(x, thresholds, threads=0):
+    """Elements of the FP32 x of magnitude at most each threshold; on the host by pulse's C++ (one pass)."""
     if x.device.type == "cpu":
-        return _pulse.count_at_most(x.numpy(), list(thresholds), threads)
-    return [int(torch.count_nonzero(x <= th)) for th in thresholds]
+        return _pulse.count_magnitude_at_most(x.numpy(), list(thresholds), threads)
+    return [int(torch.count_nonzero(x.abs() <= th)) for th in thresholds]
 
 
 class _Versions:
@@ -499,10 +499,10 @@ class SparsityRecorder:
             row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
         grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
         if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
-            g = self._gradient(grads).abs_()
+            g = self._gradient(grads)
             row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
             row.set_values("/steps/grad_sparsity",
-                           [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
+                           [c / g.numel() for c in _count_magnitude_at_most(g, GRAD_THRESHOLDS, self.threads)])
 
     def _encode(self):
         """The patch from the recorded version to the staged one, and the seconds it took."""

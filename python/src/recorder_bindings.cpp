@@ -1,9 +1,11 @@
 // The hot loops of pulse.torch's SparsityRecorder: the k-step history as change logs, the Adam
-// ratios and their quantiles by radix select, the gradient's counts. Each works on numpy arrays in place, without the GIL.
+// ratios and their quantiles by radix select, the gradient's magnitude counts. Each works on
+// numpy arrays in place, without the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -18,9 +20,9 @@ namespace py = pybind11;
 namespace pulse::python {
 namespace {
 
-// The values at most each threshold (NaN is none), one pass over them.
-std::vector<std::uint64_t> count_at_most(const float* values, std::size_t n, const std::vector<double>& thresholds,
-                                         unsigned threads) {
+// The values of magnitude at most each threshold (NaN is none), one pass over them.
+std::vector<std::uint64_t> count_magnitude_at_most(const float* values, std::size_t n,
+                                                   const std::vector<double>& thresholds, unsigned threads) {
   constexpr std::size_t kChunk = std::size_t(1) << 18;
   const std::size_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<float> at_most;  // each threshold as the compare on FP32 values sees it
@@ -30,7 +32,7 @@ std::vector<std::uint64_t> count_at_most(const float* values, std::size_t n, con
     const std::size_t begin = c * kChunk, end = std::min(n, begin + kChunk);
     for (std::size_t t = 0; t < at_most.size(); ++t) {
       std::uint32_t count = 0;
-      for (std::size_t i = begin; i < end; ++i) count += values[i] <= at_most[t];
+      for (std::size_t i = begin; i < end; ++i) count += std::fabs(values[i]) <= at_most[t];
       counts[c * at_most.size() + t] = count;
     }
   });
@@ -99,11 +101,11 @@ void bind_recorder(py::module_& m) {
       },
       py::arg("values"), py::arg("qs"), py::arg("threads"));
   m.def(
-      "count_at_most",
+      "count_magnitude_at_most",
       [](const py::buffer& values, const std::vector<double>& thresholds, unsigned threads) {
-        const auto [data, n] = flat_buffer(values, sizeof(float), false, "count_at_most values");
+        const auto [data, n] = flat_buffer(values, sizeof(float), false, "count_magnitude_at_most values");
         py::gil_scoped_release release;
-        return count_at_most(reinterpret_cast<const float*>(data), n, thresholds, threads);
+        return count_magnitude_at_most(reinterpret_cast<const float*>(data), n, thresholds, threads);
       },
       py::arg("values"), py::arg("thresholds"), py::arg("threads"));
   // moments: [(m, v, out, bf16, 1 - beta1^t, 1 - beta2^t, eps)], m and v FP32 or BF16 bits (16-bit integers).

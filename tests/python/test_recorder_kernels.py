@@ -1,7 +1,7 @@
 """The C++ behind pulse.torch.SparsityRecorder (python/src/change_logs, radix_quantiles,
-adam_ratio) against numpy: the k-step history against kept copies of every version, the
-quantiles against np.quantile, the Adam ratios against numpy's FP32 arithmetic; each the same at
-1, 2 and 3 threads."""
+adam_ratio, recorder_bindings) against numpy: the k-step history against kept copies of every
+version, the quantiles against np.quantile, the Adam ratios against numpy's FP32 arithmetic, the
+gradient's magnitude counts against numpy's; each the same at 1, 2 and 3 threads."""
 import sys
 
 import numpy as np
@@ -83,6 +83,23 @@ def test_adam_ratios_are_numpy_fp32_arithmetic(bf16):
         _pulse.adam_ratios(moments, threads)
         for out, e in zip(outs, expected):
             np.testing.assert_array_equal(out.view(np.int32), e.view(np.int32))
+
+
+def test_count_magnitude_at_most_is_numpys_count():
+    """The gradient's counts of |g| <= each threshold against numpy's, over a spread of signed
+    values with zeros, -0, infinities and NaN (counted by none), across the C++'s chunks."""
+    rng = np.random.default_rng(9)
+    g = (rng.standard_normal(600001) * np.exp(rng.standard_normal(600001) * 8)).astype(np.float32)
+    g[rng.integers(0, g.size, 5000)] = 0
+    g[rng.integers(0, g.size, 500)] = -0.0
+    g[rng.integers(0, g.size, 50)] = np.inf
+    g[rng.integers(0, g.size, 50)] = -np.inf
+    g[rng.integers(0, g.size, 50)] = np.nan
+    thresholds = [0.0, 1e-10, 1e-8, 1e-6, 1.0, float("inf")]
+    with np.errstate(invalid="ignore"):
+        expected = [int((np.abs(g) <= np.float32(t)).sum()) for t in thresholds]
+    for threads in (1, 2, 3):
+        assert _pulse.count_magnitude_at_most(g, thresholds, threads) == expected
 
 
 def next_version(rng, history, step):
