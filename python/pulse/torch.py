@@ -177,7 +177,7 @@ class _Versions:
             self.views[name] = (torch.from_numpy(self.flat[offset:offset + n]).view(dtype).view(shape),
                                 torch.from_numpy(self.staging[offset:offset + n]).view(dtype).view(shape))
             offset += n
-        self.logs = _pulse.ChangeLogs(width, 4 if numel < 2 ** 31 else 8, keep)
+        self.logs = _pulse.ChangeLogs(width, keep)
         self.threads = threads
 
     def stage(self, tensors):

@@ -14,8 +14,12 @@ namespace {
 // Elements per block: a block of the latest version and its reverted copy stay in a core's
 // cache while all the logs are reverted.
 constexpr std::size_t kBlock = std::size_t(1) << 15;
+// A sparse log's positions, from the start of their block (below kBlock): 2 bytes an entry
+// instead of 4 or 8, so the reverts read a third less.
+using Position = std::uint16_t;
+static_assert(kBlock - 1 <= 0xFFFF, "a position within a block fits a Position");
 
-template <class Word, class Index>
+template <class Word>
 class Logs final : public ChangeLogs {
  public:
   explicit Logs(std::size_t keep) : keep_(keep) {}
@@ -39,7 +43,7 @@ class Logs final : public ChangeLogs {
     }
     const std::size_t total = first[blocks];
     Log log = recycled();
-    log.whole = total * (sizeof(Index) + sizeof(Word)) >= n * sizeof(Word);
+    log.whole = total * (sizeof(Position) + sizeof(Word)) >= n * sizeof(Word);
     log.positions.resize(log.whole ? 0 : total);
     log.old.resize(log.whole ? n : total);
     log.block_first = log.whole ? std::vector<std::size_t>() : first;
@@ -88,14 +92,14 @@ class Logs final : public ChangeLogs {
 
   std::size_t bytes() const override {
     std::size_t sum = 0;
-    for (const Log& log : logs_) sum += log.positions.size() * sizeof(Index) + log.old.size() * sizeof(Word);
+    for (const Log& log : logs_) sum += log.positions.size() * sizeof(Position) + log.old.size() * sizeof(Word);
     return sum;
   }
 
  private:
   struct Log {
     bool whole = false;
-    std::vector<Index> positions;         // ascending (a sparse log)
+    std::vector<Position> positions;      // ascending within each block (a sparse log)
     std::vector<Word> old;                // the old bits at positions, or the whole old version
     std::vector<std::size_t> block_first;  // a sparse log's first entry of each block, and the count
   };
@@ -114,7 +118,7 @@ class Logs final : public ChangeLogs {
 
   // The positions and old bits of the changed elements of [lo, hi), in order: a mask of the
   // lanes that differ per 64 elements (vectorised), then its set bits.
-  static void gather(const Word* now, const Word* recorded, std::size_t lo, std::size_t hi, Index* positions,
+  static void gather(const Word* now, const Word* recorded, std::size_t lo, std::size_t hi, Position* positions,
                      Word* old) {
     std::size_t c = 0;
     for (std::size_t i = lo; i < hi; i += 64) {
@@ -123,7 +127,7 @@ class Logs final : public ChangeLogs {
       for (std::size_t l = 0; l < lanes; ++l) differ |= std::uint64_t(now[i + l] != recorded[i + l]) << l;
       for (; differ != 0; differ &= differ - 1, ++c) {
         const std::size_t at = i + std::size_t(__builtin_ctzll(differ));
-        positions[c] = Index(at);
+        positions[c] = Position(at - lo);
         old[c] = recorded[at];
       }
     }
@@ -135,7 +139,7 @@ class Logs final : public ChangeLogs {
       std::copy(log.old.begin() + lo, log.old.begin() + hi, block);
       return;
     }
-    for (std::size_t c = log.block_first[b]; c < log.block_first[b + 1]; ++c) block[log.positions[c] - lo] = log.old[c];
+    for (std::size_t c = log.block_first[b]; c < log.block_first[b + 1]; ++c) block[log.positions[c]] = log.old[c];
   }
 
   static std::uint64_t count_differing(const Word* a, const Word* b, std::size_t m) {
@@ -156,22 +160,14 @@ class Logs final : public ChangeLogs {
   std::deque<Log> logs_;  // oldest first
 };
 
-template <class Word>
-std::unique_ptr<ChangeLogs> make_of(std::size_t index_bytes, std::size_t keep) {
-  if (index_bytes == 4) return std::make_unique<Logs<Word, std::uint32_t>>(keep);
-  return std::make_unique<Logs<Word, std::uint64_t>>(keep);
-}
-
 }  // namespace
 
-std::unique_ptr<ChangeLogs> make_change_logs(std::size_t element_bytes, std::size_t index_bytes, std::size_t keep) {
-  PULSE_CHECK(index_bytes == 4 || index_bytes == 8, "ChangeLogs: positions of 4 or 8 bytes, not " +
-                                                        std::to_string(index_bytes));
+std::unique_ptr<ChangeLogs> make_change_logs(std::size_t element_bytes, std::size_t keep) {
   switch (element_bytes) {
-    case 1: return make_of<std::uint8_t>(index_bytes, keep);
-    case 2: return make_of<std::uint16_t>(index_bytes, keep);
-    case 4: return make_of<std::uint32_t>(index_bytes, keep);
-    case 8: return make_of<std::uint64_t>(index_bytes, keep);
+    case 1: return std::make_unique<Logs<std::uint8_t>>(keep);
+    case 2: return std::make_unique<Logs<std::uint16_t>>(keep);
+    case 4: return std::make_unique<Logs<std::uint32_t>>(keep);
+    case 8: return std::make_unique<Logs<std::uint64_t>>(keep);
   }
   throw_error(__FILE__, __LINE__, "ChangeLogs: elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
 }

@@ -55,8 +55,8 @@ std::pair<std::byte*, std::size_t> flat_buffer(const py::buffer& b, std::size_t 
 
 class PyChangeLogs {
  public:
-  PyChangeLogs(std::size_t element_bytes, std::size_t index_bytes, std::size_t keep)
-      : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, index_bytes, keep)) {}
+  PyChangeLogs(std::size_t element_bytes, std::size_t keep)
+      : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, keep)) {}
 
   std::vector<std::uint64_t> log(const py::buffer& now, const py::buffer& recorded, const std::vector<std::uint64_t>& ends,
                                  unsigned threads) {
@@ -86,8 +86,7 @@ class PyChangeLogs {
 
 void bind_recorder(py::module_& m) {
   py::class_<PyChangeLogs>(m, "ChangeLogs")
-      .def(py::init<std::size_t, std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("index_bytes"),
-           py::arg("keep"))
+      .def(py::init<std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("keep"))
       .def("log", &PyChangeLogs::log, py::arg("now"), py::arg("recorded"), py::arg("ends"), py::arg("threads"))
       .def("differing", &PyChangeLogs::differing, py::arg("latest"), py::arg("ks"), py::arg("threads"))
       .def_property_readonly("depth", &PyChangeLogs::depth)

@@ -119,16 +119,15 @@ def next_version(rng, history, step):
 
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
-@pytest.mark.parametrize("index_bytes", [4, 8])
-def test_change_logs_against_kept_copies(width, index_bytes):
+def test_change_logs_against_kept_copies(width):
     """log's per-parameter changed counts, differing's k-step counts and the logs' bytes against
     every version kept as a copy, over parameters that start and end inside the C++'s blocks (one
     empty), sparse and whole logs, and versions that return to earlier ones; at 1, 2, 3 threads."""
-    rng = np.random.default_rng(width * 10 + index_bytes)
+    rng = np.random.default_rng(width * 10 + 4)
     ends = [10, 10, 40000, 70001, 100000]
     keep, ks = 5, [1, 2, 3, 5, 7]
     first = rng.integers(-100, 100, ends[-1]).astype(BITS[width])
-    logs = [_pulse.ChangeLogs(width, index_bytes, keep) for _ in range(3)]
+    logs = [_pulse.ChangeLogs(width, keep) for _ in range(3)]
     recorded = [first.copy() for _ in logs]
     history = [first]
     for step in range(1, 12):
@@ -145,12 +144,13 @@ def test_change_logs_against_kept_copies(width, index_bytes):
             assert log.depth == min(step, keep)
             rec[:] = now
         sizes = [int((history[j] != history[j - 1]).sum()) for j in range(max(1, step - keep + 1), step + 1)]
-        assert logs[0].bytes() == sum(c * (index_bytes + width) if c * (index_bytes + width) < width * ends[-1]
+        position_bytes = 2  # within a block of 2^15 elements
+        assert logs[0].bytes() == sum(c * (position_bytes + width) if c * (position_bytes + width) < width * ends[-1]
                                       else width * ends[-1] for c in sizes)
 
 
 def test_change_logs_refuse_what_does_not_fit():
-    log = _pulse.ChangeLogs(2, 4, 3)
+    log = _pulse.ChangeLogs(2, 3)
     a, b = np.zeros(10, np.int16), np.zeros(11, np.int16)
     with pytest.raises(pulse.Error, match="elements"):
         log.log(a, b, [10], 1)
@@ -159,7 +159,7 @@ def test_change_logs_refuse_what_does_not_fit():
     with pytest.raises(pulse.Error, match="2-byte"):
         log.log(a.astype(np.int32), a.astype(np.int32), [10], 1)
     with pytest.raises(pulse.Error, match="elements of 1, 2, 4 or 8 bytes"):
-        _pulse.ChangeLogs(3, 4, 3)
+        _pulse.ChangeLogs(3, 3)
 
 
 if __name__ == "__main__":
