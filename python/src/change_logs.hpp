@@ -25,6 +25,13 @@ class ChangeLogs {
   virtual std::vector<std::uint64_t> log(const std::byte* now, const std::byte* recorded, std::size_t n,
                                          const std::vector<std::uint64_t>& ends, unsigned threads) = 0;
 
+  // The same, after copying into now each parameter's elements from its source (one per
+  // parameter; null for one already in now) block by block, each just before it is compared:
+  // the staging and the comparison in one pass over the version.
+  virtual std::vector<std::uint64_t> stage_and_log(const std::vector<const std::byte*>& sources, std::byte* now,
+                                                   const std::byte* recorded, std::size_t n,
+                                                   const std::vector<std::uint64_t>& ends, unsigned threads) = 0;
+
   // {k: elements of latest (the version logged last as now) that differ from the version k
   // steps back} for each k in ks that the logs reach (k <= depth()).
   virtual std::map<std::size_t, std::uint64_t> differing(const std::byte* latest, std::size_t n,

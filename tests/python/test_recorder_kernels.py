@@ -120,9 +120,10 @@ def next_version(rng, history, step):
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
 def test_change_logs_against_kept_copies(width):
-    """log's per-parameter changed counts, differing's k-step counts and the logs' bytes against
-    every version kept as a copy, over parameters that start and end inside the C++'s blocks (one
-    empty), sparse and whole logs, and versions that return to earlier ones; at 1, 2, 3 threads."""
+    """log's (and stage_and_log's, which also copies the version in) per-parameter changed counts,
+    differing's k-step counts and the logs' bytes against every version kept as a copy, over
+    parameters that start and end inside the C++'s blocks (one empty), sparse and whole logs, and
+    versions that return to earlier ones; at 1, 2, 3 threads."""
     rng = np.random.default_rng(width * 10 + 4)
     ends = [10, 10, 40000, 70001, 100000]
     keep, ks = 5, [1, 2, 3, 5, 7]
@@ -138,7 +139,16 @@ def test_change_logs_against_kept_copies(width):
         expected_differing = {k: int((now != history[-1 - k]).sum()) for k in ks if k <= min(step, keep)}
         for threads, (log, rec) in enumerate(zip(logs, recorded), start=1):
             before = rec.copy()
-            assert log.log(now, rec, ends, threads) == expected_changed
+            if threads == 2:  # staged by the log's pass: parameters 0, 2, 4 from sources, the others before
+                staging = np.full_like(now, 7)
+                sources = [now[a:b].copy() if p % 2 == 0 else None for p, (a, b) in enumerate(zip([0] + ends[:-1], ends))]
+                for p, (a, b) in enumerate(zip([0] + ends[:-1], ends)):
+                    if sources[p] is None:
+                        staging[a:b] = now[a:b]
+                assert log.stage_and_log(sources, staging, rec, ends, threads) == expected_changed
+                np.testing.assert_array_equal(staging, now)
+            else:
+                assert log.log(now, rec, ends, threads) == expected_changed
             np.testing.assert_array_equal(rec, before)  # read, not written
             assert log.differing(now, ks, threads) == expected_differing
             assert log.depth == min(step, keep)
@@ -156,6 +166,10 @@ def test_change_logs_refuse_what_does_not_fit():
         log.log(a, b, [10], 1)
     with pytest.raises(pulse.Error, match="ends"):
         log.log(a, a.copy(), [4, 9], 1)
+    with pytest.raises(pulse.Error, match="one source per parameter"):
+        log.stage_and_log([None], a, a.copy(), [4, 10], 1)
+    with pytest.raises(pulse.Error, match="not its parameter's"):
+        log.stage_and_log([np.zeros(5, np.int16), None], a, a.copy(), [4, 10], 1)
     with pytest.raises(pulse.Error, match="2-byte"):
         log.log(a.astype(np.int32), a.astype(np.int32), [10], 1)
     with pytest.raises(pulse.Error, match="elements of 1, 2, 4 or 8 bytes"):
