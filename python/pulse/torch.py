@@ -70,6 +70,7 @@ def _schema():
 # nearest even as torch's .to() casts, or its own bits; other dtypes are compared as stored.
 COMPARE_AS = {"bf16": torch.bfloat16, "f16": torch.float16, "raw": torch.float32}
 _BITS = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+_TORCH_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def compared_dtype(dtype, compare_as):
@@ -149,11 +150,11 @@ def _host_moments(m, v):
         m.is_contiguous() and v.is_contiguous()
 
 
-def _count_at_most(x, thresholds, threads=0):
-    """Elements of the FP32 x at most each threshold; on the host by pulse's C++ (one pass)."""
+def _count_magnitude_at_most(x, thresholds, threads=0):
+    """Elements of the FP32 x of magnitude at most each threshold; on the host by pulse's C++ (one pass)."""
     if x.device.type == "cpu":
-        return _pulse.count_at_most(x.numpy(), list(thresholds), threads)
-    return [int(torch.count_nonzero(x <= th)) for th in thresholds]
+        return _pulse.count_magnitude_at_most(x.numpy(), list(thresholds), threads)
+    return [int(torch.count_nonzero(x.abs() <= th)) for th in thresholds]
 
 
 class _Versions:
@@ -177,21 +178,34 @@ class _Versions:
             self.views[name] = (torch.from_numpy(self.flat[offset:offset + n]).view(dtype).view(shape),
                                 torch.from_numpy(self.staging[offset:offset + n]).view(dtype).view(shape))
             offset += n
-        self.logs = _pulse.ChangeLogs(width, 4 if numel < 2 ** 31 else 8, keep)
+        self.logs = _pulse.ChangeLogs(width, keep)
         self.threads = threads
 
     def stage(self, tensors):
-        """Casts the parameters into staging (on their device first: only the cast crosses to the host)."""
+        """Casts the parameters into staging."""
         for (_, name, _, dtype, _), p in zip(self.params, tensors):
-            src = p.detach().reshape(-1)
-            if src.device.type != "cpu":
-                src = src.to(dtype)
-            self.views[name][1].view(-1).copy_(src)
+            self._cast_into_staging(name, dtype, p)
 
-    def log(self):
-        """Logs the change from the recorded version to the staged one; returns the changed
-        elements per parameter."""
-        return self.logs.log(self.staging, self.flat, self.ends, self.threads)
+    def _cast_into_staging(self, name, dtype, p):
+        """Casts p into its staging view (on its device first: only the cast crosses to the host)."""
+        src = p.detach().reshape(-1)
+        if src.device.type != "cpu":
+            src = src.to(dtype)
+        self.views[name][1].view(-1).copy_(src)
+
+    def stage_and_log(self, tensors):
+        """Stages the parameters and logs the change from the recorded version to them; returns
+        the changed elements per parameter. Those held on the host as compared are copied by the
+        log's pass as it compares them (pulse's C++); the others are cast into staging first."""
+        sources = []
+        for (_, name, _, dtype, _), p in zip(self.params, tensors):
+            src = p.detach()
+            if src.device.type == "cpu" and src.dtype == dtype and src.is_contiguous():
+                sources.append(src.reshape(-1).view(_TORCH_BITS[src.element_size()]).numpy())
+            else:
+                self._cast_into_staging(name, dtype, p)
+                sources.append(None)
+        return self.logs.stage_and_log(sources, self.staging, self.flat, self.ends, self.threads)
 
     def differing(self, ks):
         """{k: elements of the staged version that differ from the version k steps back} for the k
@@ -422,8 +436,6 @@ class SparsityRecorder:
         # version, as the encode reads it meanwhile).
         beside = [self._aside(self._optimizer_figures, adam, row)]
         try:
-            for v in self.versions:
-                v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
             if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
                 self._write_absorption(*absorption(*self._updates(adam)))
             changed = self._log()
@@ -479,10 +491,10 @@ class SparsityRecorder:
         return done
 
     def _log(self):
-        """Logs the staged changes of each version; returns the changed elements per parameter."""
+        """Stages and logs the changes of each version; returns the changed elements per parameter."""
         changed = [0] * len(self.params)
         for v in self.versions:
-            for (i, _, _, _, _), c in zip(v.params, v.log()):
+            for (i, _, _, _, _), c in zip(v.params, v.stage_and_log([self.params[i][1] for i, _, _, _, _ in v.params])):
                 changed[i] = c
         return changed
 
@@ -499,10 +511,10 @@ class SparsityRecorder:
             row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
         grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
         if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
-            g = self._gradient(grads).abs_()
+            g = self._gradient(grads)
             row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
             row.set_values("/steps/grad_sparsity",
-                           [c / g.numel() for c in _count_at_most(g, GRAD_THRESHOLDS, self.threads)])
+                           [c / g.numel() for c in _count_magnitude_at_most(g, GRAD_THRESHOLDS, self.threads)])
 
     def _encode(self):
         """The patch from the recorded version to the staged one, and the seconds it took."""

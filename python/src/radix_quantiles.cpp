@@ -15,6 +15,8 @@ namespace pulse::python {
 namespace {
 
 constexpr std::size_t kBins = std::size_t(1) << 16;
+constexpr std::size_t kKeep = 8;                   // chosen bins compared with a value at once
+constexpr std::uint32_t kNoBin = 0xFFFFFFFFu;      // pads the chosen bins: no key's top 16 bits
 
 // The bits of x as an unsigned number in the order of the values (negatives reversed below
 // the positives); NaN is caught before.
@@ -87,16 +89,31 @@ std::vector<double> radix_quantiles(const float* values, std::size_t n, const st
   PULSE_CHECK(chosen.size() < 256, "quantiles: at most 127 quantiles at once");
 
   // Pass 2: the chosen bins' values per low 16 bits of their key. The chosen bins hold few of the
-  // values, so the others are skipped (a branch that is rarely taken) rather than counted apart.
+  // values: each run of 64 is compared with the chosen bins, kKeep at a time (vectorised), and
+  // only the values that match are counted.
+  std::vector<std::uint32_t> chosen_bins((chosen.size() + kKeep - 1) / kKeep * kKeep, kNoBin);
+  std::copy(chosen.begin(), chosen.end(), chosen_bins.begin());
   std::vector<std::vector<std::uint32_t>> low(tasks);
   sync::parallel_for(threads, tasks, [&](std::size_t t) {
     low[t].assign(chosen.size() * kBins, 0);
     std::uint32_t* counts = low[t].data();
     const std::uint8_t* slots = slot_of_bin.data();
-    for (std::size_t i = bounds[t]; i < bounds[t + 1]; ++i) {
-      const std::uint32_t key = order_key(values[i]);
-      const std::size_t slot = slots[key >> 16];
-      if (slot != 0) ++counts[(slot - 1) * kBins + (key & 0xFFFFu)];
+    for (std::size_t i = bounds[t]; i < bounds[t + 1]; i += 64) {
+      const std::size_t lanes = std::min<std::size_t>(64, bounds[t + 1] - i);
+      std::uint64_t hit = 0;
+      for (std::size_t c = 0; c < chosen_bins.size(); c += kKeep) {
+        const std::uint32_t* bins = chosen_bins.data() + c;
+        for (std::size_t l = 0; l < lanes; ++l) {
+          const std::uint32_t bin = order_key(values[i + l]) >> 16;
+          bool any = false;
+          for (std::size_t k = 0; k < kKeep; ++k) any |= bin == bins[k];
+          hit |= std::uint64_t(any) << l;
+        }
+      }
+      for (; hit != 0; hit &= hit - 1) {
+        const std::uint32_t key = order_key(values[i + std::size_t(__builtin_ctzll(hit))]);
+        ++counts[(slots[key >> 16] - 1) * kBins + (key & 0xFFFFu)];
+      }
     }
   });
   std::map<std::uint64_t, double> value;  // rank -> order statistic

@@ -1,9 +1,11 @@
 // The hot loops of pulse.torch's SparsityRecorder: the k-step history as change logs, the Adam
-// ratios and their quantiles by radix select, the gradient's counts. Each works on numpy arrays in place, without the GIL.
+// ratios and their quantiles by radix select, the gradient's magnitude counts. Each works on
+// numpy arrays in place, without the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -18,9 +20,9 @@ namespace py = pybind11;
 namespace pulse::python {
 namespace {
 
-// The values at most each threshold (NaN is none), one pass over them.
-std::vector<std::uint64_t> count_at_most(const float* values, std::size_t n, const std::vector<double>& thresholds,
-                                         unsigned threads) {
+// The values of magnitude at most each threshold (NaN is none), one pass over them.
+std::vector<std::uint64_t> count_magnitude_at_most(const float* values, std::size_t n,
+                                                   const std::vector<double>& thresholds, unsigned threads) {
   constexpr std::size_t kChunk = std::size_t(1) << 18;
   const std::size_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<float> at_most;  // each threshold as the compare on FP32 values sees it
@@ -30,7 +32,7 @@ std::vector<std::uint64_t> count_at_most(const float* values, std::size_t n, con
     const std::size_t begin = c * kChunk, end = std::min(n, begin + kChunk);
     for (std::size_t t = 0; t < at_most.size(); ++t) {
       std::uint32_t count = 0;
-      for (std::size_t i = begin; i < end; ++i) count += values[i] <= at_most[t];
+      for (std::size_t i = begin; i < end; ++i) count += std::fabs(values[i]) <= at_most[t];
       counts[c * at_most.size() + t] = count;
     }
   });
@@ -53,8 +55,8 @@ std::pair<std::byte*, std::size_t> flat_buffer(const py::buffer& b, std::size_t 
 
 class PyChangeLogs {
  public:
-  PyChangeLogs(std::size_t element_bytes, std::size_t index_bytes, std::size_t keep)
-      : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, index_bytes, keep)) {}
+  PyChangeLogs(std::size_t element_bytes, std::size_t keep)
+      : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, keep)) {}
 
   std::vector<std::uint64_t> log(const py::buffer& now, const py::buffer& recorded, const std::vector<std::uint64_t>& ends,
                                  unsigned threads) {
@@ -63,6 +65,31 @@ class PyChangeLogs {
     PULSE_CHECK(n == m, "ChangeLogs.log: now holds " + std::to_string(n) + " elements, recorded " + std::to_string(m));
     py::gil_scoped_release release;
     return logs_->log(now_data, recorded_data, n, ends, threads);
+  }
+
+  // sources: per parameter, a buffer of its elements, or None for one already in now.
+  std::vector<std::uint64_t> stage_and_log(const py::list& sources, const py::buffer& now, const py::buffer& recorded,
+                                           const std::vector<std::uint64_t>& ends, unsigned threads) {
+    const auto [now_data, n] = flat_buffer(now, element_bytes_, true, "ChangeLogs.stage_and_log now");
+    const auto [recorded_data, m] = flat_buffer(recorded, element_bytes_, false, "ChangeLogs.stage_and_log recorded");
+    PULSE_CHECK(n == m, "ChangeLogs.stage_and_log: now holds " + std::to_string(n) + " elements, recorded " +
+                            std::to_string(m));
+    PULSE_CHECK(sources.size() == ends.size(), "ChangeLogs.stage_and_log: one source per parameter");
+    std::vector<const std::byte*> from;
+    for (std::size_t p = 0; p < sources.size(); ++p) {
+      if (sources[p].is_none()) {
+        from.push_back(nullptr);
+        continue;
+      }
+      const auto [data, count] = flat_buffer(sources[p].cast<py::buffer>(), element_bytes_, false,
+                                             "ChangeLogs.stage_and_log source");
+      PULSE_CHECK(count == ends[p] - (p == 0 ? 0 : ends[p - 1]),
+                  "ChangeLogs.stage_and_log: source " + std::to_string(p) + " holds " + std::to_string(count) +
+                      " elements, not its parameter's");
+      from.push_back(data);
+    }
+    py::gil_scoped_release release;
+    return logs_->stage_and_log(from, now_data, recorded_data, n, ends, threads);
   }
 
   std::map<std::size_t, std::uint64_t> differing(const py::buffer& latest, const std::vector<std::size_t>& ks,
@@ -84,9 +111,10 @@ class PyChangeLogs {
 
 void bind_recorder(py::module_& m) {
   py::class_<PyChangeLogs>(m, "ChangeLogs")
-      .def(py::init<std::size_t, std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("index_bytes"),
-           py::arg("keep"))
+      .def(py::init<std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("keep"))
       .def("log", &PyChangeLogs::log, py::arg("now"), py::arg("recorded"), py::arg("ends"), py::arg("threads"))
+      .def("stage_and_log", &PyChangeLogs::stage_and_log, py::arg("sources"), py::arg("now"), py::arg("recorded"),
+           py::arg("ends"), py::arg("threads"))
       .def("differing", &PyChangeLogs::differing, py::arg("latest"), py::arg("ks"), py::arg("threads"))
       .def_property_readonly("depth", &PyChangeLogs::depth)
       .def("bytes", &PyChangeLogs::bytes);
@@ -99,11 +127,11 @@ void bind_recorder(py::module_& m) {
       },
       py::arg("values"), py::arg("qs"), py::arg("threads"));
   m.def(
-      "count_at_most",
+      "count_magnitude_at_most",
       [](const py::buffer& values, const std::vector<double>& thresholds, unsigned threads) {
-        const auto [data, n] = flat_buffer(values, sizeof(float), false, "count_at_most values");
+        const auto [data, n] = flat_buffer(values, sizeof(float), false, "count_magnitude_at_most values");
         py::gil_scoped_release release;
-        return count_at_most(reinterpret_cast<const float*>(data), n, thresholds, threads);
+        return count_magnitude_at_most(reinterpret_cast<const float*>(data), n, thresholds, threads);
       },
       py::arg("values"), py::arg("thresholds"), py::arg("threads"));
   // moments: [(m, v, out, bf16, 1 - beta1^t, 1 - beta2^t, eps)], m and v FP32 or BF16 bits (16-bit integers).

@@ -273,8 +273,8 @@ def test_quantiles_select_as_numpy_sorts(n):
 
 def test_history_is_the_changes(tmp_path):
     """The k-step history holds the recorded version, one staging copy and the change logs of the
-    last max(k) steps (32-bit positions and old bits, or the old version where that is smaller),
-    not max(k) copies of the model."""
+    last max(k) steps (16-bit positions within their block of the model and old bits, or the old
+    version where that is smaller), not max(k) copies of the model."""
     torch.manual_seed(2)
     model = torch.nn.Linear(64, 64)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -289,8 +289,9 @@ def test_history_is_the_changes(tmp_path):
     with h5py.File(tmp_path / "run.h5", "r") as f:
         changed = f["steps/changed"][()]
     dense = 2 * sum(p.numel() for p in model.parameters())
-    assert rec.history_bytes() == 2 * dense + sum(6 * int(c) if 6 * int(c) < dense else dense for c in changed[-8:])
-    assert all(0 < 6 * c < dense for c in changed)  # sparse logs (below: whole ones)
+    entry = 2 + 2  # a changed element's position and old BF16 bits
+    assert rec.history_bytes() == 2 * dense + sum(entry * int(c) if entry * int(c) < dense else dense for c in changed[-8:])
+    assert all(0 < entry * c < dense for c in changed)  # sparse logs (below: whole ones)
     lr_high = torch.optim.AdamW(model.parameters(), lr=1e-1)
     rec = pulse.torch.SparsityRecorder(model, out=tmp_path / "dense.h5", optimizer=lr_high, k_values=(1, 2))
     for _ in range(3):
@@ -300,7 +301,7 @@ def test_history_is_the_changes(tmp_path):
         rec.step()
     rec.close()
     with h5py.File(tmp_path / "dense.h5", "r") as f:
-        assert (f["steps/changed"][()] * 6 >= dense).all()
+        assert (f["steps/changed"][()] * entry >= dense).all()
     assert rec.history_bytes() == 4 * dense
 
 

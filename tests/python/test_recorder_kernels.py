@@ -1,7 +1,7 @@
 """The C++ behind pulse.torch.SparsityRecorder (python/src/change_logs, radix_quantiles,
-adam_ratio) against numpy: the k-step history against kept copies of every version, the
-quantiles against np.quantile, the Adam ratios against numpy's FP32 arithmetic; each the same at
-1, 2 and 3 threads."""
+adam_ratio, recorder_bindings) against numpy: the k-step history against kept copies of every
+version, the quantiles against np.quantile, the Adam ratios against numpy's FP32 arithmetic, the
+gradient's magnitude counts against numpy's; each the same at 1, 2 and 3 threads."""
 import sys
 
 import numpy as np
@@ -85,6 +85,23 @@ def test_adam_ratios_are_numpy_fp32_arithmetic(bf16):
             np.testing.assert_array_equal(out.view(np.int32), e.view(np.int32))
 
 
+def test_count_magnitude_at_most_is_numpys_count():
+    """The gradient's counts of |g| <= each threshold against numpy's, over a spread of signed
+    values with zeros, -0, infinities and NaN (counted by none), across the C++'s chunks."""
+    rng = np.random.default_rng(9)
+    g = (rng.standard_normal(600001) * np.exp(rng.standard_normal(600001) * 8)).astype(np.float32)
+    g[rng.integers(0, g.size, 5000)] = 0
+    g[rng.integers(0, g.size, 500)] = -0.0
+    g[rng.integers(0, g.size, 50)] = np.inf
+    g[rng.integers(0, g.size, 50)] = -np.inf
+    g[rng.integers(0, g.size, 50)] = np.nan
+    thresholds = [0.0, 1e-10, 1e-8, 1e-6, 1.0, float("inf")]
+    with np.errstate(invalid="ignore"):
+        expected = [int((np.abs(g) <= np.float32(t)).sum()) for t in thresholds]
+    for threads in (1, 2, 3):
+        assert _pulse.count_magnitude_at_most(g, thresholds, threads) == expected
+
+
 def next_version(rng, history, step):
     """The next version: a few changes, most elements changed, none, or back to an earlier one."""
     now = history[-1].copy()
@@ -102,16 +119,16 @@ def next_version(rng, history, step):
 
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
-@pytest.mark.parametrize("index_bytes", [4, 8])
-def test_change_logs_against_kept_copies(width, index_bytes):
-    """log's per-parameter changed counts, differing's k-step counts and the logs' bytes against
-    every version kept as a copy, over parameters that start and end inside the C++'s blocks (one
-    empty), sparse and whole logs, and versions that return to earlier ones; at 1, 2, 3 threads."""
-    rng = np.random.default_rng(width * 10 + index_bytes)
+def test_change_logs_against_kept_copies(width):
+    """log's (and stage_and_log's, which also copies the version in) per-parameter changed counts,
+    differing's k-step counts and the logs' bytes against every version kept as a copy, over
+    parameters that start and end inside the C++'s blocks (one empty), sparse and whole logs, and
+    versions that return to earlier ones; at 1, 2, 3 threads."""
+    rng = np.random.default_rng(width * 10 + 4)
     ends = [10, 10, 40000, 70001, 100000]
     keep, ks = 5, [1, 2, 3, 5, 7]
     first = rng.integers(-100, 100, ends[-1]).astype(BITS[width])
-    logs = [_pulse.ChangeLogs(width, index_bytes, keep) for _ in range(3)]
+    logs = [_pulse.ChangeLogs(width, keep) for _ in range(3)]
     recorded = [first.copy() for _ in logs]
     history = [first]
     for step in range(1, 12):
@@ -122,27 +139,41 @@ def test_change_logs_against_kept_copies(width, index_bytes):
         expected_differing = {k: int((now != history[-1 - k]).sum()) for k in ks if k <= min(step, keep)}
         for threads, (log, rec) in enumerate(zip(logs, recorded), start=1):
             before = rec.copy()
-            assert log.log(now, rec, ends, threads) == expected_changed
+            if threads == 2:  # staged by the log's pass: parameters 0, 2, 4 from sources, the others before
+                staging = np.full_like(now, 7)
+                sources = [now[a:b].copy() if p % 2 == 0 else None for p, (a, b) in enumerate(zip([0] + ends[:-1], ends))]
+                for p, (a, b) in enumerate(zip([0] + ends[:-1], ends)):
+                    if sources[p] is None:
+                        staging[a:b] = now[a:b]
+                assert log.stage_and_log(sources, staging, rec, ends, threads) == expected_changed
+                np.testing.assert_array_equal(staging, now)
+            else:
+                assert log.log(now, rec, ends, threads) == expected_changed
             np.testing.assert_array_equal(rec, before)  # read, not written
             assert log.differing(now, ks, threads) == expected_differing
             assert log.depth == min(step, keep)
             rec[:] = now
         sizes = [int((history[j] != history[j - 1]).sum()) for j in range(max(1, step - keep + 1), step + 1)]
-        assert logs[0].bytes() == sum(c * (index_bytes + width) if c * (index_bytes + width) < width * ends[-1]
+        position_bytes = 2  # within a block of 2^15 elements
+        assert logs[0].bytes() == sum(c * (position_bytes + width) if c * (position_bytes + width) < width * ends[-1]
                                       else width * ends[-1] for c in sizes)
 
 
 def test_change_logs_refuse_what_does_not_fit():
-    log = _pulse.ChangeLogs(2, 4, 3)
+    log = _pulse.ChangeLogs(2, 3)
     a, b = np.zeros(10, np.int16), np.zeros(11, np.int16)
     with pytest.raises(pulse.Error, match="elements"):
         log.log(a, b, [10], 1)
     with pytest.raises(pulse.Error, match="ends"):
         log.log(a, a.copy(), [4, 9], 1)
+    with pytest.raises(pulse.Error, match="one source per parameter"):
+        log.stage_and_log([None], a, a.copy(), [4, 10], 1)
+    with pytest.raises(pulse.Error, match="not its parameter's"):
+        log.stage_and_log([np.zeros(5, np.int16), None], a, a.copy(), [4, 10], 1)
     with pytest.raises(pulse.Error, match="2-byte"):
         log.log(a.astype(np.int32), a.astype(np.int32), [10], 1)
     with pytest.raises(pulse.Error, match="elements of 1, 2, 4 or 8 bytes"):
-        _pulse.ChangeLogs(3, 4, 3)
+        _pulse.ChangeLogs(3, 3)
 
 
 if __name__ == "__main__":
