@@ -4,7 +4,8 @@ OpenBLAS on every core, and on one; the best of OpenBLAS's own kernel pick and t
 CPU's flags allow). Every figure comes from the statistics file's columns.
     python3 bench_train_step.py --build build --out runs/bench [--presets tiny,small] [--steps 30]
 
-Each preset runs under `mpirun -n 2` (one trainer, one inference rank) from GPT-2 init, with
+Each preset runs under `mpirun -n 2` (one trainer, one inference rank) from an SFT warm start (--sft-steps,
+made once per preset into --out; 0: GPT-2 init, where GRPO earns no reward for many steps), with
 the embedded default's batch (jobs/configs/default.toml), in three settings:
   before    async-lag 0, MPI waits spin (PULSE_MPI_WAIT=spin): the trainer and the inference
             rank in lock-step, each spinning while the other computes (last round's step)
@@ -82,12 +83,12 @@ def sgemm_peak(build, threads):
     return best
 
 
-def run_train(build, mpiexec, preset, setting, steps, out):
+def run_train(build, mpiexec, preset, setting, steps, out, init, sft_steps):
     env_extra, flags = SETTINGS[setting]
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cmd = (mpiexec + ["-n", "2", os.path.join(build, "apps", "pulse-train"),
                       "--config", os.path.join(repo, "jobs", "configs", "default.toml"), "--model", preset,
-                      "--init", "", "--sft-steps", "0", "--steps", str(steps), "--eval-every", "0",
+                      "--init", init, "--sft-steps", str(sft_steps), "--steps", str(steps), "--eval-every", "0",
                       "--absorption-every", "0", "--checkpoint-every", "0", "--quiet", "--out", out, "--overwrite"]
            + flags)
     load = os.getloadavg()[0]
@@ -149,6 +150,9 @@ def main():
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--sft-steps", type=int, default=300,
+                        help="warm start: the preset's SFT weights after this many steps (made once into --out, "
+                             "then reused), so that GRPO's weights change from the first step; 0: GPT-2 init")
     parser.add_argument("--mpiexec", default="mpirun --oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else ""))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -162,7 +166,9 @@ def main():
     for preset in args.presets.split(","):
         for setting in args.settings.split(","):
             path = os.path.join(args.out, f"train_step_{preset}_{setting}.h5")
-            load, command = run_train(args.build, shlex.split(args.mpiexec), preset, setting, args.steps, path)
+            init = os.path.abspath(os.path.join(args.out, f"sft-{preset}-{args.sft_steps}.safetensors")) if args.sft_steps else ""
+            load, command = run_train(args.build, shlex.split(args.mpiexec), preset, setting, args.steps, path, init,
+                                      args.sft_steps)
             r = dict(summarise(path, args.warmup, peak), preset=preset, setting=setting, load=load, command=command)
             results["runs"].append(r)
             sh = r["share"]
