@@ -40,7 +40,8 @@ class Model:
                     for what, rate, g in (("encode", self.encode_rate, encode_rate),
                                           ("apply", self.apply_rate, apply_rate)) if not g]
         self.speed_source = "; ".join(given + measured)
-        # compute time per step: the run's step time without its synchronisation, unless given
+        # compute time per step: the run's step time without the patch's coding (sync_s; the local send and the
+        # waits for the inference rank stay in: a step's own time), unless given
         self.compute_s = float(compute_s) if compute_s else float(np.mean(s["step_s"] - s["sync_s"]))
 
     @property
