@@ -24,17 +24,14 @@ class Logs final : public ChangeLogs {
  public:
   explicit Logs(std::size_t keep) : keep_(keep) {}
 
-  std::vector<std::uint64_t> log(const std::byte* now_bytes, const std::byte* recorded_bytes, std::size_t n,
-                                 const std::vector<std::uint64_t>& ends, unsigned threads) override {
-    return log_of(reinterpret_cast<const Word*>(now_bytes), reinterpret_cast<const Word*>(recorded_bytes), n, ends,
-                  threads, [](std::size_t) {});
-  }
-
   std::vector<std::uint64_t> stage_and_log(const std::vector<const std::byte*>& sources, std::byte* now_bytes,
                                            const std::byte* recorded_bytes, std::size_t n,
                                            const std::vector<std::uint64_t>& ends, unsigned threads) override {
+    PULSE_CHECK(!ends.empty() && ends.back() == n && std::is_sorted(ends.begin(), ends.end()),
+                "ChangeLogs.stage_and_log: the parameters' ends must ascend to the element count");
     PULSE_CHECK(sources.size() == ends.size(), "ChangeLogs.stage_and_log: one source per parameter");
     auto* now = reinterpret_cast<Word*>(now_bytes);
+    const auto* recorded = reinterpret_cast<const Word*>(recorded_bytes);
     // Block b's elements of each parameter with a source, copied just before they are compared.
     const auto stage = [&](std::size_t b) {
       const std::size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
@@ -46,7 +43,35 @@ class Logs final : public ChangeLogs {
         i = end;
       }
     };
-    return log_of(now, reinterpret_cast<const Word*>(recorded_bytes), n, ends, threads, stage);
+    const std::size_t blocks = (n + kBlock - 1) / kBlock;
+    // Counted first, then written straight into the log at each block's place: no buffer of
+    // the whole model's positions beside the log.
+    std::vector<std::vector<std::pair<std::size_t, std::uint64_t>>> counts(blocks);  // (parameter, changed)
+    sync::parallel_for(threads, blocks, [&](std::size_t b) {
+      stage(b);
+      count(now, recorded, n, ends, b, counts[b]);
+    });
+    std::vector<std::uint64_t> changed(ends.size(), 0);
+    std::vector<std::size_t> first(blocks + 1, 0);  // each block's first entry in a sparse log
+    for (std::size_t b = 0; b < blocks; ++b) {
+      first[b + 1] = first[b];
+      for (const auto& [p, c] : counts[b]) changed[p] += c, first[b + 1] += c;
+    }
+    const std::size_t total = first[blocks];
+    Log log = recycled();
+    log.whole = total * (sizeof(Position) + sizeof(Word)) >= n * sizeof(Word);
+    log.positions.resize(log.whole ? 0 : total);
+    log.old.resize(log.whole ? n : total);
+    log.block_first = log.whole ? std::vector<std::size_t>() : first;
+    sync::parallel_for(threads, blocks, [&](std::size_t b) {
+      const std::size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+      if (log.whole)
+        std::copy(recorded + lo, recorded + hi, log.old.begin() + lo);
+      else
+        gather(now, recorded, lo, hi, log.positions.data() + first[b], log.old.data() + first[b]);
+    });
+    if (keep_ > 0) logs_.push_back(std::move(log));
+    return changed;
   }
 
   std::map<std::size_t, std::uint64_t> differing(const std::byte* latest_bytes, std::size_t n,
@@ -88,42 +113,6 @@ class Logs final : public ChangeLogs {
   }
 
  private:
-  template <class Stage>
-  std::vector<std::uint64_t> log_of(const Word* now, const Word* recorded, std::size_t n,
-                                    const std::vector<std::uint64_t>& ends, unsigned threads, const Stage& stage) {
-    PULSE_CHECK(!ends.empty() && ends.back() == n && std::is_sorted(ends.begin(), ends.end()),
-                "ChangeLogs.log: the parameters' ends must ascend to the element count");
-    const std::size_t blocks = (n + kBlock - 1) / kBlock;
-    // Counted first, then written straight into the log at each block's place: no buffer of
-    // the whole model's positions beside the log.
-    std::vector<std::vector<std::pair<std::size_t, std::uint64_t>>> counts(blocks);  // (parameter, changed)
-    sync::parallel_for(threads, blocks, [&](std::size_t b) {
-      stage(b);
-      count(now, recorded, n, ends, b, counts[b]);
-    });
-    std::vector<std::uint64_t> changed(ends.size(), 0);
-    std::vector<std::size_t> first(blocks + 1, 0);  // each block's first entry in a sparse log
-    for (std::size_t b = 0; b < blocks; ++b) {
-      first[b + 1] = first[b];
-      for (const auto& [p, c] : counts[b]) changed[p] += c, first[b + 1] += c;
-    }
-    const std::size_t total = first[blocks];
-    Log log = recycled();
-    log.whole = total * (sizeof(Position) + sizeof(Word)) >= n * sizeof(Word);
-    log.positions.resize(log.whole ? 0 : total);
-    log.old.resize(log.whole ? n : total);
-    log.block_first = log.whole ? std::vector<std::size_t>() : first;
-    sync::parallel_for(threads, blocks, [&](std::size_t b) {
-      const std::size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-      if (log.whole)
-        std::copy(recorded + lo, recorded + hi, log.old.begin() + lo);
-      else
-        gather(now, recorded, lo, hi, log.positions.data() + first[b], log.old.data() + first[b]);
-    });
-    if (keep_ > 0) logs_.push_back(std::move(log));
-    return changed;
-  }
-
   struct Log {
     bool whole = false;
     std::vector<Position> positions;      // ascending within each block (a sparse log)

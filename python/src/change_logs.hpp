@@ -19,15 +19,12 @@ class ChangeLogs {
  public:
   virtual ~ChangeLogs() = default;
 
-  // Logs the change from recorded to now (n elements each), writing neither (so it may run while
-  // another reader holds them); returns the changed elements of each parameter, parameter p
-  // being elements [ends[p - 1], ends[p]) (ends ascending, the last n).
-  virtual std::vector<std::uint64_t> log(const std::byte* now, const std::byte* recorded, std::size_t n,
-                                         const std::vector<std::uint64_t>& ends, unsigned threads) = 0;
-
-  // The same, after copying into now each parameter's elements from its source (one per
-  // parameter; null for one already in now) block by block, each just before it is compared:
-  // the staging and the comparison in one pass over the version.
+  // Copies into now each parameter's elements from its source (one per parameter; null for one
+  // already in now) block by block, each just before it is compared, and logs the change from
+  // recorded to now (n elements each), writing recorded never (so it may run while another reader
+  // holds it): the staging and the comparison in one pass over the version. Returns the changed
+  // elements of each parameter, parameter p being elements [ends[p - 1], ends[p]) (ends
+  // ascending, the last n).
   virtual std::vector<std::uint64_t> stage_and_log(const std::vector<const std::byte*>& sources, std::byte* now,
                                                    const std::byte* recorded, std::size_t n,
                                                    const std::vector<std::uint64_t>& ends, unsigned threads) = 0;

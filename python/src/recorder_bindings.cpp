@@ -58,15 +58,6 @@ class PyChangeLogs {
   PyChangeLogs(std::size_t element_bytes, std::size_t keep)
       : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, keep)) {}
 
-  std::vector<std::uint64_t> log(const py::buffer& now, const py::buffer& recorded, const std::vector<std::uint64_t>& ends,
-                                 unsigned threads) {
-    const auto [now_data, n] = flat_buffer(now, element_bytes_, false, "ChangeLogs.log now");
-    const auto [recorded_data, m] = flat_buffer(recorded, element_bytes_, false, "ChangeLogs.log recorded");
-    PULSE_CHECK(n == m, "ChangeLogs.log: now holds " + std::to_string(n) + " elements, recorded " + std::to_string(m));
-    py::gil_scoped_release release;
-    return logs_->log(now_data, recorded_data, n, ends, threads);
-  }
-
   // sources: per parameter, a buffer of its elements, or None for one already in now.
   std::vector<std::uint64_t> stage_and_log(const py::list& sources, const py::buffer& now, const py::buffer& recorded,
                                            const std::vector<std::uint64_t>& ends, unsigned threads) {
@@ -112,7 +103,6 @@ class PyChangeLogs {
 void bind_recorder(py::module_& m) {
   py::class_<PyChangeLogs>(m, "ChangeLogs")
       .def(py::init<std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("keep"))
-      .def("log", &PyChangeLogs::log, py::arg("now"), py::arg("recorded"), py::arg("ends"), py::arg("threads"))
       .def("stage_and_log", &PyChangeLogs::stage_and_log, py::arg("sources"), py::arg("now"), py::arg("recorded"),
            py::arg("ends"), py::arg("threads"))
       .def("differing", &PyChangeLogs::differing, py::arg("latest"), py::arg("ks"), py::arg("threads"))

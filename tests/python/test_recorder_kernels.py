@@ -120,7 +120,7 @@ def next_version(rng, history, step):
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
 def test_change_logs_against_kept_copies(width):
-    """log's (and stage_and_log's, which also copies the version in) per-parameter changed counts,
+    """stage_and_log's per-parameter changed counts (with the version in place, and copied in from sources),
     differing's k-step counts and the logs' bytes against every version kept as a copy, over
     parameters that start and end inside the C++'s blocks (one empty), sparse and whole logs, and
     versions that return to earlier ones; at 1, 2, 3 threads."""
@@ -148,7 +148,9 @@ def test_change_logs_against_kept_copies(width):
                 assert log.stage_and_log(sources, staging, rec, ends, threads) == expected_changed
                 np.testing.assert_array_equal(staging, now)
             else:
-                assert log.log(now, rec, ends, threads) == expected_changed
+                staged = now.copy()
+                assert log.stage_and_log([None] * len(ends), staged, rec, ends, threads) == expected_changed
+                np.testing.assert_array_equal(staged, now)
             np.testing.assert_array_equal(rec, before)  # read, not written
             assert log.differing(now, ks, threads) == expected_differing
             assert log.depth == min(step, keep)
@@ -163,15 +165,15 @@ def test_change_logs_refuse_what_does_not_fit():
     log = _pulse.ChangeLogs(2, 3)
     a, b = np.zeros(10, np.int16), np.zeros(11, np.int16)
     with pytest.raises(pulse.Error, match="elements"):
-        log.log(a, b, [10], 1)
+        log.stage_and_log([None], a, b, [10], 1)
     with pytest.raises(pulse.Error, match="ends"):
-        log.log(a, a.copy(), [4, 9], 1)
+        log.stage_and_log([None, None], a, a.copy(), [4, 9], 1)
     with pytest.raises(pulse.Error, match="one source per parameter"):
         log.stage_and_log([None], a, a.copy(), [4, 10], 1)
     with pytest.raises(pulse.Error, match="not its parameter's"):
         log.stage_and_log([np.zeros(5, np.int16), None], a, a.copy(), [4, 10], 1)
     with pytest.raises(pulse.Error, match="2-byte"):
-        log.log(a.astype(np.int32), a.astype(np.int32), [10], 1)
+        log.stage_and_log([None], a.astype(np.int32), a.astype(np.int32), [10], 1)
     with pytest.raises(pulse.Error, match="elements of 1, 2, 4 or 8 bytes"):
         _pulse.ChangeLogs(3, 3)
 
