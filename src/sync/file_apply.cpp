@@ -1,9 +1,7 @@
 #include "sync/file_apply.hpp"
 
 #include <fcntl.h>
-#include <linux/aio_abi.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -235,82 +232,31 @@ constexpr std::size_t kPieceBytes = std::size_t(128) << 10;
 // copied whole into the output first, decoded against the copy and written over it.
 constexpr std::uint64_t kSegmentBufferBytes = std::uint64_t(64) << 20;
 
-// A segment buffer whose direct writes run while its thread goes on (Linux AIO).
-struct SegmentBuffer {
-  std::vector<std::byte> bytes;
-  aio_context_t ctx = 0;
-  unsigned inflight = 0;
-  SegmentBuffer() { PULSE_CHECK(::syscall(SYS_io_setup, 64, &ctx) == 0, "io_setup failed"); }
-  ~SegmentBuffer() {
-    try { wait(); } catch (...) {}
-    ::syscall(SYS_io_destroy, ctx);
-  }
-  void submit(int fd, const std::byte* data, std::size_t size, std::uint64_t offset) {
-    if (inflight == 64) wait();
-    iocb cb{};
-    cb.aio_lio_opcode = IOCB_CMD_PWRITE;
-    cb.aio_fildes = std::uint32_t(fd);
-    cb.aio_buf = reinterpret_cast<std::uint64_t>(data);
-    cb.aio_nbytes = size;
-    cb.aio_offset = std::int64_t(offset);
-    cb.aio_data = size;
-    iocb* list[1] = {&cb};
-    for (;;) {
-      const long n = ::syscall(SYS_io_submit, ctx, 1, list);
-      if (n == 1) break;
-      PULSE_CHECK(n < 0 && (errno == EINTR || errno == EAGAIN), std::string("io_submit failed: ") + std::strerror(errno));
-    }
-    ++inflight;
-  }
-  void wait() {
-    io_event events[64];
-    while (inflight > 0) {
-      const long n = ::syscall(SYS_io_getevents, ctx, 1, long(inflight), events, nullptr);
-      if (n < 0 && errno == EINTR) continue;
-      PULSE_CHECK(n > 0, "io_getevents failed");
-      inflight -= unsigned(n);
-      for (long i = 0; i < n; ++i)
-        PULSE_CHECK(events[i].res == std::int64_t(events[i].data), "direct write failed");
-    }
-  }
-};
-
-// Buffers lent to one task at a time and kept for the next, oldest first, up to `most`.
+// Buffers lent to one task at a time and kept for the next: a segment is read into memory
+// already faulted in.
 class BufferPool {
  public:
-  explicit BufferPool(std::size_t most) : most_(most) {}
   class Lease {
    public:
     explicit Lease(BufferPool& pool) : pool_(pool) {
       std::lock_guard<std::mutex> lock(pool_.mutex_);
-      if (!pool_.free_.empty() && pool_.made_ >= pool_.most_) {
-        buffer = std::move(pool_.free_.front());
-        pool_.free_.pop_front();
-      } else {
-        buffer = std::make_unique<SegmentBuffer>();
-        ++pool_.made_;
-      }
+      if (!pool_.free_.empty()) bytes = std::move(pool_.free_.back()), pool_.free_.pop_back();
     }
     ~Lease() {
       std::lock_guard<std::mutex> lock(pool_.mutex_);
-      pool_.free_.push_back(std::move(buffer));
+      pool_.free_.push_back(std::move(bytes));
     }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
-    std::unique_ptr<SegmentBuffer> buffer;
+    std::vector<std::byte> bytes;
 
    private:
     BufferPool& pool_;
   };
-  void wait_all() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& b : free_) b->wait();
-  }
 
  private:
   std::mutex mutex_;
-  std::deque<std::unique_ptr<SegmentBuffer>> free_;
-  std::size_t most_, made_ = 0;
+  std::vector<std::vector<std::byte>> free_;
 };
 
 }  // namespace
@@ -335,7 +281,6 @@ struct FileCopy {
   std::string base, out;
   FileDescriptor in{-1};
   std::unique_ptr<AtomicFile> file;  // removed unless committed
-  FileDescriptor direct{-1};  // the temporary file opened again with O_DIRECT (-1: every write buffered)
   Mapping map;
   io::ParsedHeader header;
   std::optional<FlushBehind> flush;  // with workers: a thread waits for the disk behind the writers
@@ -360,41 +305,13 @@ struct FileCopy {
   }
 };
 
-// The output's whole 4096-byte blocks are written with O_DIRECT where the filesystem takes it:
-// no copy into the page cache, and (ext4) aligned overwrites of allocated blocks inside the
-// file take the inode lock shared, so threads writing one shard do not take turns; the partial
-// blocks at a write's ends are written buffered. PULSE_BUFFERED_WRITES=1 writes everything
-// buffered (the path of filesystems that refuse O_DIRECT; the tests run both).
-constexpr std::uint64_t kDirectBlock = 4096;
-
-bool direct_writes_wanted() {
-  const char* buffered = std::getenv("PULSE_BUFFERED_WRITES");
-  return !(buffered && *buffered && std::strcmp(buffered, "0") != 0);
-}
-
-// Preallocates the copy's temporary file (size bytes): a full disk fails here, at once, rather
-// than in a write. Where the filesystem allocates (fallocate) and takes O_DIRECT, opens the
-// file again for direct writes.
-void open_direct(FileCopy& c, std::uint64_t size) {
-  const int fd = c.file->fd();
-  if (size == 0 || ::fallocate(fd, 0, 0, off_t(size)) != 0) {
-    PULSE_CHECK(size == 0 || errno != ENOSPC, io_error(c.out, "no space on the disk for the file"));
-    return;  // no fallocate here (EOPNOTSUPP): the buffered writes allocate as they go
-  }
-  if (direct_writes_wanted())
-    c.direct.fd = ::open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-}
-
-// Writes size bytes (the file's bytes at offset) from data to f. With O_DIRECT, data must lie
-// at offset's place in a 4096-byte block of memory (address = offset modulo 4096); the whole
-// blocks go direct, the rest buffered, and a direct write the kernel refuses (EINVAL) buffered.
-void write_out(FileCopy& f, const std::byte* data, std::size_t size, std::uint64_t offset, SegmentBuffer* async) {
-  const std::uint64_t first = (offset + kDirectBlock - 1) / kDirectBlock * kDirectBlock,
-                      last = (offset + size) / kDirectBlock * kDirectBlock;
-  if (f.direct.fd < 0 || first >= last) return write_bytes(f.file->fd(), data, size, offset, f.out);
-  write_bytes(f.file->fd(), data, std::size_t(first - offset), offset, f.out);
-  async->submit(f.direct.fd, data + (first - offset), std::size_t(last - first), first);
-  write_bytes(f.file->fd(), data + (last - offset), std::size_t(offset + size - last), last, f.out);
+// Allocates the file's blocks (size bytes) before any is written: a full disk fails here, at
+// once, not in a write, and the writeback finds the blocks allocated (ext4, the 1.5B pair of
+// docs/pulse-sync.md "Threads": 0.1-0.15 s less kernel time per apply). A filesystem without
+// fallocate allocates as the writes come.
+void preallocate(int fd, std::uint64_t size, const std::string& path) {
+  if (size == 0 || ::fallocate(fd, 0, 0, off_t(size)) == 0) return;
+  PULSE_CHECK(errno != ENOSPC && errno != EDQUOT, io_error(path, "no space for the file on its disk"));
 }
 
 // Opens base, creates out's temporary file of the same size, maps it, copies the header and
@@ -408,7 +325,7 @@ void open_copy(FileCopy& c, const std::string& base, const std::string& out, uns
   c.file = std::make_unique<AtomicFile>(out);
   const int fd = c.file->fd();
   PULSE_CHECK(::ftruncate(fd, off_t(size)) == 0, io_error(out, "cannot size the temporary file"));
-  open_direct(c, size);
+  preallocate(fd, size, out);
   c.map.map(fd, size, io_error(out, "cannot map the temporary file"));
   const std::byte* bytes = c.bytes();
   // The header first: its 8-byte length, then as much as that says (the parser checks it).
@@ -496,12 +413,10 @@ void put_values(std::byte* data, unsigned width, std::uint64_t first, const std:
 
 // Patches bytes [begin, begin + length) of entry e's tensor, held in bytes (the old ones), with
 // those of its changes [c, end) that lie there; hashes them into digest and writes them to f at
-// offset + begin, in chunks started on their way to disk. aligned: bytes lies at its file
-// offset's place in a 4096-byte block, so f's direct writes can take it. Returns the next change.
+// offset + begin, in chunks started on their way to disk. Returns the next change.
 std::size_t patch_and_write(const DecodedEntry& e, std::size_t c, std::size_t end, std::byte* bytes,
                             std::uint64_t begin, std::size_t length, FileCopy& f, std::uint64_t offset,
-                            BlockDigest& digest, SegmentBuffer* async) {
-  const bool direct = async && f.direct.fd >= 0;
+                            BlockDigest& digest) {
   for (std::size_t chunk = 0; chunk < length; chunk += kChunkBytes) {
     const std::size_t chunk_length = std::min(length - chunk, kChunkBytes);
     for (std::size_t piece = chunk; piece < chunk + chunk_length; piece += kPieceBytes) {
@@ -515,10 +430,9 @@ std::size_t patch_and_write(const DecodedEntry& e, std::size_t c, std::size_t en
       // writes of 1 MiB or more into pages not yet in the cache took 3-7x the kernel time of
       // 256 KiB ones.
       digest.add(bytes + piece, piece_length, begin + piece);
-      if (!direct) write_bytes(f.file->fd(), bytes + piece, piece_length, offset + begin + piece, f.out);
+      write_bytes(f.file->fd(), bytes + piece, piece_length, offset + begin + piece, f.out);
     }
-    if (direct) write_out(f, bytes + chunk, chunk_length, offset + begin + chunk, async);
-    start_writeback(f.file->fd(), offset + begin + chunk, chunk_length);  // the buffered ends
+    start_writeback(f.file->fd(), offset + begin + chunk, chunk_length);
     f.finished(offset + begin + chunk, chunk_length);
   }
   return c;
@@ -588,28 +502,22 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
     }
     decoder.check_base(state_digest(tensors, base_digests, metadata));
   };
-  // A segment's old bytes, read from the base into buffer, at the place in a 4096-byte block of
-  // memory that they have in the file (for the direct writes).
-  auto read_segment = [&](const PatchDecoder::Segment& s, SegmentBuffer& segment_buffer) {
-    segment_buffer.wait();
-    std::vector<std::byte>& buffer = segment_buffer.bytes;
+  // A segment's old bytes, read from the base into buffer.
+  auto read_segment = [&](const PatchDecoder::Segment& s, std::vector<std::byte>& buffer) {
     const std::size_t t = by_name[s.entry];
     const unsigned width = sparse_format(tensors[t].dtype)->bytes;
-    const std::uint64_t offset = slots[t].offset + s.begin * width;
-    buffer.resize(std::max<std::size_t>(buffer.size(), s.elements * width + 2 * kDirectBlock));
-    const auto block = (reinterpret_cast<std::uintptr_t>(buffer.data()) + kDirectBlock - 1) / kDirectBlock * kDirectBlock;
-    std::byte* segment = reinterpret_cast<std::byte*>(block + offset % kDirectBlock);
+    buffer.resize(std::max<std::size_t>(buffer.size(), s.elements * width));
     const FileCopy& f = *slots[t].copy;
-    read_bytes(f.in.fd, segment, s.elements * width, offset, f.base);
-    f.base_read(offset, s.elements * width);
-    return segment;
+    read_bytes(f.in.fd, buffer.data(), s.elements * width, slots[t].offset + s.begin * width, f.base);
+    f.base_read(slots[t].offset + s.begin * width, s.elements * width);
+    return buffer.data();
   };
   // A segment decoded against buffer: patched there, hashed and written.
-  auto write_segment = [&](const PatchDecoder::Segment& s, std::byte* segment, SegmentBuffer& segment_buffer) {
+  auto write_segment = [&](const PatchDecoder::Segment& s, std::vector<std::byte>& buffer) {
     const DecodedEntry& e = decoded[s.entry];
     BlockDigest sum;
-    patch_and_write(e, s.first_change, s.first_change + s.count, segment, s.begin * e.width, s.elements * e.width,
-                    *slots[e.tensor].copy, slots[e.tensor].offset, sum, &segment_buffer);
+    patch_and_write(e, s.first_change, s.first_change + s.count, buffer.data(), s.begin * e.width,
+                    s.elements * e.width, *slots[e.tensor].copy, slots[e.tensor].offset, sum);
     std::lock_guard<std::mutex> lock(segment_sums_mutex);
     segment_sums[s.entry] += sum;
   };
@@ -624,7 +532,7 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
     for (std::uint64_t begin = 0; begin < e.bytes; begin += kChunkBytes) {
       const std::size_t length = std::size_t(std::min<std::uint64_t>(e.bytes - begin, kChunkBytes));
       std::memcpy(chunk.data(), tensors[t].data + begin, length);
-      c = patch_and_write(e, c, e.indices.size(), chunk.data(), begin, length, f, slots[t].offset, sum, nullptr);
+      c = patch_and_write(e, c, e.indices.size(), chunk.data(), begin, length, f, slots[t].offset, sum);
     }
     target_digests[t] = sum.digest();
     f.release(slots[t].offset, e.bytes);
@@ -677,17 +585,14 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
     written += e.kind == EntryKind::whole ? e.bytes : e.indices.size();
     write_target(k, e);
   };
-  BufferPool buffers(2 * std::size_t(threads));
+  BufferPool buffers;
   auto decode_part = [&](std::size_t p) {
     BufferPool::Lease buffer(buffers);
-    std::byte* segment = nullptr;  // the segment read last
     decoder.decode_part(
         p, decoded,
+        [&](const PatchDecoder::Segment& s) { return by_segment[s.entry] ? read_segment(s, buffer.bytes) : nullptr; },
         [&](const PatchDecoder::Segment& s) {
-          return by_segment[s.entry] ? segment = read_segment(s, *buffer.buffer) : nullptr;
-        },
-        [&](const PatchDecoder::Segment& s) {
-          if (by_segment[s.entry]) write_segment(s, segment, *buffer.buffer);
+          if (by_segment[s.entry]) write_segment(s, buffer.bytes);
         });
   };
 
@@ -730,7 +635,6 @@ std::uint64_t apply_copies(std::vector<std::unique_ptr<FileCopy>>& copies, const
         for (; tasks.size() > 2 * std::size_t(threads); tasks.pop_front()) queue.wait(tasks.front());
       }
       wait_all(queue, tasks);
-      buffers.wait_all();
       decoder.finish();
     } catch (...) {
       const std::exception_ptr error = std::current_exception();
