@@ -306,9 +306,8 @@ struct FileCopy {
 };
 
 // Allocates the file's blocks (size bytes) before any is written: a full disk fails here, at
-// once, not in a write, and the writeback finds the blocks allocated (ext4, the 1.5B pair of
-// docs/pulse-sync.md "Threads": 0.1-0.15 s less kernel time per apply). A filesystem without
-// fallocate allocates as the writes come.
+// once, not after writing what fits. A filesystem without fallocate allocates as the writes
+// come.
 void preallocate(int fd, std::uint64_t size, const std::string& path) {
   if (size == 0 || ::fallocate(fd, 0, 0, off_t(size)) == 0) return;
   PULSE_CHECK(errno != ENOSPC && errno != EDQUOT, io_error(path, "no space for the file on its disk"));
