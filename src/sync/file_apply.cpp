@@ -305,6 +305,14 @@ struct FileCopy {
   }
 };
 
+// Allocates the file's blocks (size bytes) before any is written: a full disk fails here, at
+// once, not after writing what fits. A filesystem without fallocate allocates as the writes
+// come.
+void preallocate(int fd, std::uint64_t size, const std::string& path) {
+  if (size == 0 || ::fallocate(fd, 0, 0, off_t(size)) == 0) return;
+  PULSE_CHECK(errno != ENOSPC && errno != EDQUOT, io_error(path, "no space for the file on its disk"));
+}
+
 // Opens base, creates out's temporary file of the same size, maps it, copies the header and
 // parses it from the copy.
 void open_copy(FileCopy& c, const std::string& base, const std::string& out, unsigned threads) {
@@ -316,6 +324,7 @@ void open_copy(FileCopy& c, const std::string& base, const std::string& out, uns
   c.file = std::make_unique<AtomicFile>(out);
   const int fd = c.file->fd();
   PULSE_CHECK(::ftruncate(fd, off_t(size)) == 0, io_error(out, "cannot size the temporary file"));
+  preallocate(fd, size, out);
   c.map.map(fd, size, io_error(out, "cannot map the temporary file"));
   const std::byte* bytes = c.bytes();
   // The header first: its 8-byte length, then as much as that says (the parser checks it).
