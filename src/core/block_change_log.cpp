@@ -45,7 +45,8 @@ void by_width(std::size_t element_bytes, F&& f) {
     case 4: return f(std::uint32_t{});
     case 8: return f(std::uint64_t{});
   }
-  throw_error(__FILE__, __LINE__, "BlockChangeLog: elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
+  throw_error(__FILE__, __LINE__,
+              "BlockChangeLog: elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
 }
 
 }  // namespace

@@ -95,7 +95,8 @@ auto by_width(std::size_t element_bytes, const char* what, F&& f) {
     case 4: return f(std::uint32_t{});
     case 8: return f(std::uint64_t{});
   }
-  throw_error(__FILE__, __LINE__, std::string(what) + ": elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
+  throw_error(__FILE__, __LINE__,
+              std::string(what) + ": elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
 }
 
 }  // namespace
@@ -107,7 +108,8 @@ std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_
 
 std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
                            std::vector<std::uint16_t>& positions) {
-  PULSE_CHECK(n <= kMaxFindElements, "find_changes: " + std::to_string(n) + " elements, more than 16-bit positions hold");
+  PULSE_CHECK(n <= kMaxFindElements,
+              "find_changes: " + std::to_string(n) + " elements, more than 16-bit positions hold");
   return by_width(element_bytes, "find_changes",
                   [&](auto word) { return find_changes_of<decltype(word)>(now, before, n, positions); });
 }

@@ -73,7 +73,8 @@ TEST(BlockChangeLog, RevertsEveryBlockToEveryEarlierVersion) {
         if (!laid_out) {
           std::size_t at = 0;
           for (const std::size_t m : blocks) {
-            const std::vector<std::uint16_t>& changed = logs[v].record(now.data() + at * esz, before.data() + at * esz, m, esz);
+            const std::vector<std::uint16_t>& changed =
+                logs[v].record(now.data() + at * esz, before.data() + at * esz, m, esz);
             std::vector<std::uint16_t> want;
             for (std::size_t i = 0; i < m; ++i)
               if (differs(now, before, at + i, esz)) want.push_back(std::uint16_t(i));

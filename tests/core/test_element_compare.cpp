@@ -43,7 +43,8 @@ TEST(ElementCompare, CountsAndPositionsMatchAPlainLoop) {
           const Case c = make_case(rng, n, esz, fraction, misalign);
           const std::byte* now = c.now.data() + misalign;
           const std::byte* before = c.before.data() + misalign;
-          SCOPED_TRACE("esz " + std::to_string(esz) + " n " + std::to_string(n) + " fraction " + std::to_string(fraction));
+          SCOPED_TRACE("esz " + std::to_string(esz) + " n " + std::to_string(n) + " fraction " +
+                       std::to_string(fraction));
           EXPECT_EQ(count_differing(now, before, n, esz), c.changed.size());
           std::vector<std::uint16_t> found = {7};  // appended to
           EXPECT_EQ(find_changes(now, before, n, esz, found), c.changed.size());
