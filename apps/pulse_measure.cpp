@@ -49,7 +49,6 @@
 #include "io/stats_file.hpp"
 #include "measure/checkpoint_reader.hpp"
 #include "measure/checkpoint_series.hpp"
-#include "measure/compare.hpp"
 #include "measure/compare_as.hpp"
 #include "measure/kstep_history.hpp"
 #include "measure/patch_size.hpp"

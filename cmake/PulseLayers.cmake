@@ -5,7 +5,7 @@
 # An include of a higher layer is then a build error ("No such file"); tests/layering checks it.
 #
 #   Kokkos- and MPI-free (the fuzzers and the Python module need no Kokkos runtime):
-#     core        errors, files, tensor table, index_t (src/core)
+#     core        errors, files, tensor table, index_t, element comparisons, block change logs (src/core)
 #     coding      varint, gap coding, range coder, compression, digests, signing (src/coding)
 #     io          safetensors, model folders on disk, folder swaps (src/io)
 #     sync        the PULSESync patch: format, encode, decode, apply, relay, model folders (src/sync)
@@ -17,8 +17,8 @@
 #     shard       sharded patch senders and receivers over MPI (src/shard)
 #     model, loco, rl; then measure, train and cli, which are the apps' (apps/CMakeLists.txt)
 # The source lists are shared with the fuzz build (tests/fuzz), which compiles them instrumented.
-set(PULSE_CORE_SOURCES core/atomic_file.cpp core/error.cpp core/file_read.cpp core/flush_behind.cpp
-  core/tensor_table.cpp core/version.cpp)
+set(PULSE_CORE_SOURCES core/atomic_file.cpp core/block_change_log.cpp core/element_compare.cpp core/error.cpp
+  core/file_read.cpp core/flush_behind.cpp core/tensor_table.cpp core/version.cpp)
 set(PULSE_CODING_SOURCES coding/compress.cpp coding/digest.cpp coding/index_coding.cpp
   coding/range_coder.cpp coding/signing.cpp)
 set(PULSE_IO_SOURCES io/folder_swap.cpp io/model_state.cpp io/safetensors.cpp io/swap_marker.cpp)

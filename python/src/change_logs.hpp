@@ -1,23 +1,25 @@
 #pragma once
 // The k-step history of pulse.torch's recorder: the versions of the parameters (flat arrays of
 // elements of one width, held by the caller) and the change log of each of the last `keep`
-// steps: the positions that changed and their old bits, or the whole old version where that
-// takes less memory (most changed). Reverting the newest logs in turn gives the
-// versions 1, 2, ... steps back, so the history costs the changes, not keep copies of the model
-// (as pulse-measure's change logs, src/measure/change_log.hpp; like them, each log is indexed by
-// block of the model, so that every revert runs on one block at a time, in cache). Every count
-// is the same at any thread count.
+// steps, block by block (core/block_change_log.hpp, as pulse-measure's history): the positions
+// that changed and their old bits, or the whole old block where that takes less memory (most
+// changed). Reverting the newest logs in turn gives the versions 1, 2, ... steps back, so the
+// history costs the changes, not keep copies of the model, and every revert runs on one block
+// at a time, in cache. Every count is the same at any thread count.
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
-#include <memory>
 #include <vector>
+
+#include "core/block_change_log.hpp"
 
 namespace pulse::python {
 
 class ChangeLogs {
  public:
-  virtual ~ChangeLogs() = default;
+  // Logs of elements of element_bytes (1, 2, 4 or 8).
+  ChangeLogs(std::size_t element_bytes, std::size_t keep);
 
   // Copies into now each parameter's elements from its source (one per parameter; null for one
   // already in now) block by block, each just before it is compared, and logs the change from
@@ -25,24 +27,24 @@ class ChangeLogs {
   // holds it): the staging and the comparison in one pass over the version. Returns the changed
   // elements of each parameter, parameter p being elements [ends[p - 1], ends[p]) (ends
   // ascending, the last n).
-  virtual std::vector<std::uint64_t> stage_and_log(const std::vector<const std::byte*>& sources, std::byte* now,
-                                                   const std::byte* recorded, std::size_t n,
-                                                   const std::vector<std::uint64_t>& ends, unsigned threads) = 0;
+  std::vector<std::uint64_t> stage_and_log(const std::vector<const std::byte*>& sources, std::byte* now,
+                                           const std::byte* recorded, std::size_t n,
+                                           const std::vector<std::uint64_t>& ends, unsigned threads);
 
   // {k: elements of latest (the version logged last as now) that differ from the version k
   // steps back} for each k in ks that the logs reach (k <= depth()).
-  virtual std::map<std::size_t, std::uint64_t> differing(const std::byte* latest, std::size_t n,
-                                                         const std::vector<std::size_t>& ks, unsigned threads) const = 0;
+  std::map<std::size_t, std::uint64_t> differing(const std::byte* latest, std::size_t n,
+                                                 const std::vector<std::size_t>& ks, unsigned threads) const;
 
   // The steps logged (at most keep).
-  virtual std::size_t depth() const = 0;
+  std::size_t depth() const { return logs_.size(); }
 
-  // Bytes of the logs: a sparse log's positions (2 bytes each, within their block) and old
-  // bits, a whole log's old version.
-  virtual std::size_t bytes() const = 0;
+  // Bytes of the logs (BlockChangeLog::bytes).
+  std::size_t bytes() const;
+
+ private:
+  std::size_t element_bytes_, keep_;
+  std::deque<BlockChangeLog> logs_;  // oldest first
 };
-
-// Logs of elements of element_bytes (1, 2, 4 or 8).
-std::unique_ptr<ChangeLogs> make_change_logs(std::size_t element_bytes, std::size_t keep);
 
 }  // namespace pulse::python

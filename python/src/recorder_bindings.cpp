@@ -56,7 +56,7 @@ std::pair<std::byte*, std::size_t> flat_buffer(const py::buffer& b, std::size_t 
 class PyChangeLogs {
  public:
   PyChangeLogs(std::size_t element_bytes, std::size_t keep)
-      : element_bytes_(element_bytes), logs_(make_change_logs(element_bytes, keep)) {}
+      : element_bytes_(element_bytes), logs_(std::make_unique<ChangeLogs>(element_bytes, keep)) {}
 
   // sources: per parameter, a buffer of its elements, or None for one already in now.
   std::vector<std::uint64_t> stage_and_log(const py::list& sources, const py::buffer& now, const py::buffer& recorded,

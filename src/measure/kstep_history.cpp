@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
-#include "measure/compare.hpp"
+#include "core/element_compare.hpp"
 
 namespace pulse::measure {
 
@@ -16,7 +16,7 @@ void KStepHistory::start(const std::vector<std::int64_t>& steps, std::optional<s
   PULSE_CHECK(!steps.empty(), "KStepHistory: an empty batch");
   for (std::size_t j = 1; j < steps.size(); ++j) PULSE_CHECK(steps[j] > steps[j - 1], "KStepHistory: steps must increase");
   const std::int64_t oldest = ks_.empty() ? steps.front() : steps.front() - ks_.back();
-  while (!logs_.empty() && logs_.back().base_step() < oldest) {
+  while (!logs_.empty() && logs_.back().base_step < oldest) {
     spare_.push_back(std::move(logs_.back()));
     logs_.pop_back();
   }
@@ -27,7 +27,8 @@ void KStepHistory::start(const std::vector<std::int64_t>& steps, std::optional<s
     if (!before) continue;
     logs_.emplace_front();
     if (!spare_.empty()) logs_.front() = std::move(spare_.back()), spare_.pop_back();
-    logs_.front().clear(*before);
+    logs_.front().base_step = *before;
+    logs_.front().changes.clear();
     batch_[j].recording = true;
     batch_[j].log = opened++;  // counted from the batch's first log; turned around below
   }
@@ -38,7 +39,7 @@ void KStepHistory::start(const std::vector<std::int64_t>& steps, std::optional<s
     r.log = opened - 1 - r.log;
     for (std::size_t k = 0; k < ks_.size(); ++k)
       for (std::size_t l = r.log; l < logs_.size(); ++l) {  // the checkpoint before j, and older ones
-        if (steps[j] - ks_[k] != logs_[l].base_step()) continue;
+        if (steps[j] - ks_[k] != logs_[l].base_step) continue;
         if (l == r.log)
           r.k_before = k;  // counted as its changes are recorded
         else
@@ -56,7 +57,7 @@ const std::vector<std::uint16_t>& KStepHistory::record(std::size_t j, const std:
   Recording& r = batch_[j];
   PULSE_CHECK(r.blocks == counted_, "KStepHistory: a block recorded twice before the batch's count of it");
   ++r.blocks;
-  const std::vector<std::uint16_t>& changed = logs_[r.log].record(now, before, m, element_bytes);
+  const std::vector<std::uint16_t>& changed = logs_[r.log].changes.record(now, before, m, element_bytes);
   if (r.k_before) differing[*r.k_before] += std::int64_t(changed.size());
   return changed;
 }
@@ -74,7 +75,7 @@ void KStepHistory::count(const std::vector<const std::byte*>& blocks, std::size_
   if (scratch_.size() < m * element_bytes) scratch_.resize(m * element_bytes);
   std::memcpy(scratch_.data(), blocks[batch_.size() - 1], m * element_bytes);
   for (std::size_t l = 1; l < stops_.size(); ++l) {
-    logs_[l].revert(b, scratch_.data(), m, element_bytes);
+    logs_[l].changes.revert(b, scratch_.data(), m, element_bytes);
     for (const Stop& s : stops_[l])
       differing[s.j][s.k] += std::int64_t(count_differing(blocks[s.j + 1], scratch_.data(), m, element_bytes));
   }

@@ -1,7 +1,7 @@
 #pragma once
 // pulse-measure's k-step comparison of a rank's share: for each checkpoint, how many elements
 // differ from the checkpoint k steps back (k in a list, up to 32). The history is a change log
-// per checkpoint (measure/change_log.hpp), block by block: reverting a block of a version with
+// per checkpoint (core/block_change_log.hpp), block by block: reverting a block of a version with
 // the logs, newest first, passes through every earlier version's block, exactly.
 // Checkpoints come in batches of consecutive ones, measured block by block: a block of every
 // checkpoint of the batch is recorded (compared with the one before it) before the next block,
@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "measure/change_log.hpp"
+#include "core/block_change_log.hpp"
 
 namespace pulse::measure {
 
@@ -52,9 +52,13 @@ class KStepHistory {
   struct Stop {  // a version the chain of reverts reaches, compared with checkpoint j's block
     std::size_t j, k;
   };
+  struct Log {  // the changes from the checkpoint of base_step to the next one
+    std::int64_t base_step = 0;
+    BlockChangeLog changes;
+  };
   std::vector<int> ks_;
-  std::deque<ChangeLog> logs_;    // newest first: to the batch's last checkpoint, ...
-  std::vector<ChangeLog> spare_;  // dropped, with their buffers
+  std::deque<Log> logs_;    // newest first: to the batch's last checkpoint, ...
+  std::vector<Log> spare_;  // dropped, with their buffers
   struct Recording {              // per checkpoint of the batch
     bool recording = false;       // it has a checkpoint before it
     std::size_t log = 0;          // into logs_: the changes to it

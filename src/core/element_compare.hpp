@@ -1,13 +1,14 @@
 #pragma once
-// The element comparisons of pulse-measure: bits differ or not, for 2- and 4-byte elements.
+// Element comparisons by bits (differ or not), for elements of 1, 2, 4 or 8 bytes: the counts and
+// positions of changes that pulse-measure and the Python recorder log (core/block_change_log.hpp).
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-namespace pulse::measure {
+namespace pulse {
 
-// Elements (of element_bytes 2 or 4) whose bits differ between a and b, blocks in cache; a plain
-// loop over lanes, which the compiler vectorises.
+// Elements (of element_bytes 1, 2, 4 or 8) whose bits differ between a and b, blocks in cache; a
+// plain loop over lanes, which the compiler vectorises.
 std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes);
 
 // The most elements find_changes takes at once: its positions are 16-bit.
@@ -19,4 +20,4 @@ constexpr std::size_t kMaxFindElements = std::size_t(1) << 16;
 std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
                            std::vector<std::uint16_t>& positions);
 
-}  // namespace pulse::measure
+}  // namespace pulse

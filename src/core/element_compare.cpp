@@ -1,4 +1,4 @@
-#include "measure/compare.hpp"
+#include "core/element_compare.hpp"
 
 #if defined(__AVX512BW__)
 #include <immintrin.h>
@@ -10,7 +10,7 @@
 
 #include "core/error.hpp"
 
-namespace pulse::measure {
+namespace pulse {
 
 namespace {
 
@@ -19,21 +19,21 @@ namespace {
 // quarter slower, measured.)
 constexpr std::size_t kPrefetchBytes = 4096;
 
-// Bit l set when lane l of the cache lines at a and b differs (32 or 16 lanes).
+// Bit l set when lane l of the cache lines at a and b differs (64, 32, 16 or 8 lanes).
 template <class Word>
-std::uint32_t differing_lanes(const std::byte* a, const std::byte* b) {
+std::uint64_t differing_lanes(const std::byte* a, const std::byte* b) {
 #if defined(__AVX512BW__)
   // 2-byte lanes: one compare into a mask register; the loop below compiles to a dozen
   // instructions. (Not for 4-byte lanes: GCC 12 spills their 16-bit mask and reloads 32 bits.)
   if constexpr (sizeof(Word) == 2) return _mm512_cmpneq_epi16_mask(_mm512_loadu_si512(a), _mm512_loadu_si512(b));
 #endif
   constexpr std::size_t lanes = 64 / sizeof(Word);
-  std::uint32_t differ = 0;
+  std::uint64_t differ = 0;
   for (std::size_t l = 0; l < lanes; ++l) {
     Word x, y;
     std::memcpy(&x, a + l * sizeof(Word), sizeof(Word));
     std::memcpy(&y, b + l * sizeof(Word), sizeof(Word));
-    differ |= std::uint32_t(x != y) << l;
+    differ |= std::uint64_t(x != y) << l;
   }
   return differ;
 }
@@ -52,7 +52,7 @@ std::uint64_t count_differing_of(const std::byte* a, const std::byte* b, std::si
 #if defined(__AVX512BW__)
   if constexpr (sizeof(Word) == 2) {  // a mask per cache line and its popcount: half the instructions
     for (; i + lanes <= n; i += lanes)
-      count += std::uint64_t(__builtin_popcount(differing_lanes<Word>(a + i * sizeof(Word), b + i * sizeof(Word))));
+      count += std::uint64_t(__builtin_popcountll(differing_lanes<Word>(a + i * sizeof(Word), b + i * sizeof(Word))));
   }
 #endif
   constexpr std::size_t chunk = std::size_t(1) << 20;  // 32-bit lanes count it: twice as many per vector
@@ -76,9 +76,9 @@ std::uint64_t find_changes_of(const std::byte* now, const std::byte* before, std
   for (; i + lanes <= n; i += lanes) {
     __builtin_prefetch(before + i * sizeof(Word) + kPrefetchBytes);
     __builtin_prefetch(now + i * sizeof(Word) + kPrefetchBytes);
-    for (std::uint32_t differ = differing_lanes<Word>(now + i * sizeof(Word), before + i * sizeof(Word)); differ;
+    for (std::uint64_t differ = differing_lanes<Word>(now + i * sizeof(Word), before + i * sizeof(Word)); differ;
          differ &= differ - 1)
-      positions.push_back(std::uint16_t(i + std::size_t(__builtin_ctz(differ))));
+      positions.push_back(std::uint16_t(i + std::size_t(__builtin_ctzll(differ))));
   }
   for (; i < n; ++i)
     if (std::memcmp(now + i * sizeof(Word), before + i * sizeof(Word), sizeof(Word)) != 0)
@@ -86,17 +86,32 @@ std::uint64_t find_changes_of(const std::byte* now, const std::byte* before, std
   return positions.size() - first;
 }
 
+// Runs f with a Word of element_bytes (1, 2, 4 or 8).
+template <class F>
+auto by_width(std::size_t element_bytes, const char* what, F&& f) {
+  switch (element_bytes) {
+    case 1: return f(std::uint8_t{});
+    case 2: return f(std::uint16_t{});
+    case 4: return f(std::uint32_t{});
+    case 8: return f(std::uint64_t{});
+  }
+  throw_error(__FILE__, __LINE__,
+              std::string(what) + ": elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
+}
+
 }  // namespace
 
 std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes) {
-  return element_bytes == 4 ? count_differing_of<std::uint32_t>(a, b, n) : count_differing_of<std::uint16_t>(a, b, n);
+  return by_width(element_bytes, "count_differing",
+                  [&](auto word) { return count_differing_of<decltype(word)>(a, b, n); });
 }
 
 std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
                            std::vector<std::uint16_t>& positions) {
-  PULSE_CHECK(n <= kMaxFindElements, "find_changes: " + std::to_string(n) + " elements, more than 16-bit positions hold");
-  return element_bytes == 4 ? find_changes_of<std::uint32_t>(now, before, n, positions)
-                            : find_changes_of<std::uint16_t>(now, before, n, positions);
+  PULSE_CHECK(n <= kMaxFindElements,
+              "find_changes: " + std::to_string(n) + " elements, more than 16-bit positions hold");
+  return by_width(element_bytes, "find_changes",
+                  [&](auto word) { return find_changes_of<decltype(word)>(now, before, n, positions); });
 }
 
-}  // namespace pulse::measure
+}  // namespace pulse
