@@ -13,7 +13,11 @@ default) most of its work runs during the next training step, so recorder.step()
 little and the overhead of a step is the figure; the recorder's own thread CPU time per part of
 its work (cpu_seconds, where the recorder has it: the threads that called its C++ loops, not the
 loops' other threads; all of it at --recorder-threads 1) is printed per step below each result line.
---background on|off and --recorder-threads N set the recorder's background= and threads=. Also:
+--background on|off and --recorder-threads N set the recorder's background= and threads=.
+--interleave TURNS measures only the overhead of a step, steadier on a loaded machine: plain
+training and the recorder with background on and off (and the --recorder file's) in turns of 6
+steps in one process (a model each from the same seeds), medians of the steps after the first
+turn but the first of each turn. Also:
 the recorder's k-step history in bytes
 (history_bytes(), where the recorder has it) and the process's peak RSS growth over the run (each
 precision in a process of its own).
@@ -23,7 +27,7 @@ also saves the weights after each step as DIR/PRECISION/step-N.safetensors (as s
 mixed), the series pulse-measure reads.
     PYTHONPATH=build/python python3 apps/bench/bench_recorder.py [--steps 40] [--lr 1e-4]
         [--recorder OLD_torch.py] [--background on|off] [--recorder-threads N] [--checkpoints DIR]
-        [--json runs/bench/recorder.json]
+        [--interleave TURNS] [--threads N] [--json runs/bench/recorder.json]
 """
 import argparse
 import importlib.util
@@ -203,6 +207,37 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None, 
             "mean_sparsity": sparsity, "k32_sparsity_last": float(k32[-1])}
 
 
+def interleaved(recorders, precision, blocks, lr, tmp, block=6):
+    """The overhead of a step of each recorder in `recorders` (name -> (module, options)) against
+    plain training, all run in one process in turns of `block` steps (one model, optimizer and
+    data each, from the same seeds), so that a change in the machine's load falls on each alike.
+    The first step of each turn (it meets the last one's background work) and the first turn are
+    left out. Returns name -> (wall, CPU) medians, "plain" included."""
+    steps = blocks * block
+    runs = {}
+    for name, (module, options) in [("plain", (None, None))] + list(recorders.items()):
+        model, opt, data = training(precision, steps, lr)
+        rec = module.SparsityRecorder(model, out=os.path.join(tmp, f"{len(runs)}.h5"), optimizer=opt, overwrite=True,
+                                      **options) if module else None
+        runs[name] = {"model": model, "opt": opt, "data": data, "rec": rec, "wall": [], "cpu": []}
+    for b in range(blocks):
+        for r in runs.values():
+            for i in range(block):
+                c0, t0 = time.process_time(), time.perf_counter()
+                loss = train_step(r["model"], r["opt"], r["data"][b * block + i])
+                if r["rec"]:
+                    r["rec"].step(loss=loss.item())
+                if b > 0 and i > 0:
+                    r["wall"].append(time.perf_counter() - t0)
+                    r["cpu"].append(time.process_time() - c0)
+            if hasattr(r["rec"], "flush"):
+                r["rec"].flush()
+    for r in runs.values():
+        if r["rec"]:
+            r["rec"].close()
+    return {name: (float(np.median(r["wall"])), float(np.median(r["cpu"]))) for name, r in runs.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
@@ -214,10 +249,29 @@ def main():
     parser.add_argument("--checkpoints", help="save the weights after each step into this folder")
     parser.add_argument("--recorder-threads", type=int, help="the recorder's threads= (its default unless given)")
     parser.add_argument("--background", choices=("on", "off"), help="the recorder's background= (its default unless given)")
+    parser.add_argument("--interleave", type=int, metavar="TURNS",
+                        help="instead: plain training, the recorder with background on and off (and --recorder's) "
+                             "in turns of 6 steps, TURNS turns each, in one process; the overhead of a step of each")
     parser.add_argument("--json", default=os.path.join("runs", "bench", "recorder.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.interleave:
+        import pulse.torch
+
+        recorders = {"background on": (pulse.torch, {"background": True}),
+                     "background off": (pulse.torch, {"background": False})}
+        if args.recorder:
+            recorders[args.recorder] = (load_recorder(args.recorder), {})
+        for precision in args.precision.split(","):
+            with tempfile.TemporaryDirectory() as tmp:
+                medians = interleaved(recorders, precision, args.interleave, args.lr, tmp)
+            wall, cpu = medians.pop("plain")
+            print(f"{precision}: plain step {1e3 * wall:.0f} ms ({1e3 * cpu:.0f} ms CPU), torch threads "
+                  f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}")
+            for name, (w, c) in medians.items():
+                print(f"  {name}: overhead of a step {100 * (w / wall - 1):.1f}% (CPU time {100 * (c / cpu - 1):.1f}%)")
+        return
     precisions = args.precision.split(",")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
