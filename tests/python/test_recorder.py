@@ -248,7 +248,7 @@ def datasets(path):
 def test_background_writes_what_synchronous_writes(tmp_path, precision):
     """background=True (each step measured while the next trains) and background=False write the
     same datasets, the same absorption arrays, and keep the same history (flush() between steps
-    changes nothing)."""
+    changes nothing); both count their CPU time in the same parts."""
     def run(background):
         torch.manual_seed(5)
         model = torch.nn.Sequential(torch.nn.Linear(12, 48), torch.nn.Tanh(), torch.nn.Linear(48, 4))
@@ -269,6 +269,9 @@ def test_background_writes_what_synchronous_writes(tmp_path, precision):
                 rec.flush()
         history = rec.history_bytes()
         rec.close()
+        assert set(rec.cpu_seconds) == {"taken at step()", "change log and k-step counts", "patch encode",
+                                        "Adam-ratio quantiles and gradient counts", "row write"}
+        assert all(cpu >= 0 for cpu in rec.cpu_seconds.values()) and rec.cpu_seconds["patch encode"] > 0
         return datasets(out), history
 
     (background, history), (synchronous, history_sync) = run(True), run(False)
