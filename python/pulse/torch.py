@@ -209,6 +209,13 @@ class _Versions:
         return self.flat.nbytes + self.staging.nbytes + self.logs.bytes()
 
 
+def _shut_down(pools, wait=False):
+    """Ends the recorder's threads (not waiting: a recorder collected may be on one of them)."""
+    for pool in pools:
+        if pool:
+            pool.shutdown(wait=wait)
+
+
 class SparsityRecorder:
     """Records the update sparsity of the weights as the forward pass reads them, patch sizes and
     (given an Adam-family optimizer) Adam ratios and absorption into `out`, one row per step()
@@ -272,7 +279,10 @@ class SparsityRecorder:
         # close() stops its thread once collected, without waiting for it, since the last
         # reference may go on that thread (its last step's row is then not written).
         self._thread = concurrent.futures.ThreadPoolExecutor(1) if background else None
-        self._stop_thread = weakref.finalize(self, self._thread.shutdown, wait=False) if self._thread else None
+        # On threads != 1 a second thread measures the optimizer's figures and then the k-step
+        # counts beside the change log and the encode (_measure).
+        self._beside = concurrent.futures.ThreadPoolExecutor(1) if self.threads != 1 else None
+        self._stop_threads = weakref.finalize(self, _shut_down, [self._thread, self._beside])
         self.master = self._master_copy()
         self.start = self.last = time.perf_counter()
         self.write_s = float("nan")
@@ -504,27 +514,27 @@ class SparsityRecorder:
         and the patch."""
         m0 = time.perf_counter()
         c0 = time.thread_time()
-        changed = [0] * len(self.params)
-        for v in self.versions:
-            for (i, _, _, _, _), c in zip(v.params, v.log()):
-                changed[i] = c
-        differ = collections.Counter()
-        for v in self.versions:
-            differ.update(v.differing(set(self.k_values)))
-        c0 = self._cpu("change log and k-step counts", c0)
-        e0 = time.perf_counter()
-        patch = self.sender.patch(self._staged, self._recorded, self._coding, None, rehash=False)
-        encode_s = time.perf_counter() - e0
-        c0 = self._cpu("patch encode", c0)
+        # Beside, in turn: the optimizer's figures (they read no version), then, once the staged
+        # version is logged, the k-step counts (reading the logs and the staged version, as the
+        # encode reads it meanwhile).
+        beside = [self._aside(self._optimizer_figures, row, ratios, grads)]
+        try:
+            changed = [0] * len(self.params)
+            for v in self.versions:
+                for (i, _, _, _, _), c in zip(v.params, v.log()):
+                    changed[i] = c
+            c0 = self._cpu("change log", c0)
+            beside.append(self._aside(self._differing))
+            e0 = time.perf_counter()
+            patch = self.sender.patch(self._staged, self._recorded, self._coding, None, rehash=False)
+            encode_s = time.perf_counter() - e0
+            c0 = self._cpu("patch encode", c0)
+        finally:
+            done = [f.result() for f in beside]  # the thread is done with the versions and the row
+        differ = done[1]
         for v in self.versions:
             v.adopt()
         self._recorded, self._staged = self._staged, self._recorded
-        if ratios is not None:
-            row.set_values("/steps/adam_ratio", quantiles(ratios, ADAM_QUANTILES, self.threads))
-        if grads is not None:
-            row.set_values("/steps/grad_sparsity",
-                           [c / grads.numel() for c in _count_magnitude_at_most(grads, GRAD_THRESHOLDS, self.threads)])
-        c0 = self._cpu("Adam-ratio quantiles and gradient counts", c0)
         streams = inspect(patch)["streams"]
         total = sum(changed)
         reach = self.versions[0].logs.depth
@@ -539,6 +549,33 @@ class SparsityRecorder:
         row.set("/steps/sync_s", encode_s)
         row.set("/steps/measure_s", taken_s + time.perf_counter() - m0 - encode_s)
         return row, patch
+
+    def _aside(self, task, *args):
+        """task(*args) on the second thread, or now on threads=1; a future of its result."""
+        if self._beside:
+            return self._beside.submit(task, *args)
+        done = concurrent.futures.Future()
+        done.set_result(task(*args))
+        return done
+
+    def _optimizer_figures(self, row, ratios, grads):
+        """The Adam-ratio quantiles and the gradient's magnitude counts into row."""
+        c0 = time.thread_time()
+        if ratios is not None:
+            row.set_values("/steps/adam_ratio", quantiles(ratios, ADAM_QUANTILES, self.threads))
+        if grads is not None:
+            row.set_values("/steps/grad_sparsity",
+                           [c / grads.numel() for c in _count_magnitude_at_most(grads, GRAD_THRESHOLDS, self.threads)])
+        self._cpu("Adam-ratio quantiles and gradient counts", c0)
+
+    def _differing(self):
+        """{k: elements of the staged version that differ from the version k steps back}."""
+        c0 = time.thread_time()
+        differ = collections.Counter()
+        for v in self.versions:
+            differ.update(v.differing(set(self.k_values)))
+        self._cpu("k-step counts", c0)
+        return differ
 
     def _cpu(self, part, since):
         """Adds this thread's CPU time since `since` to cpu_seconds[part]; returns the time now."""
@@ -561,9 +598,8 @@ class SparsityRecorder:
         try:
             self.flush()
         finally:
-            if self._thread:
-                self._stop_thread.detach()
-                self._thread.shutdown()
+            self._stop_threads.detach()
+            _shut_down([self._thread, self._beside], wait=True)
             self.file.close()
 
     def __enter__(self):
