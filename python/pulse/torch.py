@@ -513,22 +513,22 @@ class SparsityRecorder:
         gradient), into row; the staged versions then become the recorded ones. Returns the row
         and the patch."""
         m0 = time.perf_counter()
-        c0 = time.thread_time()
         # Beside, in turn: the optimizer's figures (they read no version), then, once the staged
         # version is logged, the k-step counts (reading the logs and the staged version, as the
         # encode reads it meanwhile).
         beside = [self._aside(self._optimizer_figures, row, ratios, grads)]
         try:
+            c0 = time.thread_time()  # on threads=1 the tasks "beside" ran just now, counted apart
             changed = [0] * len(self.params)
             for v in self.versions:
                 for (i, _, _, _, _), c in zip(v.params, v.log()):
                     changed[i] = c
-            c0 = self._cpu("change log", c0)
+            self._cpu("change log", c0)
             beside.append(self._aside(self._differing))
-            e0 = time.perf_counter()
+            c0, e0 = time.thread_time(), time.perf_counter()
             patch = self.sender.patch(self._staged, self._recorded, self._coding, None, rehash=False)
             encode_s = time.perf_counter() - e0
-            c0 = self._cpu("patch encode", c0)
+            self._cpu("patch encode", c0)
         finally:
             done = [f.result() for f in beside]  # the thread is done with the versions and the row
         differ = done[1]
