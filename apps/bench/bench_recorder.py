@@ -8,7 +8,17 @@ recorder.step(), medians over the steps after --warmup, in wall time and in the 
 itself take longer than one without, so the recorder's cost is also measured as the overhead of
 a step: the median of training step + recorder.step() against the median training step of the
 same run without a recorder (the model, data and optimizer made again from the same seeds, run
-after the recorded one in the same process). Also: the recorder's k-step history in bytes
+after the recorded one in the same process). With the recorder's background measurement (its
+default) most of its work runs during the next training step, so recorder.step() alone says
+little and the overhead of a step is the figure; the recorder's own thread CPU time per part of
+its work (cpu_seconds, where the recorder has it: the threads that called its C++ loops, not the
+loops' other threads; all of it at --recorder-threads 1) is printed per step below each result line.
+--background on|off and --recorder-threads N set the recorder's background= and threads=.
+--interleave TURNS measures only the overhead of a step, steadier on a loaded machine: plain
+training and the recorder with background on and off (and the --recorder file's) in turns of 6
+steps in one process (a model each from the same seeds), medians of the steps after the first
+turn but the first of each turn. Also:
+the recorder's k-step history in bytes
 (history_bytes(), where the recorder has it) and the process's peak RSS growth over the run (each
 precision in a process of its own).
 --recorder FILE loads another version of pulse/torch.py (e.g. `git show REV:python/pulse/torch.py`)
@@ -16,7 +26,8 @@ in place of the built one, for a before/after comparison in one environment. --c
 also saves the weights after each step as DIR/PRECISION/step-N.safetensors (as stored: FP32 for
 mixed), the series pulse-measure reads.
     PYTHONPATH=build/python python3 apps/bench/bench_recorder.py [--steps 40] [--lr 1e-4]
-        [--recorder OLD_torch.py] [--checkpoints DIR] [--json runs/bench/recorder.json]
+        [--recorder OLD_torch.py] [--background on|off] [--recorder-threads N] [--checkpoints DIR]
+        [--interleave TURNS] [--threads N] [--json runs/bench/recorder.json]
 """
 import argparse
 import importlib.util
@@ -140,15 +151,19 @@ def train_step(model, opt, batch):
     return loss
 
 
-def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
+def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None, options=None):
     model, opt, data = training(precision, steps, lr)
     params = sum(p.numel() for p in model.parameters())
     rss0 = peak_rss_bytes()
-    rec = recorder_module.SparsityRecorder(model, out=out, optimizer=opt, overwrite=True)
+    rec = recorder_module.SparsityRecorder(model, out=out, optimizer=opt, overwrite=True, **(options or {}))
     train_s, record_s, train_cpu, record_cpu = [], [], [], []
     if checkpoints:
         save_weights(model, os.path.join(checkpoints, precision), 0)
+    parts_at_warmup = {}
     for t in range(steps):
+        if t == warmup and hasattr(rec, "cpu_seconds"):
+            rec.flush()
+            parts_at_warmup = dict(rec.cpu_seconds)
         c0, t0 = time.process_time(), time.perf_counter()
         loss = train_step(model, opt, data[t])
         c1, t1 = time.process_time(), time.perf_counter()
@@ -162,6 +177,8 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
             save_weights(model, os.path.join(checkpoints, precision), t + 1)
     history = rec.history_bytes() if hasattr(rec, "history_bytes") else None
     rec.close()
+    parts = {part: (cpu - parts_at_warmup.get(part, 0.0)) / (steps - warmup)
+             for part, cpu in getattr(rec, "cpu_seconds", {}).items()}
     peak_growth = peak_rss_bytes() - rss0
     del rec, model, opt
     model, opt, data = training(precision, steps, lr)
@@ -186,8 +203,39 @@ def bench(recorder_module, precision, steps, warmup, lr, out, checkpoints=None):
             "train_step_cpu_s": train_c, "record_step_cpu_s": record_c, "record_over_train_cpu": record_c / train_c,
             "plain_step_s": plain, "plain_step_cpu_s": plain_c, "recorded_step_s": recorded,
             "recorded_step_cpu_s": recorded_c, "overhead": recorded / plain - 1, "overhead_cpu": recorded_c / plain_c - 1,
-            "history_bytes": history, "peak_rss_growth_bytes": peak_growth,
+            "history_bytes": history, "peak_rss_growth_bytes": peak_growth, "recorder_cpu_s_per_step": parts,
             "mean_sparsity": sparsity, "k32_sparsity_last": float(k32[-1])}
+
+
+def interleaved(recorders, precision, blocks, lr, tmp, block=6):
+    """The overhead of a step of each recorder in `recorders` (name -> (module, options)) against
+    plain training, all run in one process in turns of `block` steps (one model, optimizer and
+    data each, from the same seeds), so that a change in the machine's load falls on each alike.
+    The first step of each turn (it meets the last one's background work) and the first turn are
+    left out. Returns name -> (wall, CPU) medians, "plain" included."""
+    steps = blocks * block
+    runs = {}
+    for name, (module, options) in [("plain", (None, None))] + list(recorders.items()):
+        model, opt, data = training(precision, steps, lr)
+        rec = module.SparsityRecorder(model, out=os.path.join(tmp, f"{len(runs)}.h5"), optimizer=opt, overwrite=True,
+                                      **options) if module else None
+        runs[name] = {"model": model, "opt": opt, "data": data, "rec": rec, "wall": [], "cpu": []}
+    for b in range(blocks):
+        for r in runs.values():
+            for i in range(block):
+                c0, t0 = time.process_time(), time.perf_counter()
+                loss = train_step(r["model"], r["opt"], r["data"][b * block + i])
+                if r["rec"]:
+                    r["rec"].step(loss=loss.item())
+                if b > 0 and i > 0:
+                    r["wall"].append(time.perf_counter() - t0)
+                    r["cpu"].append(time.process_time() - c0)
+            if hasattr(r["rec"], "flush"):
+                r["rec"].flush()
+    for r in runs.values():
+        if r["rec"]:
+            r["rec"].close()
+    return {name: (float(np.median(r["wall"])), float(np.median(r["cpu"]))) for name, r in runs.items()}
 
 
 def main():
@@ -199,10 +247,31 @@ def main():
     parser.add_argument("--recorder", help="another pulse/torch.py to load in place of the built one")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--checkpoints", help="save the weights after each step into this folder")
+    parser.add_argument("--recorder-threads", type=int, help="the recorder's threads= (its default unless given)")
+    parser.add_argument("--background", choices=("on", "off"), help="the recorder's background= (its default unless given)")
+    parser.add_argument("--interleave", type=int, metavar="TURNS",
+                        help="instead: plain training, the recorder with background on and off (and --recorder's) "
+                             "in turns of 6 steps, TURNS turns each, in one process; the overhead of a step of each")
     parser.add_argument("--json", default=os.path.join("runs", "bench", "recorder.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.interleave:
+        import pulse.torch
+
+        recorders = {"background on": (pulse.torch, {"background": True}),
+                     "background off": (pulse.torch, {"background": False})}
+        if args.recorder:
+            recorders[args.recorder] = (load_recorder(args.recorder), {})
+        for precision in args.precision.split(","):
+            with tempfile.TemporaryDirectory() as tmp:
+                medians = interleaved(recorders, precision, args.interleave, args.lr, tmp)
+            wall, cpu = medians.pop("plain")
+            print(f"{precision}: plain step {1e3 * wall:.0f} ms ({1e3 * cpu:.0f} ms CPU), torch threads "
+                  f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}")
+            for name, (w, c) in medians.items():
+                print(f"  {name}: overhead of a step {100 * (w / wall - 1):.1f}% (CPU time {100 * (c / cpu - 1):.1f}%)")
+        return
     precisions = args.precision.split(",")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -214,8 +283,11 @@ def main():
                 with open(child) as f:
                     r = json.load(f)["results"][0]
             else:
+                options = {} if args.recorder_threads is None else {"threads": args.recorder_threads}
+                if args.background:
+                    options["background"] = args.background == "on"
                 r = bench(load_recorder(args.recorder), precision, args.steps, args.warmup, args.lr,
-                          os.path.join(tmp, f"{precision}.h5"), args.checkpoints)
+                          os.path.join(tmp, f"{precision}.h5"), args.checkpoints, options)
             results.append(r)
             history = "-" if r["history_bytes"] is None else f"{r['history_bytes'] / 2**20:.1f} MiB"
             print(f"{precision:5s} {r['parameters'] / 1e6:.2f}M params: train step {1e3 * r['train_step_s']:.0f} ms, "
@@ -225,6 +297,8 @@ def main():
                   f"overhead {100 * r['overhead']:.1f}% (CPU time {100 * r['overhead_cpu']:.1f}%), "
                   f"history {history}, peak RSS +{r['peak_rss_growth_bytes'] / 2**20:.0f} MiB, "
                   f"mean sparsity {100 * r['mean_sparsity']:.2f}%")
+            for part, cpu in r["recorder_cpu_s_per_step"].items():
+                print(f"      {part}: {1e3 * cpu:.1f} ms CPU a step ({100 * cpu / r['plain_step_cpu_s']:.1f}% of the plain step's)")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"recorder": args.recorder or "pulse.torch (built)", "torch": torch.__version__,

@@ -163,9 +163,9 @@ class _Versions:
     positions that changed and their old bits, or the whole old version where that is smaller (most
     changed). Reverting the newest logs in turn gives the versions 1, 2, ... steps back, so the
     k-step history costs the changes, not k copies of the model (pulse's C++,
-    python/src/change_logs.hpp, as pulse-measure's src/measure/change_log.hpp). Logging and counting
-    only read the versions, so the counts run while the patch encoder reads them; the staged
-    version then becomes the recorded one by the two buffers trading roles, without a copy."""
+    python/src/change_logs.hpp, as pulse-measure's src/measure/change_log.hpp). Logging, counting
+    and encoding only read the versions; the staged version then becomes the recorded one by the
+    two buffers trading roles, without a copy."""
 
     def __init__(self, params, width, keep, threads):
         self.params = params  # [(index, name, numel, compared dtype, shape)], each of `width` bytes
@@ -182,30 +182,18 @@ class _Versions:
         self.threads = threads
 
     def stage(self, tensors):
-        """Casts the parameters into staging."""
+        """Casts the parameters into staging (each on its device first: only the cast crosses to
+        the host)."""
         for (_, name, _, dtype, _), p in zip(self.params, tensors):
-            self._cast_into_staging(name, dtype, p)
+            src = p.detach().reshape(-1)
+            if src.device.type != "cpu":
+                src = src.to(dtype)
+            self.views[name][1].view(-1).copy_(src)
 
-    def _cast_into_staging(self, name, dtype, p):
-        """Casts p into its staging view (on its device first: only the cast crosses to the host)."""
-        src = p.detach().reshape(-1)
-        if src.device.type != "cpu":
-            src = src.to(dtype)
-        self.views[name][1].view(-1).copy_(src)
-
-    def stage_and_log(self, tensors):
-        """Stages the parameters and logs the change from the recorded version to them; returns
-        the changed elements per parameter. Those held on the host as compared are copied by the
-        log's pass as it compares them (pulse's C++); the others are cast into staging first."""
-        sources = []
-        for (_, name, _, dtype, _), p in zip(self.params, tensors):
-            src = p.detach()
-            if src.device.type == "cpu" and src.dtype == dtype and src.is_contiguous():
-                sources.append(src.reshape(-1).view(_TORCH_BITS[src.element_size()]).numpy())
-            else:
-                self._cast_into_staging(name, dtype, p)
-                sources.append(None)
-        return self.logs.stage_and_log(sources, self.staging, self.flat, self.ends, self.threads)
+    def log(self):
+        """Logs the change from the recorded version to the staged one; returns the changed
+        elements per parameter."""
+        return self.logs.stage_and_log([None] * len(self.params), self.staging, self.flat, self.ends, self.threads)
 
     def differing(self, ks):
         """{k: elements of the staged version that differ from the version k steps back} for the k
@@ -221,6 +209,13 @@ class _Versions:
         return self.flat.nbytes + self.staging.nbytes + self.logs.bytes()
 
 
+def _shut_down(pools, wait=False):
+    """Ends the recorder's threads (not waiting: a recorder collected may be on one of them)."""
+    for pool in pools:
+        if pool:
+            pool.shutdown(wait=wait)
+
+
 class SparsityRecorder:
     """Records the update sparsity of the weights as the forward pass reads them, patch sizes and
     (given an Adam-family optimizer) Adam ratios and absorption into `out`, one row per step()
@@ -233,10 +228,14 @@ class SparsityRecorder:
     precision, the optimizer's class, lr, betas, eps and weight decay) into the file's config;
     a key given in config replaces the one read.
     threads: the cores the recorder's comparisons, k-step counts and quantiles run on (0: every
-    core); the figures do not depend on it."""
+    core); the figures do not depend on it.
+    background: measure each step on the recorder's thread while the next step trains (step()
+    takes only what the next optimizer step overwrites); the step's row is written by the next
+    step(), flush() or close(), and an error there is raised by that call. False: step() returns
+    once its row is written. The figures are the same."""
 
     def __init__(self, model, out="run.h5", optimizer=None, k_values=(1, 2, 4, 8, 16, 32), absorption_every=0,
-                 overwrite=False, compare_as="bf16", label=None, config=None, threads=0):
+                 overwrite=False, compare_as="bf16", label=None, config=None, threads=0, background=True):
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
             raise _pulse.Error("SparsityRecorder: the model has no trainable parameters")
@@ -250,6 +249,12 @@ class SparsityRecorder:
         self.mixed = any(p.dtype != torch.bfloat16 for _, p in self.params)
         self.numel = sum(p.numel() for _, p in self.params)
         self.t = 0
+        self._pending = None  # the step measured in the background: a future of (row, patch)
+        self._failed = None   # why a step's measurement failed, if one did
+        self._last_patch = None
+        # CPU time per part of the recorder's work, of the threads that call its C++ loops (all of
+        # it on threads=1)
+        self.cpu_seconds = collections.Counter()
         by_width = {}
         for i, (name, p) in enumerate(self.params):
             dtype = compared_dtype(p.dtype, compare_as)
@@ -264,19 +269,20 @@ class SparsityRecorder:
         # Each step's patch is encoded from the recorded version to the staged one before the
         # staged version becomes the recorded one: the bytes pulse.Sender(self.compared) gives,
         # without the Sender's copy of the model, and without hashing the recorded version again
-        # (the recorder alone writes it; the Sender keeps its digests from the last encode). On
-        # threads != 1 the Adam ratios, the gradient's figures and the k-step counts are measured
-        # on a second thread meanwhile (step(); the encode releases the GIL; it stays on this
-        # thread, where its buffers reuse this thread's freed memory). The entries of the two
-        # versions trade roles with their buffers (adopt).
+        # (the recorder alone writes it; the Sender keeps its digests from the last encode). The
+        # entries of the two versions trade roles with their buffers (adopt).
         self._recorded = entries(self.compared)
         self._staged = entries({name: staged[name] for name, _ in self.params})
         self.sender = _pulse.Sender(self._recorded, 0, "reference", self.threads)
         self._coding = _coding("keydiff", None, "zstd", 3, self.threads)
+        # Measures each step while the next one trains (background). A recorder dropped without
+        # close() stops its thread once collected, without waiting for it, since the last
+        # reference may go on that thread (its last step's row is then not written).
+        self._thread = concurrent.futures.ThreadPoolExecutor(1) if background else None
+        # On threads != 1 a second thread measures the optimizer's figures and then the k-step
+        # counts beside the change log and the encode (_measure).
         self._beside = concurrent.futures.ThreadPoolExecutor(1) if self.threads != 1 else None
-        # A recorder dropped without close() stops its thread once collected; without waiting for
-        # it, since the last reference may go on that thread.
-        self._stop_beside = weakref.finalize(self, self._beside.shutdown, wait=False) if self._beside else None
+        self._stop_threads = weakref.finalize(self, _shut_down, [self._thread, self._beside])
         self.master = self._master_copy()
         self.start = self.last = time.perf_counter()
         self.write_s = float("nan")
@@ -299,6 +305,7 @@ class SparsityRecorder:
     def compared(self):
         """The recorded version of each parameter as compared, in parameter order (views of the
         recorder's buffers)."""
+        self.flush()
         views = {name: v.views[name][0] for v in self.versions for name in v.views}
         return {name: views[name] for name, _ in self.params}
 
@@ -370,9 +377,13 @@ class SparsityRecorder:
         return out
 
     def adam_ratio(self, adam):
-        """Quantiles of |m_hat| / (sqrt(v_hat) + eps) over every parameter, written into one host
-        buffer (FP32, by pulse's C++ for FP32 and BF16 moments on the host, by torch where the
-        state lives otherwise; the same bits) and selected, not sorted."""
+        """Quantiles of |m_hat| / (sqrt(v_hat) + eps) over every parameter, selected, not sorted."""
+        return quantiles(self._adam_ratios(adam), ADAM_QUANTILES, self.threads)
+
+    def _adam_ratios(self, adam):
+        """|m_hat| / (sqrt(v_hat) + eps) of every parameter in one host buffer kept between steps
+        (FP32, by pulse's C++ for FP32 and BF16 moments on the host, by torch where the state lives
+        otherwise; the same bits)."""
         if getattr(self, "_ratios", None) is None:
             self._ratios = torch.empty(self.numel, dtype=torch.float32)
         offset, on_host = 0, []
@@ -387,7 +398,7 @@ class SparsityRecorder:
             else:
                 r.copy_((m.float() / (1 - b1 ** t)).abs_().div_((v.float() / (1 - b2 ** t)).sqrt_().add_(g["eps"])).reshape(-1))
         _pulse.adam_ratios(on_host, self.threads)
-        return quantiles(self._ratios, ADAM_QUANTILES, self.threads)
+        return self._ratios
 
     def _updates(self, adam):
         """(w, u) float32 of every parameter: the weights before the step and the step's update."""
@@ -423,24 +434,101 @@ class SparsityRecorder:
 
     def history_bytes(self):
         """Bytes of the recorded version, the staging copy and the change logs."""
+        self.flush()
         return sum(v.bytes() for v in self.versions)
 
+    @property
+    def last_patch(self):
+        """The patch of the last step recorded (from the version before it)."""
+        self.flush()
+        return self._last_patch
+
     def step(self, *, loss=None, reward=None, tokens=None, eval_pass1=None):
-        """Records the step the optimizer just took."""
+        """Records the step the optimizer just took. What the next optimizer step overwrites is
+        taken now (the parameters as compared, the Adam ratios, the gradient); the rest is measured
+        on the recorder's thread while training goes on (background=True: its row is written by the
+        next step(), flush() or close()) or before step() returns."""
         t0 = time.perf_counter()
+        self.flush()
+        c0 = time.thread_time()
+        if self._failed:
+            raise _pulse.Error(f"SparsityRecorder: {self._failed}; this recorder records no more steps")
         self.t += 1
         row = _pulse.StatsRow()
         adam = self._adam()
-        # On the second thread, in turn: the optimizer's figures (they read no version), then,
-        # once the staged version is logged, the k-step counts (reading the logs and the staged
-        # version, as the encode reads it meanwhile).
-        beside = [self._aside(self._optimizer_figures, adam, row)]
+        if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
+            self._write_absorption(*absorption(*self._updates(adam)))
+        for v in self.versions:
+            v.stage([self.params[i][1] for i, _, _, _, _ in v.params])
+        ratios = self._adam_ratios(adam) if adam is not None else None
+        grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
+        g = None
+        if grads:  # one FP32 copy (the same buffer each step on the host); the norm now, by torch
+            g = self._gradient(grads)
+            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
+        self.master = self._master_copy()
+        row.set_int("/steps/step", self.t)
+        row.set_int("/steps/policy_version", self.t)
+        row.set_int("/steps/dense_bytes", self.dense_bytes)
+        if self.optimizer is not None:
+            row.set("/steps/lr", float(self.optimizer.param_groups[0]["lr"]))
+        for key, value in (("/steps/loss", loss), ("/steps/reward", reward), ("/steps/eval_pass1", eval_pass1)):
+            if value is not None:
+                row.set(key, float(value))
+        if tokens is not None:
+            row.set_int("/steps/tokens", int(tokens))
+        row.set("/steps/time_s", t0 - self.start)
+        row.set("/steps/step_s", t0 - self.last)
+        row.set("/steps/write_s", self.write_s)
+        self.last = t0
+        taken_s = time.perf_counter() - t0
+        self._cpu("taken at step()", c0)
+        if self._thread:
+            self._pending = self._thread.submit(self._measure, row, ratios, g, taken_s)
+        else:  # measured now, its error raised as the background's would be
+            self._pending = concurrent.futures.Future()
+            try:
+                self._pending.set_result(self._measure(row, ratios, g, taken_s))
+            except Exception as e:
+                self._pending.set_exception(e)
+            self.flush()
+
+    def flush(self):
+        """Waits for the step measured in the background, if any, and writes its row."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
         try:
-            if self.absorption_every and self.t % self.absorption_every == 0 and (self.mixed or adam is not None):
-                self._write_absorption(*absorption(*self._updates(adam)))
-            changed = self._log()
+            row, self._last_patch = pending.result()
+        except Exception as e:
+            self._failed = f"measuring step {self.t} failed: {e}"
+            raise _pulse.Error(f"SparsityRecorder: {self._failed}") from e
+        w0, c0 = time.perf_counter(), time.thread_time()
+        self.file.append(row)
+        self.write_s = time.perf_counter() - w0
+        self._cpu("row write", c0)
+
+    def _measure(self, row, ratios, grads, taken_s):
+        """The step's figures from what step() took (the staged versions, the Adam ratios, the
+        gradient), into row; the staged versions then become the recorded ones. Returns the row
+        and the patch."""
+        m0 = time.perf_counter()
+        # Beside, in turn: the optimizer's figures (they read no version), then, once the staged
+        # version is logged, the k-step counts (reading the logs and the staged version, as the
+        # encode reads it meanwhile).
+        beside = [self._aside(self._optimizer_figures, row, ratios, grads)]
+        try:
+            c0 = time.thread_time()  # on threads=1 the tasks "beside" ran just now, counted apart
+            changed = [0] * len(self.params)
+            for v in self.versions:
+                for (i, _, _, _, _), c in zip(v.params, v.log()):
+                    changed[i] = c
+            self._cpu("change log", c0)
             beside.append(self._aside(self._differing))
-            patch, encode_s = self._encode()
+            c0, e0 = time.thread_time(), time.perf_counter()
+            patch = self.sender.patch(self._staged, self._recorded, self._coding, None, rehash=False)
+            encode_s = time.perf_counter() - e0
+            self._cpu("patch encode", c0)
         finally:
             done = [f.result() for f in beside]  # the thread is done with the versions and the row
         differ = done[1]
@@ -450,77 +538,50 @@ class SparsityRecorder:
         streams = inspect(patch)["streams"]
         total = sum(changed)
         reach = self.versions[0].logs.depth
-        kstep = [1.0 - differ[k] / self.numel if k <= reach else float("nan") for k in self.k_values]
-        self.master = self._master_copy()
-        row.set_int("/steps/step", self.t)
-        row.set_int("/steps/policy_version", self.t)
         row.set_int("/steps/changed", total)
         row.set_ints("/steps/tensor_changed", changed)
         row.set("/steps/sparsity", 1.0 - total / self.numel)
-        row.set_values("/kstep/sparsity", kstep)
+        row.set_values("/kstep/sparsity", [1.0 - differ[k] / self.numel if k <= reach else float("nan")
+                                           for k in self.k_values])
         row.set_int("/steps/patch_bytes", len(patch))
         row.set_int("/steps/patch_raw_bytes", streams["index"]["raw"] + streams["value"]["raw"])
-        row.set_int("/steps/dense_bytes", self.dense_bytes)
         row.set("/steps/encode_s", encode_s)
         row.set("/steps/sync_s", encode_s)
-        if self.optimizer is not None:
-            row.set("/steps/lr", float(self.optimizer.param_groups[0]["lr"]))
-        for key, value in (("/steps/loss", loss), ("/steps/reward", reward), ("/steps/eval_pass1", eval_pass1)):
-            if value is not None:
-                row.set(key, float(value))
-        if tokens is not None:
-            row.set_int("/steps/tokens", int(tokens))
-        now = time.perf_counter()
-        row.set("/steps/time_s", now - self.start)
-        row.set("/steps/step_s", now - self.last)
-        row.set("/steps/measure_s", now - t0 - encode_s)
-        row.set("/steps/write_s", self.write_s)
-        self.last = now
-        w0 = time.perf_counter()
-        self.file.append(row)
-        self.write_s = time.perf_counter() - w0
-        self.last_patch = patch
-        return row
+        row.set("/steps/measure_s", taken_s + time.perf_counter() - m0 - encode_s)
+        return row, patch
 
     def _aside(self, task, *args):
-        """task(*args) on the recorder's second thread, or now on threads=1; a future of its result."""
+        """task(*args) on the second thread, or now on threads=1; a future of its result."""
         if self._beside:
             return self._beside.submit(task, *args)
         done = concurrent.futures.Future()
         done.set_result(task(*args))
         return done
 
-    def _log(self):
-        """Stages and logs the changes of each version; returns the changed elements per parameter."""
-        changed = [0] * len(self.params)
-        for v in self.versions:
-            for (i, _, _, _, _), c in zip(v.params, v.stage_and_log([self.params[i][1] for i, _, _, _, _ in v.params])):
-                changed[i] = c
-        return changed
+    def _optimizer_figures(self, row, ratios, grads):
+        """The Adam-ratio quantiles and the gradient's magnitude counts into row."""
+        c0 = time.thread_time()
+        if ratios is not None:
+            row.set_values("/steps/adam_ratio", quantiles(ratios, ADAM_QUANTILES, self.threads))
+        if grads is not None:
+            row.set_values("/steps/grad_sparsity",
+                           [c / grads.numel() for c in _count_magnitude_at_most(grads, GRAD_THRESHOLDS, self.threads)])
+        self._cpu("Adam-ratio quantiles and gradient counts", c0)
 
     def _differing(self):
         """{k: elements of the staged version that differ from the version k steps back}."""
+        c0 = time.thread_time()
         differ = collections.Counter()
         for v in self.versions:
             differ.update(v.differing(set(self.k_values)))
+        self._cpu("k-step counts", c0)
         return differ
 
-    def _optimizer_figures(self, adam, row):
-        """The Adam-ratio quantiles and the gradient's norm and counts into row."""
-        if adam is not None:
-            row.set_values("/steps/adam_ratio", self.adam_ratio(adam))
-        grads = [p.grad.detach().reshape(-1) for _, p in self.params if p.grad is not None]
-        if grads:  # one FP32 copy (the same buffer each step on the host), then a pass per figure
-            g = self._gradient(grads)
-            row.set("/steps/grad_norm", float(torch.linalg.vector_norm(g)))
-            row.set_values("/steps/grad_sparsity",
-                           [c / g.numel() for c in _count_magnitude_at_most(g, GRAD_THRESHOLDS, self.threads)])
-
-    def _encode(self):
-        """The patch from the recorded version to the staged one, and the seconds it took."""
-        e0 = time.perf_counter()
-        patch = self.sender.patch(self._staged, self._recorded, self._coding, None, rehash=False)
-        return patch, time.perf_counter() - e0
+    def _cpu(self, part, since):
+        """Adds this thread's CPU time since `since` to cpu_seconds[part]; returns the time now."""
+        now = time.thread_time()
+        self.cpu_seconds[part] += now - since
+        return now
 
     def _write_absorption(self, ratio_counts, weight_counts, absorbed):
         schema = _schema()
@@ -533,10 +594,13 @@ class SparsityRecorder:
                 self.file.set_dataset_attribute(path, c["columns_attribute"], [float(k) for k in k_range])
 
     def close(self):
-        if self._beside:
-            self._stop_beside.detach()
-            self._beside.shutdown()
-        self.file.close()
+        """Writes the last step's row and closes the file."""
+        try:
+            self.flush()
+        finally:
+            self._stop_threads.detach()
+            _shut_down([self._thread, self._beside], wait=True)
+            self.file.close()
 
     def __enter__(self):
         return self

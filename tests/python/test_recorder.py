@@ -228,35 +228,138 @@ def test_patches_are_the_senders(tmp_path, precision, threads):
     assert all(pulse.inspect(p)["total_changed"] > 0 for p in patches)
 
 
+TIMINGS = {"/steps/time_s", "/steps/step_s", "/steps/encode_s", "/steps/measure_s", "/steps/sync_s", "/steps/write_s"}
+
+
+def datasets(path):
+    """Every dataset of a recorder's file but its timings, path -> values."""
+    out = {}
+
+    def read(name, obj):
+        if isinstance(obj, h5py.Dataset) and "/" + name not in TIMINGS:
+            out["/" + name] = obj[()]
+
+    with h5py.File(path, "r") as f:
+        f.visititems(read)
+    return out
+
+
+@pytest.mark.parametrize("precision", ["mixed", "bf16"])
+def test_background_writes_what_synchronous_writes(tmp_path, precision):
+    """background=True (each step measured while the next trains) and background=False write the
+    same datasets, the same absorption arrays, and keep the same history (flush() between steps
+    changes nothing); both count their CPU time in the same parts."""
+    def run(background):
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 48), torch.nn.Tanh(), torch.nn.Linear(48, 4))
+        if precision == "bf16":
+            model = model.to(torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+        x, y = torch.randn(16, 12), torch.randn(16, 4)
+        out = tmp_path / f"{background}.h5"
+        rec = pulse.torch.SparsityRecorder(model, out=out, optimizer=opt, k_values=(1, 2, 4), absorption_every=2,
+                                           background=background)
+        for t in range(7):
+            loss = torch.nn.functional.mse_loss(model(x.to(model[0].weight.dtype)).float(), y)
+            loss.backward()
+            opt.step()
+            rec.step(loss=loss.item())
+            opt.zero_grad()
+            if t % 3 == 1:
+                rec.flush()
+        history = rec.history_bytes()
+        rec.close()
+        assert set(rec.cpu_seconds) == {"taken at step()", "change log", "k-step counts", "patch encode",
+                                        "Adam-ratio quantiles and gradient counts", "row write"}
+        assert all(cpu >= 0 for cpu in rec.cpu_seconds.values()) and rec.cpu_seconds["patch encode"] > 0
+        return datasets(out), history
+
+    (background, history), (synchronous, history_sync) = run(True), run(False)
+    assert history == history_sync
+    assert background.keys() == synchronous.keys()
+    assert {"/absorption/step_000006/ratio_counts", "/steps/patch_bytes", "/steps/adam_ratio", "/kstep/sparsity",
+            "/steps/grad_norm", "/steps/grad_sparsity", "/steps/loss"} <= background.keys()
+    for path, values in synchronous.items():
+        np.testing.assert_array_equal(background[path], values, err_msg=path)
+
+
+class _FailingSender:
+    def patch(self, *args, **kwargs):
+        raise MemoryError("no memory for the patch")
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_measurement_error_surfaces_once(tmp_path, background):
+    """An error in a step's measurement is raised once, naming the step, by the call that waits for
+    it: the next step() in the background (or step() itself on background=False); the rows before
+    it are written, the recorder records no more steps, and close() still closes the file."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = tmp_path / "run.h5"
+    rec = pulse.torch.SparsityRecorder(model, out=out, optimizer=opt, background=background)
+
+    def train():
+        model(torch.ones(4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(2):
+        train()
+        rec.step()
+    rec.flush()  # step 2 measured with the recorder's own sender
+    rec.sender = _FailingSender()
+    train()
+    failed = r"^SparsityRecorder: measuring step 3 failed: no memory for the patch$"
+    if background:
+        rec.step()  # step 3, measured in the background
+        train()
+        with pytest.raises(pulse.Error, match=failed):
+            rec.step()
+    else:
+        with pytest.raises(pulse.Error, match=failed):
+            rec.step()
+    with pytest.raises(pulse.Error, match="records no more steps"):
+        rec.step()
+    rec.close()
+    with h5py.File(out, "r") as f:
+        assert f["steps/step"][()].tolist() == [1, 2]
+
+
 @pytest.mark.parametrize("cycle", [False, True])
 def test_recorder_never_closed_stops_its_thread(tmp_path, cycle):
-    """A recorder on threads != 1 measures on a second thread; dropped without close(), its thread
-    ends once the recorder is collected (also when only the cycle collector frees it), and close()
-    ends it at once."""
+    """A recorder measures on a thread of its own (background) and, on threads != 1, a second one
+    beside it; dropped without close(), its threads end once the recorder is collected (also when
+    only the cycle collector frees it: once its last step's measurement, which holds it, is done),
+    and close() ends them at once."""
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def record(out):
         before = set(threading.enumerate())
-        rec = pulse.torch.SparsityRecorder(model, out=out, optimizer=opt, threads=2)
+        rec = pulse.torch.SparsityRecorder(model, out=out, optimizer=opt)
         model(torch.ones(4)).sum().backward()
         opt.step()
         opt.zero_grad()
         rec.step()
+        rec.flush()
         started = [t for t in threading.enumerate() if t not in before]
-        assert len(started) == 1
-        return rec, started[0]
+        assert len(started) == 2
+        return rec, started
 
-    rec, thread = record(tmp_path / "closed.h5")
+    rec, threads = record(tmp_path / "closed.h5")
     rec.close()
-    assert not thread.is_alive()
-    rec, thread = record(tmp_path / "dropped.h5")
+    assert not any(t.is_alive() for t in threads)
+    rec, threads = record(tmp_path / "dropped.h5")
     if cycle:
         rec.itself = rec
     del rec
-    gc.collect()
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    for _ in range(300):
+        gc.collect()
+        for t in threads:
+            t.join(timeout=0.05)
+        if not any(t.is_alive() for t in threads):
+            break
+    assert not any(t.is_alive() for t in threads)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 1000, 200001])
