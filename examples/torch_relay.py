@@ -76,7 +76,7 @@ def trainer(out, steps, lr):
             loss.backward()
             opt.step()
             opt.zero_grad()
-            row = recorder.step(loss=loss.item())
+            recorder.step(loss=loss.item())
             weights = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
             relay.publish(step, weights, previous, anchor_every=10)
             torch.save({"version": step, "weights": weights}, os.path.join(out, "truth.pt.tmp"))

@@ -160,10 +160,10 @@ def _count_magnitude_at_most(x, thresholds, threads=0):
 class _Versions:
     """The last recorded version of the parameters of one element width, as compared (flat, as bits),
     the version now staged beside it, and the change log of each of the last `keep` steps: the
-    positions that changed and their old bits, or the whole old version where that is smaller (most
-    changed). Reverting the newest logs in turn gives the versions 1, 2, ... steps back, so the
-    k-step history costs the changes, not k copies of the model (pulse's C++,
-    python/src/change_logs.hpp, as pulse-measure's src/measure/change_log.hpp). Logging, counting
+    positions that changed and their old bits, block by block, or a block's whole old bits where that
+    is smaller (most changed). Reverting the newest logs in turn gives the versions 1, 2, ... steps
+    back, so the k-step history costs the changes, not k copies of the model (pulse's C++,
+    python/src/change_logs.hpp over src/core/block_change_log.hpp, pulse-measure's log too). Logging, counting
     and encoding only read the versions; the staged version then becomes the recorded one by the
     two buffers trading roles, without a copy."""
 
