@@ -36,19 +36,6 @@ void scatter(const std::byte* values, const std::byte* positions, std::size_t co
     std::memcpy(to + position(positions, c) * sizeof(Word), values + c * sizeof(Word), sizeof(Word));
 }
 
-// Runs f with a Word of element_bytes (1, 2, 4 or 8).
-template <class F>
-void by_width(std::size_t element_bytes, F&& f) {
-  switch (element_bytes) {
-    case 1: return f(std::uint8_t{});
-    case 2: return f(std::uint16_t{});
-    case 4: return f(std::uint32_t{});
-    case 8: return f(std::uint64_t{});
-  }
-  throw_error(__FILE__, __LINE__,
-              "BlockChangeLog: elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
-}
-
 }  // namespace
 
 void BlockChangeLog::clear() {
@@ -73,8 +60,8 @@ void BlockChangeLog::write(const Block& block, const std::vector<Position>& posi
     return;
   }
   std::memcpy(out, positions.data(), positions.size() * sizeof(Position));
-  by_width(element_bytes,
-           [&](auto word) { gather<decltype(word)>(before, positions, out + positions.size() * sizeof(Position)); });
+  with_element_word(element_bytes, "BlockChangeLog",
+                    [&](auto word) { gather<decltype(word)>(before, positions, out + positions.size() * sizeof(Position)); });
 }
 
 const std::vector<Position>& BlockChangeLog::record(const std::byte* now, const std::byte* before, std::size_t m,
@@ -138,7 +125,8 @@ void BlockChangeLog::revert(std::size_t b, std::byte* block, std::size_t m, std:
   }
   const std::byte* positions = entries;
   const std::byte* old = entries + r.count * sizeof(Position);
-  by_width(element_bytes, [&](auto word) { scatter<decltype(word)>(old, positions, r.count, block); });
+  with_element_word(element_bytes, "BlockChangeLog",
+                    [&](auto word) { scatter<decltype(word)>(old, positions, r.count, block); });
 }
 
 }  // namespace pulse

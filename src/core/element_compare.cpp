@@ -86,32 +86,19 @@ std::uint64_t find_changes_of(const std::byte* now, const std::byte* before, std
   return positions.size() - first;
 }
 
-// Runs f with a Word of element_bytes (1, 2, 4 or 8).
-template <class F>
-auto by_width(std::size_t element_bytes, const char* what, F&& f) {
-  switch (element_bytes) {
-    case 1: return f(std::uint8_t{});
-    case 2: return f(std::uint16_t{});
-    case 4: return f(std::uint32_t{});
-    case 8: return f(std::uint64_t{});
-  }
-  throw_error(__FILE__, __LINE__,
-              std::string(what) + ": elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
-}
-
 }  // namespace
 
 std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_t n, std::size_t element_bytes) {
-  return by_width(element_bytes, "count_differing",
-                  [&](auto word) { return count_differing_of<decltype(word)>(a, b, n); });
+  return with_element_word(element_bytes, "count_differing",
+                           [&](auto word) { return count_differing_of<decltype(word)>(a, b, n); });
 }
 
 std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
                            std::vector<std::uint16_t>& positions) {
   PULSE_CHECK(n <= kMaxFindElements,
               "find_changes: " + std::to_string(n) + " elements, more than 16-bit positions hold");
-  return by_width(element_bytes, "find_changes",
-                  [&](auto word) { return find_changes_of<decltype(word)>(now, before, n, positions); });
+  return with_element_word(element_bytes, "find_changes",
+                           [&](auto word) { return find_changes_of<decltype(word)>(now, before, n, positions); });
 }
 
 }  // namespace pulse
