@@ -193,7 +193,7 @@ class _Versions:
     def log(self):
         """Logs the change from the recorded version to the staged one; returns the changed
         elements per parameter."""
-        return self.logs.stage_and_log([None] * len(self.params), self.staging, self.flat, self.ends, self.threads)
+        return self.logs.log(self.staging, self.flat, self.ends, self.threads)
 
     def differing(self, ks):
         """{k: elements of the staged version that differ from the version k steps back} for the k

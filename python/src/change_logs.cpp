@@ -1,7 +1,6 @@
 #include "change_logs.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <string>
 
 #include "coding/parallel.hpp"
@@ -23,12 +22,10 @@ ChangeLogs::ChangeLogs(std::size_t element_bytes, std::size_t keep) : element_by
               "ChangeLogs: elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
 }
 
-std::vector<std::uint64_t> ChangeLogs::stage_and_log(const std::vector<const std::byte*>& sources, std::byte* now,
-                                                     const std::byte* recorded, std::size_t n,
-                                                     const std::vector<std::uint64_t>& ends, unsigned threads) {
+std::vector<std::uint64_t> ChangeLogs::log(const std::byte* now, const std::byte* recorded, std::size_t n,
+                                           const std::vector<std::uint64_t>& ends, unsigned threads) {
   PULSE_CHECK(!ends.empty() && ends.back() == n && std::is_sorted(ends.begin(), ends.end()),
-              "ChangeLogs.stage_and_log: the parameters' ends must ascend to the element count");
-  PULSE_CHECK(sources.size() == ends.size(), "ChangeLogs.stage_and_log: one source per parameter");
+              "ChangeLogs.log: the parameters' ends must ascend to the element count");
   const std::size_t w = element_bytes_, blocks = (n + kBlock - 1) / kBlock;
   // The parameters' parts of block b: (parameter, first element, end), of those with elements there.
   const auto parts = [&](std::size_t b, auto&& f) {
@@ -40,13 +37,10 @@ std::vector<std::uint64_t> ChangeLogs::stage_and_log(const std::vector<const std
       i = end;
     }
   };
-  // Block b's elements of each parameter with a source are copied just before they are compared.
   std::vector<std::vector<std::pair<std::size_t, std::uint64_t>>> counts(blocks);  // (parameter, changed)
   std::vector<std::uint32_t> block_changed(blocks, 0);
   sync::parallel_for(threads, blocks, [&](std::size_t b) {
     parts(b, [&](std::size_t p, std::size_t i, std::size_t end) {
-      const std::size_t begin = p == 0 ? 0 : ends[p - 1];
-      if (sources[p] != nullptr) std::memcpy(now + i * w, sources[p] + (i - begin) * w, (end - i) * w);
       const std::uint64_t c = count_differing(now + i * w, recorded + i * w, end - i, w);
       if (c > 0) counts[b].emplace_back(p, c), block_changed[b] += std::uint32_t(c);
     });

@@ -21,15 +21,11 @@ class ChangeLogs {
   // Logs of elements of element_bytes (1, 2, 4 or 8).
   ChangeLogs(std::size_t element_bytes, std::size_t keep);
 
-  // Copies into now each parameter's elements from its source (one per parameter; null for one
-  // already in now) block by block, each just before it is compared, and logs the change from
-  // recorded to now (n elements each), writing recorded never (so it may run while another reader
-  // holds it): the staging and the comparison in one pass over the version. Returns the changed
-  // elements of each parameter, parameter p being elements [ends[p - 1], ends[p]) (ends
-  // ascending, the last n).
-  std::vector<std::uint64_t> stage_and_log(const std::vector<const std::byte*>& sources, std::byte* now,
-                                           const std::byte* recorded, std::size_t n,
-                                           const std::vector<std::uint64_t>& ends, unsigned threads);
+  // Logs the change from recorded to now (n elements each), reading both only (so it may run
+  // while other readers hold them). Returns the changed elements of each parameter, parameter p
+  // being elements [ends[p - 1], ends[p]) (ends ascending, the last n).
+  std::vector<std::uint64_t> log(const std::byte* now, const std::byte* recorded, std::size_t n,
+                                 const std::vector<std::uint64_t>& ends, unsigned threads);
 
   // {k: elements of latest (the version logged last as now) that differ from the version k
   // steps back} for each k in ks that the logs reach (k <= depth()).

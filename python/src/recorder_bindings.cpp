@@ -58,29 +58,13 @@ class PyChangeLogs {
   PyChangeLogs(std::size_t element_bytes, std::size_t keep)
       : element_bytes_(element_bytes), logs_(std::make_unique<ChangeLogs>(element_bytes, keep)) {}
 
-  // sources: per parameter, a buffer of its elements, or None for one already in now.
-  std::vector<std::uint64_t> stage_and_log(const py::list& sources, const py::buffer& now, const py::buffer& recorded,
-                                           const std::vector<std::uint64_t>& ends, unsigned threads) {
-    const auto [now_data, n] = flat_buffer(now, element_bytes_, true, "ChangeLogs.stage_and_log now");
-    const auto [recorded_data, m] = flat_buffer(recorded, element_bytes_, false, "ChangeLogs.stage_and_log recorded");
-    PULSE_CHECK(n == m, "ChangeLogs.stage_and_log: now holds " + std::to_string(n) + " elements, recorded " +
-                            std::to_string(m));
-    PULSE_CHECK(sources.size() == ends.size(), "ChangeLogs.stage_and_log: one source per parameter");
-    std::vector<const std::byte*> from;
-    for (std::size_t p = 0; p < sources.size(); ++p) {
-      if (sources[p].is_none()) {
-        from.push_back(nullptr);
-        continue;
-      }
-      const auto [data, count] = flat_buffer(sources[p].cast<py::buffer>(), element_bytes_, false,
-                                             "ChangeLogs.stage_and_log source");
-      PULSE_CHECK(count == ends[p] - (p == 0 ? 0 : ends[p - 1]),
-                  "ChangeLogs.stage_and_log: source " + std::to_string(p) + " holds " + std::to_string(count) +
-                      " elements, not its parameter's");
-      from.push_back(data);
-    }
+  std::vector<std::uint64_t> log(const py::buffer& now, const py::buffer& recorded, const std::vector<std::uint64_t>& ends,
+                                 unsigned threads) {
+    const auto [now_data, n] = flat_buffer(now, element_bytes_, false, "ChangeLogs.log now");
+    const auto [recorded_data, m] = flat_buffer(recorded, element_bytes_, false, "ChangeLogs.log recorded");
+    PULSE_CHECK(n == m, "ChangeLogs.log: now holds " + std::to_string(n) + " elements, recorded " + std::to_string(m));
     py::gil_scoped_release release;
-    return logs_->stage_and_log(from, now_data, recorded_data, n, ends, threads);
+    return logs_->log(now_data, recorded_data, n, ends, threads);
   }
 
   std::map<std::size_t, std::uint64_t> differing(const py::buffer& latest, const std::vector<std::size_t>& ks,
@@ -103,8 +87,7 @@ class PyChangeLogs {
 void bind_recorder(py::module_& m) {
   py::class_<PyChangeLogs>(m, "ChangeLogs")
       .def(py::init<std::size_t, std::size_t>(), py::arg("element_bytes"), py::arg("keep"))
-      .def("stage_and_log", &PyChangeLogs::stage_and_log, py::arg("sources"), py::arg("now"), py::arg("recorded"),
-           py::arg("ends"), py::arg("threads"))
+      .def("log", &PyChangeLogs::log, py::arg("now"), py::arg("recorded"), py::arg("ends"), py::arg("threads"))
       .def("differing", &PyChangeLogs::differing, py::arg("latest"), py::arg("ks"), py::arg("threads"))
       .def_property_readonly("depth", &PyChangeLogs::depth)
       .def("bytes", &PyChangeLogs::bytes);

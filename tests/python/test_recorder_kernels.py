@@ -120,7 +120,7 @@ def next_version(rng, history, step):
 
 @pytest.mark.parametrize("width", [1, 2, 4, 8])
 def test_change_logs_against_kept_copies(width):
-    """stage_and_log's per-parameter changed counts (with the version in place, and copied in from sources),
+    """log's per-parameter changed counts (reading both versions, writing neither),
     differing's k-step counts and the logs' bytes against every version kept as a copy, over
     parameters that start and end inside the C++'s blocks (one empty), sparse and whole logs, and
     versions that return to earlier ones; at 1, 2, 3 threads."""
@@ -139,19 +139,10 @@ def test_change_logs_against_kept_copies(width):
         expected_differing = {k: int((now != history[-1 - k]).sum()) for k in ks if k <= min(step, keep)}
         for threads, (log, rec) in enumerate(zip(logs, recorded), start=1):
             before = rec.copy()
-            if threads == 2:  # staged by the log's pass: parameters 0, 2, 4 from sources, the others before
-                staging = np.full_like(now, 7)
-                sources = [now[a:b].copy() if p % 2 == 0 else None for p, (a, b) in enumerate(zip([0] + ends[:-1], ends))]
-                for p, (a, b) in enumerate(zip([0] + ends[:-1], ends)):
-                    if sources[p] is None:
-                        staging[a:b] = now[a:b]
-                assert log.stage_and_log(sources, staging, rec, ends, threads) == expected_changed
-                np.testing.assert_array_equal(staging, now)
-            else:
-                staged = now.copy()
-                assert log.stage_and_log([None] * len(ends), staged, rec, ends, threads) == expected_changed
-                np.testing.assert_array_equal(staged, now)
-            np.testing.assert_array_equal(rec, before)  # read, not written
+            staged = now.copy()
+            assert log.log(staged, rec, ends, threads) == expected_changed
+            np.testing.assert_array_equal(staged, now)  # read, not written
+            np.testing.assert_array_equal(rec, before)
             assert log.differing(now, ks, threads) == expected_differing
             assert log.depth == min(step, keep)
             rec[:] = now
@@ -165,15 +156,11 @@ def test_change_logs_refuse_what_does_not_fit():
     log = _pulse.ChangeLogs(2, 3)
     a, b = np.zeros(10, np.int16), np.zeros(11, np.int16)
     with pytest.raises(pulse.Error, match="elements"):
-        log.stage_and_log([None], a, b, [10], 1)
+        log.log(a, b, [10], 1)
     with pytest.raises(pulse.Error, match="ends"):
-        log.stage_and_log([None, None], a, a.copy(), [4, 9], 1)
-    with pytest.raises(pulse.Error, match="one source per parameter"):
-        log.stage_and_log([None], a, a.copy(), [4, 10], 1)
-    with pytest.raises(pulse.Error, match="not its parameter's"):
-        log.stage_and_log([np.zeros(5, np.int16), None], a, a.copy(), [4, 10], 1)
+        log.log(a, a.copy(), [4, 9], 1)
     with pytest.raises(pulse.Error, match="2-byte"):
-        log.stage_and_log([None], a.astype(np.int32), a.astype(np.int32), [10], 1)
+        log.log(a.astype(np.int32), a.astype(np.int32), [10], 1)
     with pytest.raises(pulse.Error, match="elements of 1, 2, 4 or 8 bytes"):
         _pulse.ChangeLogs(3, 3)
 
