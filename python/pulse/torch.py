@@ -376,10 +376,6 @@ class SparsityRecorder:
             out.append((s["exp_avg"], s["exp_avg_sq"], float(s["step"]), groups[id(p)]))
         return out
 
-    def adam_ratio(self, adam):
-        """Quantiles of |m_hat| / (sqrt(v_hat) + eps) over every parameter, selected, not sorted."""
-        return quantiles(self._adam_ratios(adam), ADAM_QUANTILES, self.threads)
-
     def _adam_ratios(self, adam):
         """|m_hat| / (sqrt(v_hat) + eps) of every parameter in one host buffer kept between steps
         (FP32, by pulse's C++ for FP32 and BF16 moments on the host, by torch where the state lives
@@ -578,10 +574,8 @@ class SparsityRecorder:
         return differ
 
     def _cpu(self, part, since):
-        """Adds this thread's CPU time since `since` to cpu_seconds[part]; returns the time now."""
-        now = time.thread_time()
-        self.cpu_seconds[part] += now - since
-        return now
+        """Adds this thread's CPU time since `since` to cpu_seconds[part]."""
+        self.cpu_seconds[part] += time.thread_time() - since
 
     def _write_absorption(self, ratio_counts, weight_counts, absorbed):
         schema = _schema()
