@@ -2,7 +2,7 @@
 by pulse: encode/apply of a Llama-like folder (BF16, F16, F32) to a target with 1% one-ulp
 changes, a metadata change, an added tensor, a changed config.json and 2 -> 3 shards; publish and
 pull; bad folders refused in one line with nothing written; a corrupt patch, a failing swap (strace
-fault injection), a full disk and killed appliers leave the old folder byte for byte, both for
+fault injection), a full disk (a write past the limit, or the preallocation refused) and killed appliers leave the old folder byte for byte, both for
 that patch (applied by loading the base) and for one that keeps the layout (streamed shard by
 shard: the result is the target's files byte for byte); in place, a shard the patch leaves as it is
 is the old file, hard-linked (same inode, one link after), -o copies it.
@@ -200,9 +200,9 @@ def have_strace():
     return True
 
 
-def strace(*inject):
-    """The command prefix that runs an apply under strace with these -e inject= rules on its renames."""
-    return ["strace", "-f", "-qq", "-e", "trace=renameat,renameat2", *sum((["-e", i] for i in inject), [])]
+def strace(*inject, calls="renameat,renameat2"):
+    """The command prefix that runs an apply under strace with these -e inject= rules on calls."""
+    return ["strace", "-f", "-qq", "-o", os.devnull, "-e", f"trace={calls}", *sum((["-e", i] for i in inject), [])]
 
 
 def failures_leave_old(app, p, target_digest, patch="f.pulse", target="target"):
@@ -303,6 +303,19 @@ def streamed(app, p):
         expect(r.returncode == 0 and snapshot(folder) == snapshot(p("target_kept")) and "wrote the folder" in r.stdout,
                f"streamed folder apply {args[0]}: {r.stdout}{r.stderr}")
         expect(not leftovers(os.path.dirname(folder)), f"no leftovers: {leftovers(os.path.dirname(folder))}")
+    # A full disk found when the streamed apply preallocates a shard (sync/file_apply.cpp): one
+    # line that says so, before any byte is written, and every folder as it was.
+    if have_strace():
+        shutil.copytree(p("base"), p("full_work"))
+        before = snapshot(p("full_work"))
+        for args, folder in ((["--in-place", p("full_work")], p("full_work")),
+                             (["--base", p("base"), "-o", p("full_out")], p("full_out"))):
+            r = run(app, "apply", *args, "--patch", p("kept.pulse"),
+                    prefix=strace("inject=fallocate:error=ENOSPC", calls="fallocate"))
+            expect(one_line_error(r) and "no space" in r.stderr and not leftovers(os.path.dirname(folder)),
+                   f"a full disk at the preallocation {args[0]}: rc={r.returncode} {r.stderr[-300:]}")
+        expect(snapshot(p("full_work")) == before and not os.path.exists(p("full_out")),
+               "a full disk at the preallocation leaves the old folder and writes no new one")
     # As for the patch loaded whole: no folder without a model replaced, no other model patched.
     r = run(app, "apply", "--base", p("base"), "--patch", p("kept.pulse"), "-o", p("home"))
     expect(one_line_error(r) and "refusing" in r.stderr and snapshot(p("home")) == {"notes.txt": b"mine"},
