@@ -50,6 +50,11 @@ def test_quantiles_of_nothing_or_nan_are_nan():
     x[37] = np.nan
     assert all(np.isnan(_pulse.quantiles(x, QS, 2)))
     assert np.isnan(np.quantile(x, QS)).all()  # numpy's answer
+    for at in (0, 255, 256, 1000):  # a NaN of either sign first, last, at the ends of a run of values
+        for sign in (1, -1):
+            y = np.arange(1001, dtype=np.float32)
+            y[at] = sign * np.nan
+            assert all(np.isnan(_pulse.quantiles(y, QS, 1))), (at, sign)
     with pytest.raises(pulse.Error, match="not in"):
         _pulse.quantiles(x, [1.5], 1)
     with pytest.raises(pulse.Error, match="contiguous 1-D"):
