@@ -41,6 +41,7 @@ class ChangeLogs {
  private:
   std::size_t element_bytes_, keep_;
   std::deque<BlockChangeLog> logs_;  // oldest first
+  std::vector<std::vector<std::uint16_t>> found_;  // log's positions of the changes, per block (kept: no allocation each step)
 };
 
 }  // namespace pulse::python
