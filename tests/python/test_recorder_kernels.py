@@ -107,6 +107,20 @@ def test_count_magnitude_at_most_is_numpys_count():
         assert _pulse.count_magnitude_at_most(g, thresholds, threads) == expected
 
 
+def test_bf16_to_fp32_is_torchs_widening():
+    """BF16 bits widened to FP32 as torch's .float() widens them, bit for bit: every 16-bit
+    pattern (zeros, subnormals, infinities, NaNs of either sign)."""
+    bits = np.arange(-32768, 32768, dtype=np.int16)
+    out = np.full(bits.size, np.nan, np.float32)
+    _pulse.bf16_to_fp32(bits, out)
+    expected = torch.from_numpy(bits).view(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(out.view(np.int32), expected.view(np.int32))
+    with pytest.raises(pulse.Error, match="65536 values into 3"):
+        _pulse.bf16_to_fp32(bits, np.zeros(3, np.float32))
+    with pytest.raises(pulse.Error, match="contiguous 1-D"):
+        _pulse.bf16_to_fp32(bits.astype(np.int32), out)
+
+
 def next_version(rng, history, step):
     """The next version: a few changes, most elements changed, none, or back to an earlier one."""
     now = history[-1].copy()
