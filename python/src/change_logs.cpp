@@ -46,7 +46,8 @@ std::vector<std::uint64_t> ChangeLogs::log(const std::byte* now, const std::byte
     const std::size_t lo = b * kBlock;
     std::vector<std::uint16_t>& found = found_[b];
     found.clear();
-    block_changed[b] = std::uint32_t(find_changes(now + lo * w, recorded + lo * w, std::min(n, lo + kBlock) - lo, w, found));
+    const std::size_t m = std::min(n, lo + kBlock) - lo;
+    block_changed[b] = std::uint32_t(find_changes(now + lo * w, recorded + lo * w, m, w, found));
     auto first = found.begin();
     parts(b, [&](std::size_t p, std::size_t, std::size_t end) {
       const auto last = std::lower_bound(first, found.end(), end - lo);  // the changes before the part's end

@@ -41,7 +41,8 @@ class ChangeLogs {
  private:
   std::size_t element_bytes_, keep_;
   std::deque<BlockChangeLog> logs_;  // oldest first
-  std::vector<std::vector<std::uint16_t>> found_;  // log's positions of the changes, per block (kept: no allocation each step)
+  // The last log's changed positions, per block (kept between steps: no allocation each step).
+  std::vector<std::vector<std::uint16_t>> found_;
 };
 
 }  // namespace pulse::python
