@@ -182,10 +182,15 @@ class _Versions:
         self.threads = threads
 
     def stage(self, tensors):
-        """Casts the parameters into staging (each on its device first: only the cast crosses to
-        the host)."""
-        for (_, name, _, dtype, _), p in zip(self.params, tensors):
+        """Copies the parameters as compared into staging: a host parameter stored as compared by
+        its bits (numpy's copy, on this thread: torch's threads wait on each other while the
+        recorder's background thread holds a core), another by torch's cast (each on its device
+        first: only the cast crosses to the host)."""
+        for (_, name, _, dtype, _), p, begin, end in zip(self.params, tensors, [0] + self.ends, self.ends):
             src = p.detach().reshape(-1)
+            if src.device.type == "cpu" and src.dtype == dtype:
+                np.copyto(self.staging[begin:end], src.view(_TORCH_BITS[self.staging.itemsize]).numpy())
+                continue
             if src.device.type != "cpu":
                 src = src.to(dtype)
             self.views[name][1].view(-1).copy_(src)
@@ -416,7 +421,8 @@ class SparsityRecorder:
         return torch.cat(ws), torch.cat(us)
 
     def _gradient(self, grads):
-        """The gradients as one FP32 tensor: on the host, in a buffer kept between steps."""
+        """The gradients as one FP32 tensor: on the host, in a buffer kept between steps (FP32 and
+        BF16 ones copied on this thread, as stage() copies)."""
         if any(g.device.type != "cpu" for g in grads):
             return torch.cat(grads).float()
         n = sum(g.numel() for g in grads)
@@ -424,8 +430,14 @@ class SparsityRecorder:
             self._grads = torch.empty(n, dtype=torch.float32)
         offset = 0
         for g in grads:
-            self._grads[offset:offset + g.numel()].copy_(g)
+            out = self._grads[offset:offset + g.numel()]
             offset += g.numel()
+            if g.dtype == torch.float32:
+                np.copyto(out.numpy(), g.numpy())
+            elif g.dtype == torch.bfloat16:
+                _pulse.bf16_to_fp32(g.view(torch.int16).numpy(), out.numpy())
+            else:
+                out.copy_(g)
         return self._grads
 
     def history_bytes(self):

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "coding/parallel.hpp"
 
@@ -11,13 +10,6 @@ namespace pulse::python {
 namespace {
 
 constexpr std::size_t kChunk = std::size_t(1) << 16;  // elements per task
-
-float bf16_to_float(std::uint16_t bits) {
-  const std::uint32_t wide = std::uint32_t(bits) << 16;
-  float x;
-  std::memcpy(&x, &wide, sizeof(x));
-  return x;
-}
 
 template <class Element, class Load>
 void ratios(const AdamMoments& a, std::size_t begin, std::size_t end, Load load) {

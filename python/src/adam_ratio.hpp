@@ -4,9 +4,19 @@
 // FP32 in the order torch computes it (pulse.torch's recorder wrote it with torch before): the
 // same bits, in one pass instead of six, on threads.
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace pulse::python {
+
+// A BF16 value (its bits) as FP32: exact, the top half of the FP32 bits, as torch widens it.
+inline float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t wide = std::uint32_t(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, sizeof(x));
+  return x;
+}
 
 // One parameter's moments: n elements each, FP32 or (bf16) BF16 bits, and its ratios' place.
 struct AdamMoments {

@@ -37,12 +37,22 @@ std::vector<std::uint64_t> ChangeLogs::log(const std::byte* now, const std::byte
       i = end;
     }
   };
+  // One compare per block: the positions of its changes, which count them per parameter and
+  // then fill the log.
+  found_.resize(blocks);
   std::vector<std::vector<std::pair<std::size_t, std::uint64_t>>> counts(blocks);  // (parameter, changed)
   std::vector<std::uint32_t> block_changed(blocks, 0);
   sync::parallel_for(threads, blocks, [&](std::size_t b) {
-    parts(b, [&](std::size_t p, std::size_t i, std::size_t end) {
-      const std::uint64_t c = count_differing(now + i * w, recorded + i * w, end - i, w);
-      if (c > 0) counts[b].emplace_back(p, c), block_changed[b] += std::uint32_t(c);
+    const std::size_t lo = b * kBlock;
+    std::vector<std::uint16_t>& found = found_[b];
+    found.clear();
+    const std::size_t m = std::min(n, lo + kBlock) - lo;
+    block_changed[b] = std::uint32_t(find_changes(now + lo * w, recorded + lo * w, m, w, found));
+    auto first = found.begin();
+    parts(b, [&](std::size_t p, std::size_t, std::size_t end) {
+      const auto last = std::lower_bound(first, found.end(), end - lo);  // the changes before the part's end
+      if (last != first) counts[b].emplace_back(p, std::uint64_t(last - first));
+      first = last;
     });
   });
   std::vector<std::uint64_t> changed(ends.size(), 0);
@@ -55,7 +65,7 @@ std::vector<std::uint64_t> ChangeLogs::log(const std::byte* now, const std::byte
   log.lay_out(block_changed, n, kBlock, w);
   sync::parallel_for(threads, blocks, [&](std::size_t b) {
     const std::size_t lo = b * kBlock;
-    log.fill(b, now + lo * w, recorded + lo * w, std::min(n, lo + kBlock) - lo, w);
+    log.fill(b, found_[b], recorded + lo * w, std::min(n, lo + kBlock) - lo, w);
   });
   logs_.push_back(std::move(log));
   return changed;

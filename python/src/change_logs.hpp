@@ -41,6 +41,8 @@ class ChangeLogs {
  private:
   std::size_t element_bytes_, keep_;
   std::deque<BlockChangeLog> logs_;  // oldest first
+  // The last log's changed positions, per block (kept between steps: no allocation each step).
+  std::vector<std::vector<std::uint16_t>> found_;
 };
 
 }  // namespace pulse::python

@@ -16,14 +16,20 @@ namespace {
 
 constexpr std::size_t kBins = std::size_t(1) << 16;
 constexpr std::size_t kKeep = 8;                   // chosen bins compared with a value at once
+constexpr std::size_t kRun = 256;                  // values keyed at once in the first pass
+constexpr std::size_t kTables = 4;                 // histograms the first pass counts into in turn
 constexpr std::uint32_t kNoBin = 0xFFFFFFFFu;      // pads the chosen bins: no key's top 16 bits
 
 // The bits of x as an unsigned number in the order of the values (negatives reversed below
 // the positives); NaN is caught before.
+std::uint32_t order_key_of_bits(std::uint32_t bits) {
+  return bits ^ (std::uint32_t(std::int32_t(bits) >> 31) | 0x80000000u);  // branch-free: vectorises
+}
+
 std::uint32_t order_key(float x) {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof(bits));
-  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+  return order_key_of_bits(bits);
 }
 
 float from_key(std::uint32_t key) {
@@ -52,24 +58,37 @@ std::vector<double> radix_quantiles(const float* values, std::size_t n, const st
   const std::vector<std::size_t> bounds = task_bounds(n, threads);
   const std::size_t tasks = bounds.size() - 1;
 
-  // Pass 1: the values per top 16 bits of their key, and whether any is NaN.
+  // Pass 1: the values per top 16 bits of their key, and whether any is NaN. A run of values is
+  // keyed at once (vectorised), then counted into kTables histograms in turn: values close in
+  // magnitude share a bin, and increments of one counter would each wait for the last.
   std::vector<std::vector<std::uint32_t>> top(tasks);
   std::vector<char> any_nan(tasks, 0);
   sync::parallel_for(threads, tasks, [&](std::size_t t) {
-    top[t].assign(kBins, 0);
+    top[t].assign(kTables * kBins, 0);
     std::uint32_t* counts = top[t].data();
-    bool nan_seen = false;
-    for (std::size_t i = bounds[t]; i < bounds[t + 1]; ++i) {
-      nan_seen |= std::isnan(values[i]);
-      ++counts[order_key(values[i]) >> 16];
+    std::uint32_t nan_seen = 0;
+    std::uint16_t bins[kRun];
+    for (std::size_t i = bounds[t]; i < bounds[t + 1]; i += kRun) {
+      const std::size_t lanes = std::min(kRun, bounds[t + 1] - i);
+      for (std::size_t l = 0; l < lanes; ++l) {
+        std::uint32_t bits;
+        std::memcpy(&bits, values + i + l, sizeof(bits));
+        nan_seen |= std::uint32_t((bits & 0x7FFFFFFFu) > 0x7F800000u);  // NaN: all exponent bits and a mantissa bit
+        bins[l] = std::uint16_t(order_key_of_bits(bits) >> 16);
+      }
+      std::size_t l = 0;
+      for (; l + kTables <= lanes; l += kTables)
+        for (std::size_t k = 0; k < kTables; ++k) ++counts[k * kBins + bins[l + k]];
+      for (; l < lanes; ++l) ++counts[bins[l]];
     }
-    any_nan[t] = nan_seen;
+    any_nan[t] = nan_seen != 0;
   });
   if (std::count(any_nan.begin(), any_nan.end(), 1) > 0) return std::vector<double>(qs.size(), nan);
   std::vector<std::uint64_t> below(kBins + 1, 0);  // below[b]: the values in bins under b
   for (std::size_t b = 0; b < kBins; ++b) {
     std::uint64_t count = 0;
-    for (std::size_t t = 0; t < tasks; ++t) count += top[t][b];
+    for (std::size_t t = 0; t < tasks; ++t)
+      for (std::size_t k = 0; k < kTables; ++k) count += top[t][k * kBins + b];
     below[b + 1] = below[b] + count;
   }
 

@@ -107,6 +107,20 @@ void bind_recorder(py::module_& m) {
         return count_magnitude_at_most(reinterpret_cast<const float*>(data), n, thresholds, threads);
       },
       py::arg("values"), py::arg("thresholds"), py::arg("threads"));
+  // The recorder's copy of a BF16 gradient as FP32, on the calling thread (not torch's: its
+  // threads wait on each other while the recorder's background thread holds a core).
+  m.def(
+      "bf16_to_fp32",
+      [](const py::buffer& bits, const py::buffer& out) {
+        const auto [from, n] = flat_buffer(bits, sizeof(std::uint16_t), false, "bf16_to_fp32 bits");
+        const auto [to, m] = flat_buffer(out, sizeof(float), true, "bf16_to_fp32 out");
+        PULSE_CHECK(n == m, "bf16_to_fp32: " + std::to_string(n) + " values into " + std::to_string(m));
+        py::gil_scoped_release release;
+        const auto* in = reinterpret_cast<const std::uint16_t*>(from);
+        auto* wide = reinterpret_cast<float*>(to);
+        for (std::size_t i = 0; i < n; ++i) wide[i] = bf16_to_float(in[i]);
+      },
+      py::arg("bits"), py::arg("out"));
   // moments: [(m, v, out, bf16, 1 - beta1^t, 1 - beta2^t, eps)], m and v FP32 or BF16 bits (16-bit integers).
   m.def(
       "adam_ratios",

@@ -93,14 +93,12 @@ void BlockChangeLog::lay_out(const std::vector<std::uint32_t>& changed, std::siz
   entries_.resize(at);
 }
 
-void BlockChangeLog::fill(std::size_t b, const std::byte* now, const std::byte* before, std::size_t m,
+void BlockChangeLog::fill(std::size_t b, const std::vector<Position>& positions, const std::byte* before, std::size_t m,
                           std::size_t element_bytes) {
-  thread_local std::vector<Position> positions;
   const Block& block = blocks_.at(b);
-  positions.clear();
-  if (!block.whole)
-    PULSE_CHECK(find_changes(now, before, m, element_bytes, positions) == block.count,
-                "BlockChangeLog.fill: block " + std::to_string(b) + " differs from its count");
+  PULSE_CHECK(positions.size() == block.count,
+              "BlockChangeLog.fill: block " + std::to_string(b) + " has " + std::to_string(positions.size()) +
+                  " changed positions, its count is " + std::to_string(block.count));
   write(block, positions, before, m, element_bytes);
 }
 

@@ -8,8 +8,8 @@
 // (python/src/change_logs.hpp) are logs of this kind.
 //
 // A log is written in one of two ways: block after block (record), or laid out for all blocks at
-// once from their counts of changes and then filled block by block in any order, from several
-// threads (lay_out, fill). Elements are of 1, 2, 4 or 8 bytes, one width per block.
+// once from their counts of changes and then filled block by block from the positions found, in
+// any order, from several threads (lay_out, fill). Elements are of 1, 2, 4 or 8 bytes, one width per block.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -32,9 +32,11 @@ class BlockChangeLog {
   void lay_out(const std::vector<std::uint32_t>& changed, std::size_t n, std::size_t block_elements,
                std::size_t element_bytes);
 
-  // Writes block b of the layout: its m elements at now and before, which differ in changed[b]
-  // of them (checked). Blocks are filled once each, in any order, several at once.
-  void fill(std::size_t b, const std::byte* now, const std::byte* before, std::size_t m, std::size_t element_bytes);
+  // Writes block b of the layout: the positions of its changed elements (increasing, as
+  // find_changes of core/element_compare.hpp gives them; changed[b] of them, checked) and the old
+  // bits of its m elements at before. Blocks are filled once each, in any order, several at once.
+  void fill(std::size_t b, const std::vector<std::uint16_t>& positions, const std::byte* before, std::size_t m,
+            std::size_t element_bytes);
 
   // Turns block b of the newer version (its m elements at block) into the older one's.
   void revert(std::size_t b, std::byte* block, std::size_t m, std::size_t element_bytes) const;

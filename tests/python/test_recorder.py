@@ -56,7 +56,8 @@ def test_recorder_matches_direct_recomputation(tmp_path, precision):
     names = [n for n, _ in model.named_parameters()]
     bf16 = lambda: {n: p.detach().to(torch.bfloat16, copy=True) for n, p in model.named_parameters()}
     history = [bf16()]
-    expected = {"changed": [], "tensor_changed": [], "kstep": [], "patch_bytes": [], "adam": [], "absorption": {}}
+    expected = {"changed": [], "tensor_changed": [], "kstep": [], "patch_bytes": [], "adam": [], "absorption": {},
+                "grad_norm": [], "grad_sparsity": []}
     steps = 12
     for t in range(1, steps + 1):
         before = {n: p.detach().float().clone() for n, p in model.named_parameters()}
@@ -64,6 +65,10 @@ def test_recorder_matches_direct_recomputation(tmp_path, precision):
         loss.backward()
         opt.step()
         rec.step(loss=loss.item())
+        g = np.concatenate([p.grad.float().numpy().ravel() for p in model.parameters()])  # widened by torch
+        expected["grad_norm"].append(np.linalg.norm(g.astype(np.float64)))
+        expected["grad_sparsity"].append([int((np.abs(g) <= np.float32(th)).sum()) / g.size
+                                          for th in pulse.torch.GRAD_THRESHOLDS])
         opt.zero_grad()
         now = bf16()
         per = [int((now[n].view(torch.int16) != history[-1][n].view(torch.int16)).sum()) for n in names]
@@ -95,6 +100,8 @@ def test_recorder_matches_direct_recomputation(tmp_path, precision):
         np.testing.assert_allclose(f["kstep/sparsity"][()], np.array(expected["kstep"]), rtol=0, atol=1e-12)
         assert list(s["patch_bytes"][()]) == expected["patch_bytes"]
         np.testing.assert_allclose(s["adam_ratio"][()], np.array(expected["adam"]), rtol=1e-5)
+        np.testing.assert_allclose(s["grad_norm"][()], expected["grad_norm"], rtol=1e-6)
+        assert s["grad_sparsity"][()].tolist() == expected["grad_sparsity"]
         assert [s.decode() if isinstance(s, bytes) else s for s in s["tensor_changed"].attrs["tensor_names"]] == names
         if precision == "mixed":
             groups = sorted(f["absorption"])

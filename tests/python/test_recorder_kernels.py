@@ -50,6 +50,11 @@ def test_quantiles_of_nothing_or_nan_are_nan():
     x[37] = np.nan
     assert all(np.isnan(_pulse.quantiles(x, QS, 2)))
     assert np.isnan(np.quantile(x, QS)).all()  # numpy's answer
+    for at in (0, 255, 256, 1000):  # a NaN of either sign first, last, at the ends of a run of values
+        for sign in (1, -1):
+            y = np.arange(1001, dtype=np.float32)
+            y[at] = sign * np.nan
+            assert all(np.isnan(_pulse.quantiles(y, QS, 1))), (at, sign)
     with pytest.raises(pulse.Error, match="not in"):
         _pulse.quantiles(x, [1.5], 1)
     with pytest.raises(pulse.Error, match="contiguous 1-D"):
@@ -100,6 +105,20 @@ def test_count_magnitude_at_most_is_numpys_count():
         expected = [int((np.abs(g) <= np.float32(t)).sum()) for t in thresholds]
     for threads in (1, 2, 3):
         assert _pulse.count_magnitude_at_most(g, thresholds, threads) == expected
+
+
+def test_bf16_to_fp32_is_torchs_widening():
+    """BF16 bits widened to FP32 as torch's .float() widens them, bit for bit: every 16-bit
+    pattern (zeros, subnormals, infinities, NaNs of either sign)."""
+    bits = np.arange(-32768, 32768, dtype=np.int16)
+    out = np.full(bits.size, np.nan, np.float32)
+    _pulse.bf16_to_fp32(bits, out)
+    expected = torch.from_numpy(bits).view(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(out.view(np.int32), expected.view(np.int32))
+    with pytest.raises(pulse.Error, match="65536 values into 3"):
+        _pulse.bf16_to_fp32(bits, np.zeros(3, np.float32))
+    with pytest.raises(pulse.Error, match="contiguous 1-D"):
+        _pulse.bf16_to_fp32(bits.astype(np.int32), out)
 
 
 def next_version(rng, history, step):
