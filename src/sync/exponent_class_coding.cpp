@@ -108,20 +108,29 @@ struct HotClasses {
 
 // The classes that hold at least 1/128 of a sample of the tensor (an element in every other
 // block), most common first; none when they cover less than 3/4 of it: the elements of other
-// classes would cost more one by one than the blocks save.
-HotClasses hot_classes(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask) {
+// classes would cost more one by one than the blocks save. The decoder samples 4,096 elements;
+// the encoder's ranker, made per tensor for every patch of a small model, 1,024 (its choice
+// only decides the speed of its pass: the ranks are the same).
+constexpr std::uint64_t kDecoderSamples = 4096, kRankerSamples = 1024;
+
+HotClasses hot_classes(const std::byte* data, std::uint64_t n, unsigned shift, unsigned class_mask,
+                       std::uint64_t most_samples) {
   HotClasses hot;
   if (n < kBlock) return hot;
-  const std::uint64_t samples = std::min<std::uint64_t>(n, 4096);
+  const std::uint64_t samples = std::min<std::uint64_t>(n, most_samples);
   std::uint32_t sampled[kMaxClasses] = {};
   for (std::uint64_t s = 0; s < samples; ++s) ++sampled[(load<std::uint16_t>(data, s * (n / samples)) >> shift) & class_mask];
-  unsigned by_count[kMaxClasses];
-  for (unsigned k = 0; k < kMaxClasses; ++k) by_count[k] = k;
-  std::partial_sort(by_count, by_count + kMaxHot, by_count + kMaxClasses,
-                    [&](unsigned x, unsigned y) { return sampled[x] > sampled[y]; });
+  // The kMaxHot most common, by insertion (a partial sort of all classes cost as much as the sample).
+  unsigned top[kMaxHot], num_top = 0;
+  for (unsigned k = 0; k <= class_mask; ++k) {
+    if (sampled[k] == 0 || (num_top == kMaxHot && sampled[k] <= sampled[top[kMaxHot - 1]])) continue;
+    unsigned at = num_top < kMaxHot ? num_top++ : kMaxHot - 1;
+    for (; at > 0 && sampled[top[at - 1]] < sampled[k]; --at) top[at] = top[at - 1];
+    top[at] = k;
+  }
   std::uint64_t covered = 0;
-  for (; hot.count < kMaxHot && 128 * sampled[by_count[hot.count]] >= samples; ++hot.count) {
-    hot.k[hot.count] = by_count[hot.count];
+  for (; hot.count < num_top && 128 * sampled[top[hot.count]] >= samples; ++hot.count) {
+    hot.k[hot.count] = top[hot.count];
     covered += sampled[hot.k[hot.count]];
   }
   if (4 * covered < 3 * samples) hot.count = 0;
@@ -372,7 +381,7 @@ std::uint64_t locate_changes(const SparseFormat& f, const std::byte* data, std::
   };
 #if defined(__AVX2__)
   HotClasses hot;
-  if constexpr (sizeof(T) == 2) hot = hot_classes(data, n, shift, mask);
+  if constexpr (sizeof(T) == 2) hot = hot_classes(data, n, shift, mask, kDecoderSamples);
 #endif
   // In chunks, so that `passed` finds each chunk's elements in cache.
   for (std::uint64_t begin = 0; begin < n;) {
@@ -401,7 +410,7 @@ ExponentClassRanker::ExponentClassRanker(const SparseFormat& format, const std::
     : format_(format), data_(old_data), counts_(kLanes * kMaxClasses, 0) {
 #if defined(__AVX2__)
   if (format.bytes == 2) {
-    const HotClasses hot = hot_classes(old_data, n, format.mantissa_bits, format.classes() - 1);
+    const HotClasses hot = hot_classes(old_data, n, format.mantissa_bits, format.classes() - 1, kRankerSamples);
     hot_.assign(hot.k, hot.k + hot.count);
   }
 #else
@@ -446,7 +455,7 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks
   coded_ = true;
   const unsigned classes = f.classes();
   // The changes in class-major order, as the streams code them; within a class in index order.
-  std::vector<std::uint64_t> per_class(classes, 0), first(classes, 0);
+  std::uint64_t per_class[kMaxClasses] = {}, first[kMaxClasses] = {};  // on the stack: one tensor's call each
   for (std::size_t j = 0; j < count; ++j) ++per_class[f.exponent_class(old_bits[j])];
   for (unsigned k = 1; k < classes; ++k) first[k] = first[k - 1] + per_class[k - 1];
   // Each change's gap after its class's previous change and its key difference go straight to
@@ -455,7 +464,8 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks
   thread_local std::vector<std::int64_t> steps;
   gaps.resize(count);
   steps.resize(count);
-  std::vector<std::uint64_t> at = first, next_rank(classes, 0);
+  std::uint64_t at[kMaxClasses], next_rank[kMaxClasses] = {};
+  std::copy(first, first + classes, at);
   for (std::size_t j = 0; j < count; ++j) {
     const unsigned k = f.exponent_class(old_bits[j]);
     gaps[at[k]] = ranks[j] - next_rank[k];

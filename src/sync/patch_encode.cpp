@@ -461,6 +461,10 @@ PatchContent content_of_listed(const std::vector<TensorRef>& base,
     const index_t* first = std::lower_bound(ch->indices, listed_end, ch->origin + index_t(seg.begin));
     const index_t* last = std::lower_bound(first, listed_end, ch->origin + index_t(seg.begin + seg.elements));
     Changes& out_changes = out.changes;
+    out_changes.indices.reserve(std::size_t(last - first));
+    out_changes.values.reserve(std::size_t(last - first));
+    out_changes.old_values.reserve(std::size_t(last - first));
+    if (rank) out_changes.ranks.reserve(std::size_t(last - first));
     for (const index_t* it = first; it != last; ++it) {
       const std::size_t k = std::size_t(it - ch->indices);
       const std::uint64_t i = std::uint64_t(ch->index(k));
@@ -474,15 +478,25 @@ PatchContent content_of_listed(const std::vector<TensorRef>& base,
     if (rank)
       ExponentClassRanker(f, t.data + w * seg.begin, seg.elements)
           .rank(out_changes.indices.data(), out_changes.old_values.data(), out_changes.indices.size(), out_changes.ranks);
-    std::byte block[kDigestBlockBytes];
-    for (std::size_t k = 0; k < out_changes.indices.size();) {
-      const std::uint64_t offset = (w * (seg.begin + std::uint64_t(out_changes.indices[k]))) / kDigestBlockBytes * kDigestBlockBytes;
-      const std::size_t bytes = std::min<std::uint64_t>(kDigestBlockBytes, t.bytes - offset);
-      std::memcpy(block, t.data + offset, bytes);
-      out.old_sum.add(block, bytes, offset);
-      for (; k < out_changes.indices.size() && w * (seg.begin + std::uint64_t(out_changes.indices[k])) < offset + bytes; ++k)
-        std::memcpy(block + (w * (seg.begin + std::uint64_t(out_changes.indices[k])) - offset), &out_changes.values[k], w);
-      out.new_sum.add(block, bytes, offset);
+    // Runs of up to kRunBlocks consecutive blocks with a change, each hashed in one call: the
+    // old bytes in place, the new ones from a copy with the changes written.
+    constexpr std::uint64_t kRunBlocks = 64;
+    std::byte run[kRunBlocks * kDigestBlockBytes];
+    const std::size_t num_changes = out_changes.indices.size();
+    const auto block_of = [&](std::size_t k) { return (seg.begin + std::uint64_t(out_changes.indices[k])) * w / kDigestBlockBytes; };
+    for (std::size_t k = 0; k < num_changes;) {
+      const std::uint64_t first_block = block_of(k);
+      std::size_t end = k + 1;
+      std::uint64_t last_block = first_block;
+      for (; end < num_changes && block_of(end) <= last_block + 1 && block_of(end) < first_block + kRunBlocks; ++end)
+        last_block = block_of(end);
+      const std::uint64_t offset = first_block * kDigestBlockBytes;
+      const std::size_t bytes = std::min<std::uint64_t>((last_block + 1) * kDigestBlockBytes, t.bytes) - offset;
+      out.old_sum.add(t.data + offset, bytes, offset);
+      std::memcpy(run, t.data + offset, bytes);
+      for (; k < end; ++k)
+        store_value(run, seg.begin + std::uint64_t(out_changes.indices[k]) - offset / w, w, out_changes.values[k]);
+      out.new_sum.add(run, bytes, offset);
     }
   };
   std::vector<unsigned> widths;

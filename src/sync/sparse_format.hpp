@@ -46,10 +46,37 @@ inline std::optional<SparseFormat> sparse_format(const std::string& dtype) {
   return std::nullopt;
 }
 
+// Element i of `bytes` bytes, little-endian (hosts as safetensors). A copy of a constant size per
+// width: one of a variable size is a library call or a string move per element.
 inline std::uint64_t load_value(const std::byte* data, std::uint64_t i, unsigned bytes) {
+  const std::byte* p = data + bytes * i;
+  if (bytes == 2) {
+    std::uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  }
+  if (bytes == 4) {
+    std::uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
   std::uint64_t v = 0;
-  std::memcpy(&v, data + bytes * i, bytes);  // little-endian hosts, as safetensors
+  std::memcpy(&v, p, bytes);
   return v;
+}
+
+// Writes the low `bytes` bytes of v as element i (load_value's inverse).
+inline void store_value(std::byte* data, std::uint64_t i, unsigned bytes, std::uint64_t v) {
+  std::byte* p = data + bytes * i;
+  if (bytes == 2) {
+    const auto x = std::uint16_t(v);
+    std::memcpy(p, &x, 2);
+  } else if (bytes == 4) {
+    const auto x = std::uint32_t(v);
+    std::memcpy(p, &x, 4);
+  } else {
+    std::memcpy(p, &v, bytes);
+  }
 }
 
 }  // namespace pulse::sync

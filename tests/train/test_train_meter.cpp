@@ -252,3 +252,54 @@ TEST(AdamRatioQuantiles, MatchFullSortWithNegativeZeroAndInfinity) {
   for (std::size_t j = 0; j < quantiles.size(); ++j) EXPECT_EQ(bits_of(got_positive[j]), bits_of(want_positive[j]));
   EXPECT_EQ(got_positive, (std::vector<double>{0.0, 0.0, 2.0, 6.0, inf}));  // of 0 0 0 0 2 4 6 8 inf
 }
+
+// The selection first ranks the ratios in float and computes in double only those near each
+// rank, checking that the float ratios' error cannot have misplaced one: ratios at the edges of
+// its bins (consecutive floats around powers of 2), subnormal moments, float ratios that
+// overflow, an eps below the float pass's bound, every m +0 over varied v: each quantile equals
+// the sorted sample's, bit for bit.
+TEST(AdamRatioQuantiles, MatchFullSortAtTheFloatPassLimits) {
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<double> quantiles = {0.5, 0.9, 0.99, 0.999, 0.0, 1.0, 0.25, 0.75};
+  const index_t n = 70001;
+  for (int kind = 0; kind < 6; ++kind) {
+    std::vector<float> m(n), v(n);
+    double eps = 1e-8;
+    for (index_t i = 0; i < n; ++i) {
+      const float g = normal(rng);
+      switch (kind) {
+        case 0:  // v = 0: ratio |m| / (c1 eps), m a few floats either side of 2^-20 and 2^-19
+          m[i] = std::nextafter(float(i % 2 ? 0x1p-20 : 0x1p-19), float(rng() % 2)) * (1.0f + float(rng() % 8) * 0x1p-23f);
+          v[i] = 0.0f;
+          break;
+        case 1:  // subnormal m and v
+          m[i] = 1e-40f * g, v[i] = 1e-44f * std::fabs(normal(rng));
+          break;
+        case 2:  // v / c2 beyond the float range at step 1
+          m[i] = 1e30f * g, v[i] = 1e37f * (std::fabs(normal(rng)) + 1.0f);
+          break;
+        case 3:  // eps below the float pass's bound
+          m[i] = 1e-9f * g, v[i] = 1e-20f * std::fabs(normal(rng));
+          eps = 1e-15;
+          break;
+        case 4:  // every m +0, v varied: every ratio +0
+          m[i] = 0.0f, v[i] = std::fabs(g);
+          break;
+        default:  // every m -0: every ratio -0 (as the selection of a sample with -0 picks it, by value)
+          m[i] = -0.0f, v[i] = std::fabs(g);
+      }
+    }
+    for (const std::int64_t step : {std::int64_t(1), std::int64_t(50)}) {
+      const auto got = adam_ratio_quantiles(to_device(m), to_device(v), 0.9, 0.999, eps, step, quantiles);
+      const auto want = sorted_reference_quantiles(m, v, 0.9, 0.999, eps, step, quantiles, 1 << 16);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t j = 0; j < want.size(); ++j)
+        if (kind == 5)  // -0 throughout: equal by value (the reference's fabs makes +0 of -0)
+          EXPECT_EQ(got[j], want[j]) << "step " << step;
+        else
+          EXPECT_EQ(bits_of(got[j]), bits_of(want[j]))
+              << "kind " << kind << " step " << step << " q " << quantiles[j] << ": " << got[j] << " vs " << want[j];
+    }
+  }
+}
