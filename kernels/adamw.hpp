@@ -18,6 +18,14 @@
 #include "kernels/bf16.hpp"
 #include "kernels/segments.hpp"
 
+// Host code with AVX-512 (BW, VL, VBMI2) stages the changed elements by compress instructions;
+// other hosts by a scalar scan of the same flags, with the same list.
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VBMI2__) && !defined(__CUDA_ARCH__) && \
+    !defined(__HIP_DEVICE_COMPILE__)
+#include <immintrin.h>
+#define PULSE_STAGE_BY_COMPRESS 1
+#endif
+
 namespace pulse {
 
 // Hyper-parameters in double: PyTorch computes its per-step scalars in Python floats.
@@ -339,6 +347,54 @@ ChangeStaging<Mem> make_change_staging(const TensorSegments<Mem>& segs) {
 
 namespace detail {
 
+// The elements segment_stage's host path updates before listing their changes.
+inline constexpr index_t stage_block_elements = 512;
+
+// Appends the changes of one block of segment_stage's host path (at most stage_block_elements) at
+// position k of indices and values, in order, and returns the new end: element b + j changed when
+// changed[j] != 0 (j below length rounded up to 32; flags past length are 0), its new bits are
+// bits[j].
+KOKKOS_INLINE_FUNCTION index_t stage_block(const index_t b, const index_t length, const bf16_bits* bits,
+                                           const std::uint8_t* changed, index_t* indices, bf16_bits* values,
+                                           index_t k) {
+#if defined(PULSE_STAGE_BY_COMPRESS)
+  // 32 flags at a time, without a branch per change: the changed lanes' positions in the block
+  // and bits are packed to the front of a register (vpcompressw) and stored under a mask of as
+  // many lanes as there are changes, so nothing past them is written; the indices follow from
+  // the positions in one loop the compiler vectorises.
+  alignas(64) std::uint16_t positions[stage_block_elements];
+  const __m512i lanes = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
+                                         12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  index_t count = 0;
+  for (index_t j = 0; j < length; j += 32) {
+    const __m256i flags = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(changed + j));
+    const __mmask32 mask = _mm256_test_epi8_mask(flags, flags);
+    const int n = __builtin_popcount(mask);
+    const __mmask32 first_n = __mmask32((std::uint64_t(1) << n) - 1);
+    const __m512i position = _mm512_add_epi16(_mm512_set1_epi16(static_cast<short>(j)), lanes);
+    _mm512_mask_storeu_epi16(positions + count, first_n, _mm512_maskz_compress_epi16(mask, position));
+    _mm512_mask_storeu_epi16(values + k + count, first_n,
+                             _mm512_maskz_compress_epi16(mask, _mm512_loadu_si512(bits + j)));
+    count += n;
+  }
+  for (index_t c = 0; c < count; ++c) indices[k + c] = b + positions[c];
+  k += count;
+#else
+  // The flags eight bytes at a time: at a weight update's sparsity most words are 0, and a set
+  // word names its changes by its set bits (little-endian: flag j + t is byte t).
+  for (index_t j = 0; j < length; j += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, changed + j, sizeof word);
+    for (; word != 0; word &= word - 1) {
+      const index_t at = j + (__builtin_ctzll(word) >> 3);
+      indices[k] = b + at, values[k] = bits[at];
+      ++k;
+    }
+  }
+#endif
+  return k;
+}
+
 // Runs update(i, write, bits) for every element of the segment; it returns whether element i's
 // BF16 bits change (bits: the new ones) and writes the optimizer state only when `write` is set
 // (a device team scan calls it twice per element, writing on the second call). Stages the
@@ -349,11 +405,10 @@ KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, 
                                           const CountView& counts) {
   if constexpr (is_host_space<ExecSpace>) {
     if (host_path) {
-      // Blocks of 512: the update loop vectorises when nothing else is in it, then the block's
-      // change flags are read eight bytes at a time: at a weight update's sparsity most words are
-      // 0, and a set word names its changes by its set bits (little-endian: flag j + t is byte t).
-      // The flags past the segment's end stay 0, so a short last block reads no stale flags.
-      constexpr index_t block = 512;
+      // Blocks: the update loop vectorises when nothing else is in it, then stage_block lists the
+      // block's changes from its flags. The flags past the segment's end stay 0, so a short last
+      // block reads no stale flags.
+      constexpr index_t block = stage_block_elements;
       bf16_bits bits[block];
       std::uint8_t changed[block];
       index_t k = seg.begin;
@@ -361,15 +416,7 @@ KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, 
         const index_t length = b + block < seg.end ? block : seg.end - b;
         if (length < block) std::memset(changed + length, 0, std::size_t(block - length));
         for (index_t j = 0; j < length; ++j) changed[j] = update(b + j, true, bits[j]) ? 1 : 0;
-        for (index_t j = 0; j < length; j += 8) {
-          std::uint64_t word;
-          std::memcpy(&word, changed + j, sizeof word);
-          for (; word != 0; word &= word - 1) {
-            const index_t at = j + (__builtin_ctzll(word) >> 3);
-            indices(k) = b + at, values(k) = bits[at];
-            ++k;
-          }
-        }
+        k = stage_block(b, length, bits, changed, indices.data(), values.data(), k);
       }
       counts(team.league_rank()) = k - seg.begin;
       return;

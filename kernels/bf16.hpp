@@ -7,7 +7,7 @@
 #include <cstring>
 #include <type_traits>
 #if defined(__SSE2__)
-#include <emmintrin.h>  // non-temporal stores (every x86-64 CPU has SSE2)
+#include <immintrin.h>  // non-temporal stores (every x86-64 CPU has SSE2) and prefetches
 #endif
 
 #include "kernels/segments.hpp"
@@ -123,6 +123,71 @@ KOKKOS_INLINE_FUNCTION bf16_bits bf16_from_key(std::uint16_t k) {
 // Outputs from this many elements on are written past the caches on x86 hosts (below).
 inline constexpr index_t streamed_cast_elements = index_t(1) << 22;
 
+#if defined(__SSE2__)
+namespace detail {
+
+// The widest non-temporal store: with AVX-512 a whole cache line, which leaves the core as one
+// write (16-byte stores fill a line's write-combining buffer in four), and only then does
+// prefetching the reads ahead pay (with 16-byte stores it was slower).
+#if defined(__AVX512F__)
+inline constexpr index_t streamed_store_bytes = 64;
+inline constexpr index_t streamed_prefetch_elements = 256;  // per stream: 1 KiB, 16 lines ahead
+inline void stream_store(void* to, const void* from) {
+  _mm512_stream_si512(static_cast<__m512i*>(to), _mm512_load_si512(from));
+}
+#else
+inline constexpr index_t streamed_store_bytes = 16;
+inline constexpr index_t streamed_prefetch_elements = 0;
+inline void stream_store(void* to, const void* from) {
+  _mm_stream_si128(static_cast<__m128i*>(to), _mm_load_si128(static_cast<const __m128i*>(from)));
+}
+#endif
+
+// to[i] = convert(from[i]) for i < n, the output written with non-temporal stores, as a large
+// memcpy writes: a plain store first reads the output's cache line from memory (write-allocate),
+// a third more traffic. Each group of 16384 elements is read as four streams 16 KiB apart, as
+// glibc's large memcpy reads four pages at a time: one core keeps more reads in flight than along
+// one stream. A step converts 64 elements of each stream into a buffer in L1 (a loop the compiler
+// vectorises), then streams them out from an address aligned to the store's width. Only where the
+// output is cached differs from a plain loop.
+template <class ExecSpace, class Convert>
+void streamed_convert(const ExecSpace& space, const float* from, bf16_bits* to, const index_t n,
+                      const Convert& convert) {
+  constexpr index_t store_elements = streamed_store_bytes / index_t(sizeof(bf16_bits));
+  const index_t head = std::min<index_t>(
+      n, (streamed_store_bytes - reinterpret_cast<std::uintptr_t>(to) % streamed_store_bytes) % streamed_store_bytes /
+             index_t(sizeof(bf16_bits)));
+  constexpr index_t streams = 4, stream_length = 4096, step = 64;
+  const index_t num_groups = (n - head + streams * stream_length - 1) / (streams * stream_length);
+  Kokkos::parallel_for(
+      "pulse::bf16::cast_to_bf16", FlatPolicy<ExecSpace>(space, 0, num_groups), [=](const index_t g) {
+        const index_t begin = head + g * streams * stream_length;
+        const index_t length = std::min(streams * stream_length, n - begin);
+        const index_t per_stream = length / streams / step * step;  // stream_length but in a short last group
+        alignas(64) bf16_bits buffer[streams * step];
+        for (index_t j = 0; j < per_stream; j += step) {
+          if constexpr (streamed_prefetch_elements > 0)
+            for (index_t s = 0; s < streams; ++s)
+              for (index_t k = 0; k < step; k += 16)  // a line of floats each
+                _mm_prefetch(reinterpret_cast<const char*>(
+                                 from + std::min(begin + s * per_stream + j + streamed_prefetch_elements + k, n - 1)),
+                             _MM_HINT_T0);
+          for (index_t s = 0; s < streams; ++s)
+            for (index_t k = 0; k < step; ++k) buffer[s * step + k] = convert(from[begin + s * per_stream + j + k]);
+          for (index_t s = 0; s < streams; ++s)
+            for (index_t k = 0; k < step; k += store_elements)
+              stream_store(to + begin + s * per_stream + j + k, buffer + s * step + k);
+        }
+        for (index_t i = begin + streams * per_stream; i < begin + length; ++i) to[i] = convert(from[i]);
+        if (g == 0)
+          for (index_t i = 0; i < head; ++i) to[i] = convert(from[i]);
+        _mm_sfence();  // the streamed stores are visible before the kernel ends
+      });
+}
+
+}  // namespace detail
+#endif
+
 template <class ExecSpace, class FloatView, class Bf16View>
 void cast_to_bf16(const ExecSpace& space, const FloatView& in, const Bf16View& out) {
   static_assert(std::is_same_v<typename FloatView::non_const_value_type, float>);
@@ -131,38 +196,7 @@ void cast_to_bf16(const ExecSpace& space, const FloatView& in, const Bf16View& o
 #if defined(__SSE2__)
   if constexpr (is_host_space<ExecSpace>) {
     if (n >= streamed_cast_elements && in.span_is_contiguous() && out.span_is_contiguous() && takes_host_path(space)) {
-      // A large output is written with non-temporal stores, as a large memcpy is: a plain store
-      // first reads the output's cache line from memory (write-allocate), a third more traffic.
-      // Each group of 16384 elements is read as four streams 16 KiB apart, as glibc's large
-      // memcpy reads four pages at a time: one core keeps more reads in flight than along one
-      // stream. A step converts 64 elements of each stream into a buffer in L1 (a loop the
-      // compiler vectorises), then streams them out 16 bytes at a time from a 16-byte aligned
-      // address. The bits are those of the plain loop; only where they are cached differs.
-      const float* const from = in.data();
-      bf16_bits* const to = out.data();
-      const index_t head = std::min<index_t>(n, (16 - reinterpret_cast<std::uintptr_t>(to) % 16) % 16 / 2);
-      constexpr index_t streams = 4, stream_length = 4096, step = 64;
-      const index_t num_groups = (n - head + streams * stream_length - 1) / (streams * stream_length);
-      Kokkos::parallel_for(
-          "pulse::bf16::cast_to_bf16", FlatPolicy<ExecSpace>(space, 0, num_groups), [=](const index_t g) {
-            const index_t begin = head + g * streams * stream_length;
-            const index_t length = std::min(streams * stream_length, n - begin);
-            const index_t per_stream = length / streams / step * step;  // stream_length but in a short last group
-            alignas(16) bf16_bits buffer[streams * step];
-            for (index_t j = 0; j < per_stream; j += step) {
-              for (index_t s = 0; s < streams; ++s)
-                for (index_t k = 0; k < step; ++k)
-                  buffer[s * step + k] = float_to_bf16(from[begin + s * per_stream + j + k]);
-              for (index_t s = 0; s < streams; ++s)
-                for (index_t k = 0; k < step; k += 8)
-                  _mm_stream_si128(reinterpret_cast<__m128i*>(to + begin + s * per_stream + j + k),
-                                   _mm_load_si128(reinterpret_cast<const __m128i*>(buffer + s * step + k)));
-            }
-            for (index_t i = begin + streams * per_stream; i < begin + length; ++i) to[i] = float_to_bf16(from[i]);
-            if (g == 0)
-              for (index_t i = 0; i < head; ++i) to[i] = float_to_bf16(from[i]);
-            _mm_sfence();  // the streamed stores are visible before the kernel ends
-          });
+      detail::streamed_convert(space, in.data(), out.data(), n, [](const float x) { return float_to_bf16(x); });
       return;
     }
   }

@@ -18,9 +18,6 @@
 #include <algorithm>
 #include <chrono>
 #include <vector>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "coding/digest.hpp"
 #include "kernels/adamw.hpp"
@@ -174,25 +171,13 @@ void BM_CastToBf16(benchmark::State& state) {
 }
 
 #if defined(__SSE2__)
-// The streamed cast's memory traffic without its rounding: the high half of every float, read as
-// four streams 16 KiB apart, 64 elements of each per step, and written 16 bytes at a time with
-// non-temporal stores, as cast_to_bf16 does above streamed_cast_elements. When the cast is as fast,
-// its rounding costs nothing and this access pattern is what bounds it on this core.
+// The streamed cast's memory traffic without its rounding: the high half of every float, in the
+// access pattern cast_to_bf16 uses above streamed_cast_elements (detail::streamed_convert). When
+// the cast is as fast, its rounding costs nothing and this access pattern is what bounds it on
+// this core.
 void high_halves_streamed(const Kokkos::View<float*>& in, const Kokkos::View<bf16_bits*>& out) {
-  const auto* const from = reinterpret_cast<const std::uint32_t*>(in.data());
-  bf16_bits* const to = out.data();
-  constexpr index_t streams = 4, stream_length = 4096, step = 64;
-  const index_t n = static_cast<index_t>(in.extent(0)) / (streams * stream_length) * (streams * stream_length);
-  for (index_t begin = 0; begin < n; begin += streams * stream_length)
-    for (index_t j = 0; j < stream_length; j += step)
-      for (index_t s = 0; s < streams; ++s)
-        for (index_t k = 0; k < step; k += 8) {
-          const index_t at = begin + s * stream_length + j + k;
-          const __m128i low = _mm_srai_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at)), 16);
-          const __m128i high = _mm_srai_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + at + 4)), 16);
-          _mm_stream_si128(reinterpret_cast<__m128i*>(to + at), _mm_packs_epi32(low, high));
-        }
-  _mm_sfence();
+  detail::streamed_convert(DefaultExec(), in.data(), out.data(), static_cast<index_t>(in.extent(0)),
+                           [](const float x) { return static_cast<bf16_bits>(float_to_bits(x) >> 16); });
 }
 
 // Reads 4 B and writes 2 B per element, as the cast.

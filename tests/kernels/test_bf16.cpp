@@ -97,10 +97,10 @@ TEST(Bf16Cast, HandDerivedCases) {
   EXPECT_EQ(cast(0xFFC12345), 0x7FC0);  // negative NaN with payload -> canonical NaN
 }
 
-// Large outputs take the streamed path on x86 hosts (non-temporal stores from a 16-byte boundary,
-// in groups of four streams): an output that starts off that boundary and ends inside a group gets
-// the reference's bits, and nothing around it is written. So does the device code path's plain
-// loop.
+// Large outputs take the streamed path on x86 hosts (non-temporal stores from a 64-byte boundary
+// with AVX-512, else a 16-byte one, in groups of four streams): an output that starts off that
+// boundary and ends inside a group gets the reference's bits, and nothing around it is written.
+// So does the device code path's plain loop.
 template <class B>
 using Bf16Cast = pulse::test::OnBackend<B>;
 TYPED_TEST_SUITE(Bf16Cast, pulse::test::BackendTypes, pulse::test::BackendNames);
