@@ -353,10 +353,9 @@ inline constexpr index_t stage_block_elements = 512;
 // Appends the changes of one block of segment_stage's host path (at most stage_block_elements) at
 // position k of indices and values, in order, and returns the new end: element b + j changed when
 // changed[j] != 0 (j below length rounded up to 32; flags past length are 0), its new bits are
-// bits[j].
-KOKKOS_INLINE_FUNCTION index_t stage_block(const index_t b, const index_t length, const bf16_bits* bits,
-                                           const std::uint8_t* changed, index_t* indices, bf16_bits* values,
-                                           index_t k) {
+// bits[j]. Host code only (intrinsics and builtins).
+inline index_t stage_block(const index_t b, const index_t length, const bf16_bits* bits, const std::uint8_t* changed,
+                           index_t* indices, bf16_bits* values, index_t k) {
 #if defined(PULSE_STAGE_BY_COMPRESS)
   // 32 flags at a time, without a branch per change: the changed lanes' positions in the block
   // and bits are packed to the front of a register (vpcompressw) and stored under a mask of as

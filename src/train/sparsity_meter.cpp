@@ -1,7 +1,6 @@
 #include "train/sparsity_meter.hpp"
 
 #include <algorithm>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -164,140 +163,6 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
   return true;
 }
 
-// The Adam ratio of one sampled element, in the double operations that define the statistic.
-KOKKOS_INLINE_FUNCTION double adam_ratio(const float m, const float v, const double c1, const double c2,
-                                         const double eps) {
-  const double m_hat = double(m) / c1, v_hat = double(v) / c2;
-  return (m_hat < 0 ? -m_hat : m_hat) / (::sqrt(v_hat) + eps);  // ::sqrt: host and device
-}
-
-// The order statistics ranks[j] of the strided sample's ratios (adam_ratio of m[j * stride],
-// v[j * stride], j < count) with few of them computed in double. The ratios in float first (a
-// fraction of the double divisions' cost) are counted per bin of their top bits (5 mantissa bits)
-// to find each rank's bin; the ratios in that bin, widened by a margin, are computed in double
-// and selected among. A float ratio lies within kRelative * r + kAbsolute of the double one r (six
-// float roundings of 2^-24 each; the absolute part covers subnormal intermediates over eps >=
-// kMinEps), so each value returned is checked to lie above every ratio whose float fell below the
-// widened bin and below every one whose float fell above it: then it is the order statistic.
-// Returns false (nothing decided) where a check fails, a value is 0 (+0 and -0 would tie), a
-// float ratio is not finite, all are equal, or the constants leave the float range.
-bool select_from_float_ratios(const float* m, const float* v, index_t stride, index_t count, double c1, double c2,
-                              double eps, const std::vector<index_t>& ranks, std::vector<double>& out) {
-  constexpr double kRelative = 1.0 / 65536, kAbsolute = 1e-30, kMinEps = 1e-12;
-  constexpr int kBinShift = 18;                          // bins: exponent and 5 mantissa bits
-  constexpr std::uint32_t kInfinity = 0x7F800000u;       // patterns from here on: not finite or negative
-  constexpr std::size_t kBins = kInfinity >> kBinShift;  // the finite non-negative floats' bins
-  const float c1f = float(c1), c2f = float(c2), epsf = float(eps);
-  if (!(c1f >= FLT_MIN && c1f <= FLT_MAX && c2f >= FLT_MIN && c2f <= FLT_MAX && eps >= kMinEps && epsf <= FLT_MAX))
-    return false;
-  // Kept between calls: fresh buffers of these sizes would be new pages, a fault each, every step.
-  thread_local std::vector<float> ratios;
-  thread_local std::vector<index_t> below;  // counts per bin, then the ratios in the bins before each
-  ratios.resize(std::size_t(count));
-  float* const approx = ratios.data();  // a local pointer: the loop vectorises
-  std::uint32_t m_bits = 0;             // the sampled m's bit patterns ORed: 0 where every one is +0
-  for (index_t j = 0; j < count; ++j) {
-    const float mj = m[j * stride];
-    std::uint32_t b;
-    std::memcpy(&b, &mj, sizeof b);
-    m_bits |= b;
-    approx[j] = std::fabs(mj) / c1f / (std::sqrt(v[j * stride] / c2f) + epsf);
-  }
-  const auto bits = [approx](const index_t j) {
-    std::uint32_t b;
-    std::memcpy(&b, approx + j, sizeof b);
-    return b;
-  };
-  // One value throughout: the histogram would count it in one chain of increments. Every m +0
-  // and every float ratio +0 (as while the gradients are 0): every double ratio is +0 (0 over a
-  // positive or infinite denominator; a NaN one would have made the float ratio NaN). Otherwise
-  // the double selection's own check of one value settles it.
-  std::uint32_t differ = 0;
-  for (index_t j = 1; j < count; ++j) differ |= bits(j) ^ bits(0);
-  if (differ == 0 && bits(0) == 0 && m_bits == 0) {
-    out.assign(ranks.size(), 0.0);
-    return true;
-  }
-  if (differ == 0) return false;
-  // Four histograms, element j in row j % 4: neighbours often share a bin, and one histogram
-  // would make each increment wait for the previous one.
-  constexpr index_t kRows = 4;
-  constexpr std::size_t kSlots = std::size_t(1) << (31 - kBinShift);  // a row: every sign-less pattern's bin
-  thread_local std::vector<std::uint32_t> rows;
-  rows.assign(kRows * kSlots, 0);
-  std::uint32_t* const row = rows.data();
-  std::uint32_t outside = 0;  // patterns of non-finite or negative ratios
-  index_t j = 0;
-  for (; j + kRows <= count; j += kRows)
-    for (index_t r = 0; r < kRows; ++r) {
-      const std::uint32_t b = bits(j + r);
-      outside |= b & 0x80000000u;
-      ++row[r * kSlots + ((b & 0x7FFFFFFFu) >> kBinShift)];
-    }
-  for (; j < count; ++j) {
-    const std::uint32_t b = bits(j);
-    outside |= b & 0x80000000u;
-    ++row[(b & 0x7FFFFFFFu) >> kBinShift];
-  }
-  below.assign(kBins + 1, 0);
-  for (std::size_t b = 0; b < kBins; ++b)
-    below[b + 1] = below[b] + row[b] + row[kSlots + b] + row[2 * kSlots + b] + row[3 * kSlots + b];
-  // Bins from kBins on hold the infinite and NaN patterns.
-  if (outside != 0 || below[kBins] != count) return false;
-  const auto edge = [](std::size_t bin) {  // the smallest float of the bin
-    const std::uint32_t b = std::uint32_t(bin) << kBinShift;
-    float x;
-    std::memcpy(&x, &b, sizeof x);
-    return x;
-  };
-  // Each rank's bin and its neighbours; the sample positions of every ratio in one of them.
-  std::vector<std::size_t> bin_of_rank;
-  std::vector<std::uint8_t> wanted(kBins, 0);
-  for (const index_t rank : ranks) {
-    const std::size_t bin = std::size_t(std::upper_bound(below.begin(), below.end(), rank) - below.begin()) - 1;
-    if (bin == 0 || bin + 1 >= kBins) return false;  // 0 and the smallest ratios, or the largest: checks would fail
-    bin_of_rank.push_back(bin);
-    wanted[bin - 1] = wanted[bin] = wanted[bin + 1] = 1;
-  }
-  thread_local std::vector<index_t> near_storage;
-  near_storage.resize(std::size_t(count));
-  index_t* const near = near_storage.data();
-  index_t num_near = 0;
-  for (index_t j = 0; j < count; ++j) {
-    near[num_near] = j;
-    num_near += wanted[bits(j) >> kBinShift];
-  }
-  std::vector<double> exact;
-  out.clear();
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    const std::size_t bin = bin_of_rank[r];
-    // The bin widened by a margin far above the float ratios' error, within its neighbours: the
-    // order statistic's float lies in the bin, its double value within that error of it.
-    const float low = float(double(edge(bin)) * (1 - 8 * kRelative) - 4 * kAbsolute);
-    const float high = float(double(edge(bin + 1)) * (1 + 8 * kRelative) + 4 * kAbsolute);
-    if (!(low >= edge(bin - 1) && high < edge(bin + 2))) return false;
-    index_t before = below[bin - 1];  // ratios whose float is below `low`
-    exact.clear();
-    for (index_t c = 0; c < num_near; ++c) {
-      const index_t j = near[c];
-      const float x = approx[j];
-      if (x < low) before += x >= edge(bin - 1);
-      else if (x <= high) exact.push_back(adam_ratio(m[j * stride], v[j * stride], c1, c2, eps));
-    }
-    const index_t k = ranks[r] - before;
-    if (k < 0 || k >= index_t(exact.size())) return false;
-    std::nth_element(exact.begin(), exact.begin() + k, exact.end());
-    const double value = exact[std::size_t(k)];
-    // Every ratio whose float is below `low` is below the first bound, every one above `high` at
-    // least the second.
-    if (!(value > 0 && value >= (double(low) + kAbsolute) * (1 + 2 * kRelative) &&
-          value <= (double(high) - kAbsolute) * (1 - 2 * kRelative)))
-      return false;
-    out.push_back(value);
-  }
-  return true;
-}
-
 }  // namespace
 
 std::vector<double> gradient_sparsity(const Kokkos::View<const float*>& grads, const std::vector<float>& thresholds) {
@@ -315,18 +180,17 @@ std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, co
   const index_t stride = std::max<index_t>(1, n / max_sample);
   const index_t count = (n + stride - 1) / stride;
   const double c1 = 1.0 - std::pow(beta1, double(step)), c2 = 1.0 - std::pow(beta2, double(step));
+  Kokkos::View<double*> sample(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::adam_ratio_sample"), count);
+  Kokkos::parallel_for(
+      "pulse::adam_ratio", FlatPolicy<DefaultExec>(DefaultExec(), 0, count), KOKKOS_LAMBDA(const index_t j) {
+        const index_t i = j * stride;
+        const double m_hat = double(m(i)) / c1, v_hat = double(v(i)) / c2;
+        sample(j) = (m_hat < 0 ? -m_hat : m_hat) / (::sqrt(v_hat) + eps);  // ::sqrt: host and device
+      });
+  // The order statistics are picked where the sample lives: only the quantiles leave the device.
   std::vector<index_t> ranks;
   for (const double q : quantiles) ranks.push_back(std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5)));
   std::vector<double> out;
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMem>::accessible) {
-    DefaultExec().fence();
-    if (select_from_float_ratios(m.data(), v.data(), stride, count, c1, c2, eps, ranks, out)) return out;
-  }
-  Kokkos::View<double*> sample(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::adam_ratio_sample"), count);
-  Kokkos::parallel_for(
-      "pulse::adam_ratio", FlatPolicy<DefaultExec>(DefaultExec(), 0, count),
-      KOKKOS_LAMBDA(const index_t j) { sample(j) = adam_ratio(m(j * stride), v(j * stride), c1, c2, eps); });
-  // The order statistics are picked where the sample lives: only the quantiles leave the device.
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, DefaultMem>::accessible) {
     DefaultExec().fence();
     double* const host = sample.data();
