@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/element_compare.hpp"
+#include "core/element_word.hpp"
 #include "core/error.hpp"
 
 namespace pulse {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/element_word.hpp"
 #include "core/error.hpp"
 
 namespace pulse {

@@ -3,26 +3,9 @@
 // positions of changes that pulse-measure and the Python recorder log (core/block_change_log.hpp).
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
-#include "core/error.hpp"
-
 namespace pulse {
-
-// Runs f with a zero Word of element_bytes (1, 2, 4 or 8 bytes: std::uint8_t ... std::uint64_t);
-// other widths are an error naming what asked.
-template <class F>
-auto with_element_word(std::size_t element_bytes, const char* what, F&& f) {
-  switch (element_bytes) {
-    case 1: return f(std::uint8_t{});
-    case 2: return f(std::uint16_t{});
-    case 4: return f(std::uint32_t{});
-    case 8: return f(std::uint64_t{});
-  }
-  throw_error(__FILE__, __LINE__,
-              std::string(what) + ": elements of 1, 2, 4 or 8 bytes, not " + std::to_string(element_bytes));
-}
 
 // Elements (of element_bytes 1, 2, 4 or 8) whose bits differ between a and b, blocks in cache; a
 // plain loop over lanes, which the compiler vectorises.

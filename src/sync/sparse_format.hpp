@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include "core/element_word.hpp"
+
 namespace pulse::sync {
 
 struct SparseFormat {
@@ -46,37 +48,21 @@ inline std::optional<SparseFormat> sparse_format(const std::string& dtype) {
   return std::nullopt;
 }
 
-// Element i of `bytes` bytes, little-endian (hosts as safetensors). A copy of a constant size per
-// width: one of a variable size is a library call or a string move per element.
+// Element i of `bytes` bytes, little-endian (hosts as safetensors), and its inverse: copies of
+// the width's constant size (one of a variable size is a library call per element).
 inline std::uint64_t load_value(const std::byte* data, std::uint64_t i, unsigned bytes) {
-  const std::byte* p = data + bytes * i;
-  if (bytes == 2) {
-    std::uint16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-  }
-  if (bytes == 4) {
-    std::uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-  }
-  std::uint64_t v = 0;
-  std::memcpy(&v, p, bytes);
-  return v;
+  return with_element_word(bytes, "load_value", [&](auto word) {
+    std::memcpy(&word, data + bytes * i, sizeof word);
+    return std::uint64_t(word);
+  });
 }
 
-// Writes the low `bytes` bytes of v as element i (load_value's inverse).
+// Writes the low `bytes` bytes of v as element i.
 inline void store_value(std::byte* data, std::uint64_t i, unsigned bytes, std::uint64_t v) {
-  std::byte* p = data + bytes * i;
-  if (bytes == 2) {
-    const auto x = std::uint16_t(v);
-    std::memcpy(p, &x, 2);
-  } else if (bytes == 4) {
-    const auto x = std::uint32_t(v);
-    std::memcpy(p, &x, 4);
-  } else {
-    std::memcpy(p, &v, bytes);
-  }
+  with_element_word(bytes, "store_value", [&](auto word) {
+    word = decltype(word)(v);
+    std::memcpy(data + bytes * i, &word, sizeof word);
+  });
 }
 
 }  // namespace pulse::sync
