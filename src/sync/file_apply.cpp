@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "core/atomic_file.hpp"
+#include "core/element_word.hpp"
 #include "core/error.hpp"
 #include "coding/parallel.hpp"
 #include "core/flush_behind.hpp"
@@ -392,22 +393,14 @@ void add_tensors(FileCopy& c, std::vector<TensorRef>& tensors, std::vector<Slot>
   }
 }
 
-// Writes `count` new values (W bytes each) at elements indices[k] - first of data. W known:
-// copies of a constant size are moves, not calls.
-template <unsigned W>
-void put_values(std::byte* data, std::uint64_t first, const std::uint64_t* indices, const std::uint8_t* values,
-                std::size_t count) {
-  for (std::size_t k = 0; k < count; ++k) std::memcpy(data + W * (indices[k] - first), values + W * k, W);
-}
-
+// Writes `count` new values (width bytes each) at elements indices[k] - first of data. The width
+// known as a type: copies of a constant size are moves, not calls.
 void put_values(std::byte* data, unsigned width, std::uint64_t first, const std::uint64_t* indices,
                 const std::uint8_t* values, std::size_t count) {
-  switch (width) {
-    case 1: return put_values<1>(data, first, indices, values, count);
-    case 2: return put_values<2>(data, first, indices, values, count);
-    case 4: return put_values<4>(data, first, indices, values, count);
-    default: return put_values<8>(data, first, indices, values, count);
-  }
+  with_element_word(width, "patch values", [&](auto word) {
+    constexpr std::size_t W = sizeof(word);
+    for (std::size_t k = 0; k < count; ++k) std::memcpy(data + W * (indices[k] - first), values + W * k, W);
+  });
 }
 
 // Patches bytes [begin, begin + length) of entry e's tensor, held in bytes (the old ones), with
