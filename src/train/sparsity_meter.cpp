@@ -99,11 +99,12 @@ std::uint64_t select_in_bin(std::uint64_t* first, std::uint64_t* last, index_t r
 }
 
 // The order statistics ranks[j] (0-based) of values[0, count), the value std::nth_element would
-// place at each rank, by a radix select: one pass counts the values per bin of the top bits of
-// their bit patterns (which order as the values do when no sign bit is set), a second copies out
-// the few bins that hold a wanted rank, and select_in_bin finishes within such a bin. Where a
-// value is NaN or has its sign bit set (-0 included) the order of equal values could decide the
-// bits returned, so it computes nothing and returns false.
+// place at each rank, by a radix select: a first pass finds the smallest and largest bit patterns
+// (which order as the values do when no sign bit is set), a second counts the values per bin of
+// the top bits between those two, a third copies out the few bins that hold a wanted rank, and
+// select_in_bin finishes within such a bin. Where a value is NaN or has its sign bit set (-0
+// included) the order of equal values could decide the bits returned, so it computes nothing and
+// returns false.
 bool select_non_negative(const double* values, index_t count, const std::vector<index_t>& ranks,
                          std::vector<double>& out) {
   constexpr int shift = 48;                                   // bins: exponent and 4 mantissa bits
@@ -115,22 +116,24 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
   };
   for (const index_t rank : ranks)
     PULSE_CHECK(rank >= 0 && rank < count, "order statistic " + std::to_string(rank) + " of " + std::to_string(count));
+  std::uint64_t low = ~std::uint64_t(0), high = 0;
+  for (index_t i = 0; i < count; ++i) {
+    const std::uint64_t bits = bits_of(i);
+    low = std::min(low, bits), high = std::max(high, bits);
+  }
+  if (high >= first_nan) return false;
   // One bit pattern throughout (all 0 while the gradients are): every order statistic is that
-  // value, without the histogram and the passes over the bin. A spread sample leaves at i = 1.
-  const std::uint64_t first_bits = bits_of(0);
-  index_t same = 1;
-  while (same < count && bits_of(same) == first_bits) ++same;
-  if (same == count && first_bits < first_nan) {
+  // value, without the histogram and the passes over the bin.
+  if (low == high) {
     out.assign(ranks.size(), values[0]);
     return true;
   }
-  const std::size_t num_bins = std::size_t(first_nan >> shift) + 1;
+  // Only the bins from low's to high's: the ratios span a few octaves of the 2^11 exponents.
+  const std::uint64_t first_bin = low >> shift;
+  const std::size_t num_bins = std::size_t((high >> shift) - first_bin) + 1;
+  const auto bin_of = [first_bin](const std::uint64_t bits) { return std::size_t((bits >> shift) - first_bin); };
   std::vector<index_t> below(num_bins + 1, 0);  // counts per bin, then the values in the bins before each
-  for (index_t i = 0; i < count; ++i) {
-    const std::uint64_t bits = bits_of(i);
-    if (bits >= first_nan) return false;
-    ++below[(bits >> shift) + 1];
-  }
+  for (index_t i = 0; i < count; ++i) ++below[bin_of(bits_of(i)) + 1];
   for (std::size_t b = 1; b <= num_bins; ++b) below[b] += below[b - 1];
   // Each wanted bin gets a slot (1, 2, ...) and a stretch [starts[slot - 1], starts[slot]) of `picked`.
   std::vector<std::uint8_t> slot(num_bins, 0);
@@ -145,12 +148,18 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
     }
     bin_of_rank.push_back(b);
   }
-  std::vector<std::uint64_t> picked(std::size_t(starts.back()));
-  std::vector<index_t> next(starts.begin(), starts.end() - 1);
+  // The wanted bins' values in the order they come, without a branch (a value outside them is
+  // overwritten by the next one), then grouped per bin.
+  std::vector<std::uint64_t> wanted(std::size_t(starts.back()) + 1);
+  std::size_t num_wanted = 0;
   for (index_t i = 0; i < count; ++i) {
     const std::uint64_t bits = bits_of(i);
-    if (const int s = slot[bits >> shift]) picked[std::size_t(next[s - 1]++)] = bits;
+    wanted[num_wanted] = bits;
+    num_wanted += slot[bin_of(bits)] != 0;
   }
+  std::vector<std::uint64_t> picked(std::size_t(starts.back()));
+  std::vector<index_t> next(starts.begin(), starts.end() - 1);
+  for (std::size_t j = 0; j < num_wanted; ++j) picked[std::size_t(next[slot[bin_of(wanted[j])] - 1]++)] = wanted[j];
   out.clear();
   for (std::size_t j = 0; j < ranks.size(); ++j) {
     const std::size_t b = bin_of_rank[j];
