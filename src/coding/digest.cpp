@@ -99,6 +99,26 @@ BlockDigest sum_blocks_scalar(const std::uint8_t* p, std::size_t blocks, std::ui
   return sum;
 }
 
+// Listed blocks are scattered, out of the hardware's prefetch: each is asked for this many
+// blocks before it is hashed (from the block at numbers[0] on, of `left`).
+constexpr std::size_t kListedAhead = 16;
+void prefetch_blocks(const std::uint8_t* tensor, const std::uint64_t* numbers, std::size_t left) {
+  for (std::size_t k = kListedAhead; k < std::min(left, kListedAhead + 8); ++k) {
+    const char* block = reinterpret_cast<const char*>(tensor + numbers[k] * kDigestBlockBytes);
+    _mm_prefetch(block, _MM_HINT_T0);
+    _mm_prefetch(block + 64, _MM_HINT_T0);
+  }
+}
+
+BlockDigest sum_listed_blocks_scalar(const std::uint8_t* tensor, const std::uint64_t* numbers, std::size_t count) {
+  BlockDigest sum;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (i % 8 == 0) prefetch_blocks(tensor, numbers + i, count - i);
+    sum += sum_blocks_scalar(tensor + numbers[i] * kDigestBlockBytes, 1, numbers[i]);
+  }
+  return sum;
+}
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 // XXH3_len_17to128_128b for 128 bytes (the xxHash specification's 128-bit XXH3 of 17-128 bytes),
 // evaluated for eight blocks at once: lane i of every vector belongs to block i.
@@ -111,7 +131,7 @@ std::uint64_t secret_word(std::size_t byte) {
 
 // The 64x64->128-bit product of each lane's a and b, its two halves xor-ed, from four 32x32->64
 // products (AVX-512 has no wider one).
-__m512i mul128_fold64(__m512i a, __m512i b) {
+[[gnu::always_inline]] inline __m512i mul128_fold64(__m512i a, __m512i b) {
   const __m512i low32 = _mm512_set1_epi64(0xFFFFFFFF);
   const __m512i a_high = _mm512_srli_epi64(a, 32), b_high = _mm512_srli_epi64(b, 32);
   const __m512i ll = _mm512_mul_epu32(a, b), lh = _mm512_mul_epu32(a, b_high);
@@ -124,14 +144,14 @@ __m512i mul128_fold64(__m512i a, __m512i b) {
   return _mm512_xor_si512(low, high);
 }
 
-__m512i avalanche(__m512i h) {
+[[gnu::always_inline]] inline __m512i avalanche(__m512i h) {
   h = _mm512_xor_si512(h, _mm512_srli_epi64(h, 37));
   h = _mm512_mullo_epi64(h, _mm512_set1_epi64(std::int64_t(0x165667919E3779F9ULL)));
   return _mm512_xor_si512(h, _mm512_srli_epi64(h, 32));
 }
 
 // Rows r[i] (8 words of block i) to columns c[j] (word j of blocks 0-7).
-void transpose(const __m512i r[8], __m512i c[8]) {
+[[gnu::always_inline]] inline void transpose(const __m512i r[8], __m512i c[8]) {
   __m512i t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm512_unpacklo_epi64(r[i], r[i + 1]);      // words 0, 2, 4, 6 of blocks i, i + 1
@@ -158,61 +178,89 @@ struct Lanes128 {
 };
 
 // XXH3_mix16B of words w[j], w[j + 1] with the secret's 16 bytes from `secret`.
-__m512i mix16(const __m512i w[16], int j, std::size_t secret, __m512i seed) {
+[[gnu::always_inline]] inline __m512i mix16(const __m512i w[16], int j, std::size_t secret, __m512i seed) {
   const __m512i a = _mm512_xor_si512(w[j], _mm512_add_epi64(_mm512_set1_epi64(std::int64_t(secret_word(secret))), seed));
   const __m512i b = _mm512_xor_si512(w[j + 1], _mm512_sub_epi64(_mm512_set1_epi64(std::int64_t(secret_word(secret + 8))), seed));
   return mul128_fold64(a, b);
 }
 
 // XXH128_mix32B of words w[j1], w[j1 + 1] (input_1) and w[j2], w[j2 + 1] (input_2).
-void mix32(Lanes128& acc, const __m512i w[16], int j1, int j2, std::size_t secret, __m512i seed) {
+[[gnu::always_inline]] inline void mix32(Lanes128& acc, const __m512i w[16], int j1, int j2, std::size_t secret, __m512i seed) {
   acc.low = _mm512_add_epi64(acc.low, mix16(w, j1, secret, seed));
   acc.low = _mm512_xor_si512(acc.low, _mm512_add_epi64(w[j2], w[j2 + 1]));
   acc.high = _mm512_add_epi64(acc.high, mix16(w, j2, secret + 16, seed));
   acc.high = _mm512_xor_si512(acc.high, _mm512_add_epi64(w[j1], w[j1 + 1]));
 }
 
-BlockDigest sum_blocks_avx512(const std::uint8_t* p, std::size_t blocks, std::uint64_t first_seed) {
+// The xxh3-128 hashes of eight blocks, block[i]'s in lane i, seeds in `seed`.
+[[gnu::always_inline]] inline Lanes128 hash8(const std::uint8_t* const block[8], __m512i seed) {
   constexpr std::uint64_t kPrime1 = 0x9E3779B185EBCA87ULL, kPrime2 = 0xC2B2AE3D27D4EB4FULL, kPrime4 = 0x85EBCA77C2B2AE63ULL;
-  // The hardware's prefetch alone leaves the loads waiting on memory (7 GB/s against 10 with
-  // this, on one core of a Xeon with AVX-512); a prefetch beyond the data never faults.
-  constexpr std::size_t kPrefetchAhead = 4096;
-  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  __m512i seed = _mm512_add_epi64(_mm512_set1_epi64(std::int64_t(first_seed)), lane);
-  Lanes128 sum{_mm512_setzero_si512(), _mm512_setzero_si512()};
-  std::size_t i = 0;
-  for (; i + 8 <= blocks; i += 8, p += 8 * kDigestBlockBytes) {
-    __m512i rows[8], w[16];
-    for (std::size_t line = 0; line < 8 * kDigestBlockBytes; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead + line, _MM_HINT_T0);
-    for (int half = 0; half < 2; ++half) {
-      for (int b = 0; b < 8; ++b) rows[b] = _mm512_loadu_si512(p + b * kDigestBlockBytes + 64 * half);
-      transpose(rows, w + 8 * half);
-    }
-    Lanes128 acc{_mm512_set1_epi64(std::int64_t(kDigestBlockBytes * kPrime1)), _mm512_setzero_si512()};
-    mix32(acc, w, 6, 8, 96, seed);
-    mix32(acc, w, 4, 10, 64, seed);
-    mix32(acc, w, 2, 12, 32, seed);
-    mix32(acc, w, 0, 14, 0, seed);
-    const __m512i low = avalanche(_mm512_add_epi64(acc.low, acc.high));
-    __m512i high = _mm512_add_epi64(_mm512_mullo_epi64(acc.low, _mm512_set1_epi64(std::int64_t(kPrime1))),
-                                    _mm512_mullo_epi64(acc.high, _mm512_set1_epi64(std::int64_t(kPrime4))));
-    const __m512i length_less_seed = _mm512_sub_epi64(_mm512_set1_epi64(kDigestBlockBytes), seed);
-    high = _mm512_add_epi64(high, _mm512_mullo_epi64(length_less_seed, _mm512_set1_epi64(std::int64_t(kPrime2))));
-    high = _mm512_sub_epi64(_mm512_setzero_si512(), avalanche(high));
-    // Each lane's running sum modulo 2^128: a carry where the low half wrapped.
-    sum.low = _mm512_add_epi64(sum.low, low);
-    const __mmask8 carry = _mm512_cmplt_epu64_mask(sum.low, low);
-    sum.high = _mm512_add_epi64(sum.high, high);
-    sum.high = _mm512_mask_sub_epi64(sum.high, carry, sum.high, _mm512_set1_epi64(-1));  // + 1 where carried
-    seed = _mm512_add_epi64(seed, _mm512_set1_epi64(8));
+  __m512i rows[8], w[16];
+  for (int half = 0; half < 2; ++half) {
+    for (int i = 0; i < 8; ++i) rows[i] = _mm512_loadu_si512(block[i] + 64 * half);
+    transpose(rows, w + 8 * half);
   }
+  Lanes128 acc{_mm512_set1_epi64(std::int64_t(kDigestBlockBytes * kPrime1)), _mm512_setzero_si512()};
+  mix32(acc, w, 6, 8, 96, seed);
+  mix32(acc, w, 4, 10, 64, seed);
+  mix32(acc, w, 2, 12, 32, seed);
+  mix32(acc, w, 0, 14, 0, seed);
+  const __m512i low = avalanche(_mm512_add_epi64(acc.low, acc.high));
+  __m512i high = _mm512_add_epi64(_mm512_mullo_epi64(acc.low, _mm512_set1_epi64(std::int64_t(kPrime1))),
+                                  _mm512_mullo_epi64(acc.high, _mm512_set1_epi64(std::int64_t(kPrime4))));
+  const __m512i length_less_seed = _mm512_sub_epi64(_mm512_set1_epi64(kDigestBlockBytes), seed);
+  high = _mm512_add_epi64(high, _mm512_mullo_epi64(length_less_seed, _mm512_set1_epi64(std::int64_t(kPrime2))));
+  return {low, _mm512_sub_epi64(_mm512_setzero_si512(), avalanche(high))};
+}
+
+// Each lane's running sum modulo 2^128: a carry where the low half wrapped.
+[[gnu::always_inline]] inline void accumulate(Lanes128& sum, const Lanes128& h) {
+  sum.low = _mm512_add_epi64(sum.low, h.low);
+  const __mmask8 carry = _mm512_cmplt_epu64_mask(sum.low, h.low);
+  sum.high = _mm512_add_epi64(sum.high, h.high);
+  sum.high = _mm512_mask_sub_epi64(sum.high, carry, sum.high, _mm512_set1_epi64(-1));  // + 1 where carried
+}
+
+BlockDigest lanes_total(const Lanes128& sum) {
   std::uint64_t low[8], high[8];
   _mm512_storeu_si512(low, sum.low);
   _mm512_storeu_si512(high, sum.high);
   BlockDigest total;
-  for (int l = 0; l < 8; ++l) total.add_hash(high[l], low[l]);
+  for (int i = 0; i < 8; ++i) total.add_hash(high[i], low[i]);
+  return total;
+}
+
+BlockDigest sum_blocks_avx512(const std::uint8_t* p, std::size_t blocks, std::uint64_t first_seed) {
+  // The hardware's prefetch alone leaves the loads waiting on memory (7 GB/s against 10 with
+  // this, on one core of a Xeon with AVX-512); a prefetch beyond the data never faults.
+  constexpr std::size_t kPrefetchAhead = 4096;
+  __m512i seed = _mm512_add_epi64(_mm512_set1_epi64(std::int64_t(first_seed)), _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0));
+  Lanes128 sum{_mm512_setzero_si512(), _mm512_setzero_si512()};
+  std::size_t i = 0;
+  for (; i + 8 <= blocks; i += 8, p += 8 * kDigestBlockBytes) {
+    for (std::size_t line = 0; line < 8 * kDigestBlockBytes; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchAhead + line, _MM_HINT_T0);
+    const std::uint8_t* block[8];
+    for (int l = 0; l < 8; ++l) block[l] = p + l * kDigestBlockBytes;
+    accumulate(sum, hash8(block, seed));
+    seed = _mm512_add_epi64(seed, _mm512_set1_epi64(8));
+  }
+  BlockDigest total = lanes_total(sum);
   total += sum_blocks_scalar(p, blocks - i, first_seed + i);
+  return total;
+}
+
+BlockDigest sum_listed_blocks_avx512(const std::uint8_t* tensor, const std::uint64_t* numbers, std::size_t count) {
+  Lanes128 sum{_mm512_setzero_si512(), _mm512_setzero_si512()};
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    prefetch_blocks(tensor, numbers + i, count - i);
+    const std::uint8_t* block[8];
+    for (int l = 0; l < 8; ++l) block[l] = tensor + numbers[i + l] * kDigestBlockBytes;
+    accumulate(sum, hash8(block, _mm512_loadu_si512(numbers + i)));
+  }
+  BlockDigest total = lanes_total(sum);
+  total += sum_listed_blocks_scalar(tensor, numbers + i, count - i);
   return total;
 }
 #endif
@@ -236,6 +284,15 @@ BlockDigest sum_whole_blocks(const void* data, std::size_t blocks, std::uint64_t
   return sum_blocks_scalar(p, blocks, first_seed);
 }
 
+BlockDigest sum_listed_blocks(const void* tensor, const std::uint64_t* numbers, std::size_t count, BlockLanes lanes) {
+  const auto* p = static_cast<const std::uint8_t*>(tensor);
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  if (lanes == BlockLanes::avx512) return sum_listed_blocks_avx512(p, numbers, count);
+#endif
+  PULSE_CHECK(lanes == BlockLanes::scalar, "internal: this build has no AVX-512 block digest");
+  return sum_listed_blocks_scalar(p, numbers, count);
+}
+
 void BlockDigest::add(const void* data, std::size_t bytes, std::uint64_t offset) {
   if (bytes == 0) return;
   PULSE_CHECK(offset % kDigestBlockBytes == 0, "internal: a tensor digest piece that does not start a block");
@@ -245,6 +302,19 @@ void BlockDigest::add(const void* data, std::size_t bytes, std::uint64_t offset)
   *this += sum_whole_blocks(p, whole, b, block_lanes());
   if (bytes % kDigestBlockBytes != 0) {  // the tensor's last block, shorter
     const XXH128_hash_t h = XXH3_128bits_withSeed(p + whole * kDigestBlockBytes, bytes % kDigestBlockBytes, b + whole);
+    add_hash(h.high64, h.low64);
+  }
+}
+
+void BlockDigest::add_blocks(const void* tensor, std::uint64_t bytes, const std::uint64_t* numbers, std::size_t count) {
+  if (count == 0) return;
+  // The tensor's last block, when shorter, by xxh3 of its length; the whole ones in lanes.
+  const std::uint64_t last = numbers[count - 1];
+  const bool short_last = (last + 1) * kDigestBlockBytes > bytes;
+  *this += sum_listed_blocks(tensor, numbers, count - short_last, block_lanes());
+  if (short_last) {
+    const std::uint64_t offset = last * kDigestBlockBytes;
+    const XXH128_hash_t h = XXH3_128bits_withSeed(static_cast<const std::uint8_t*>(tensor) + offset, bytes - offset, last);
     add_hash(h.high64, h.low64);
   }
 }

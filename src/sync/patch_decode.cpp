@@ -55,13 +55,14 @@ void swap_values(std::byte* data, unsigned width, const std::uint64_t* indices, 
 // The sum of the blocks (of a tensor of `bytes`) that hold the sorted changed elements.
 BlockDigest touched_blocks(const std::byte* data, std::uint64_t bytes, unsigned width, const std::uint64_t* indices,
                            std::size_t count) {
-  BlockDigest sum;
-  for (std::size_t k = 0; k < count;) {
-    const std::uint64_t offset = width * indices[k] / kDigestBlockBytes * kDigestBlockBytes;
-    const std::size_t n = std::min<std::uint64_t>(kDigestBlockBytes, bytes - offset);
-    sum.add(data + offset, n, offset);
-    while (k < count && width * indices[k] < offset + n) ++k;
+  thread_local std::vector<std::uint64_t> blocks;
+  blocks.clear();
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::uint64_t b = width * indices[k] / kDigestBlockBytes;
+    if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
   }
+  BlockDigest sum;
+  sum.add_blocks(data, bytes, blocks.data(), blocks.size());
   return sum;
 }
 

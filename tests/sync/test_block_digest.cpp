@@ -1,8 +1,8 @@
 // The block digest's evaluations against its definition: every whole-block sum, by each
 // evaluation this build has (one block at a time; eight in AVX-512 lanes), equals the sum of
 // the xxHash library's XXH3_128bits_withSeed per block, for random blocks, seeds near 0, 2^63
-// and 2^64 (where they wrap), block counts around the lane width, unaligned data, and pieces
-// with a short last block at block offsets.
+// and 2^64 (where they wrap), block counts around the lane width, unaligned data, listed
+// (scattered) blocks, and pieces with a short last block at block offsets.
 #include <gtest/gtest.h>
 
 #include <xxhash.h>
@@ -71,6 +71,38 @@ TEST(BlockDigest, SpecialBlocksMatchTheLibrary) {
     const Digest want = library_sum(bytes.data(), bytes.size(), seed);
     for (BlockLanes lanes : evaluations())
       EXPECT_EQ(to_hex(sum_whole_blocks(bytes.data(), 24, seed, lanes).digest()), to_hex(want)) << int(lanes);
+  }
+}
+
+TEST(BlockDigest, ListedBlocksMatchTheLibrary) {
+  std::mt19937_64 rng(32);
+  for (std::size_t bytes : {std::size_t(128), std::size_t(1000), std::size_t(128 * 40), std::size_t(128 * 300 + 77)}) {
+    const std::vector<std::uint8_t> data = random_bytes(rng, bytes);
+    const std::uint64_t blocks = (bytes + kDigestBlockBytes - 1) / kDigestBlockBytes;
+    for (int density : {1, 3, 8}) {  // in eighths of the blocks; the last block listed or not
+      std::vector<std::uint64_t> numbers;
+      unsigned __int128 want = 0;
+      for (std::uint64_t b = 0; b < blocks; ++b) {
+        if (int(rng() % 8) >= density) continue;
+        numbers.push_back(b);
+        const std::size_t n = std::min<std::size_t>(kDigestBlockBytes, bytes - kDigestBlockBytes * b);
+        const XXH128_hash_t h = XXH3_128bits_withSeed(data.data() + kDigestBlockBytes * b, n, b);
+        want += (unsigned __int128)(h.high64) << 64 | h.low64;
+      }
+      BlockDigest sum;
+      sum.add_blocks(data.data(), bytes, numbers.data(), numbers.size());
+      BlockDigest expected;
+      expected.add_hash(std::uint64_t(want >> 64), std::uint64_t(want));
+      EXPECT_EQ(sum, expected) << bytes << " bytes, " << numbers.size() << " blocks";
+      // Whole blocks only, by each evaluation.
+      const bool short_last = bytes % kDigestBlockBytes != 0 && !numbers.empty() && numbers.back() == blocks - 1;
+      BlockDigest whole;
+      for (std::size_t k = 0; k + short_last < numbers.size(); ++k)
+        whole += sum_whole_blocks(data.data() + kDigestBlockBytes * numbers[k], 1, numbers[k], BlockLanes::scalar);
+      for (BlockLanes lanes : evaluations())
+        EXPECT_EQ(sum_listed_blocks(data.data(), numbers.data(), numbers.size() - short_last, lanes), whole)
+            << int(lanes);
+    }
   }
 }
 
