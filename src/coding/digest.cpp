@@ -67,9 +67,7 @@ Digest BlockDigest::digest() const {
 }
 
 BlockDigest& BlockDigest::operator+=(const BlockDigest& o) {
-  const std::uint64_t low = low_ + o.low_;
-  high_ += o.high_ + (low < low_);
-  low_ = low;
+  add_hash(o.high_, o.low_);
   return *this;
 }
 
