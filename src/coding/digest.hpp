@@ -56,6 +56,9 @@ class BlockDigest {
   // multiple of kDigestBlockBytes, and bytes too unless the piece ends the tensor.
   void add(const void* data, std::size_t bytes, std::uint64_t offset);
   void subtract(const void* data, std::size_t bytes, std::uint64_t offset);
+  // Adds the blocks numbered numbers[0, count) (ascending) of the tensor at `tensor` of `bytes`.
+  void add_blocks(const void* tensor, std::uint64_t bytes, const std::uint64_t* numbers, std::size_t count);
+  void add_hash(std::uint64_t high, std::uint64_t low);  // one block's xxh3-128 hash
   BlockDigest& operator+=(const BlockDigest& o);
   BlockDigest& operator-=(const BlockDigest& o);
   bool operator==(const BlockDigest& o) const { return high_ == o.high_ && low_ == o.low_; }
@@ -64,6 +67,17 @@ class BlockDigest {
  private:
   std::uint64_t high_ = 0, low_ = 0;
 };
+
+// How BlockDigest::add hashes whole blocks: one at a time, or eight at once in the lanes of
+// AVX-512 vectors (where this build's CPU has AVX-512 F and DQ). Both give the same sums.
+enum class BlockLanes { scalar, avx512 };
+BlockLanes block_lanes();  // this build's
+// The sum over `blocks` whole blocks at data of XXH3_128bits_withSeed(block i, first_seed + i)
+// (seeds modulo 2^64), by `lanes` (avx512 only where block_lanes() is); public for the tests.
+BlockDigest sum_whole_blocks(const void* data, std::size_t blocks, std::uint64_t first_seed, BlockLanes lanes);
+// The sum over the whole blocks numbered numbers[0, count) of a tensor of XXH3_128bits_withSeed
+// (block, its number), by `lanes`.
+BlockDigest sum_listed_blocks(const void* tensor, const std::uint64_t* numbers, std::size_t count, BlockLanes lanes);
 
 // The tensor's digest, hashed by `threads` threads (0: the machine's cores) in block ranges.
 Digest tensor_digest(const TensorRef& t, unsigned threads = 1);

@@ -52,17 +52,30 @@ void swap_values(std::byte* data, unsigned width, const std::uint64_t* indices, 
   }
 }
 
-// The sum of the blocks (of a tensor of `bytes`) that hold the sorted changed elements.
-BlockDigest touched_blocks(const std::byte* data, std::uint64_t bytes, unsigned width, const std::uint64_t* indices,
-                           std::size_t count) {
-  BlockDigest sum;
-  for (std::size_t k = 0; k < count;) {
-    const std::uint64_t offset = width * indices[k] / kDigestBlockBytes * kDigestBlockBytes;
-    const std::size_t n = std::min<std::uint64_t>(kDigestBlockBytes, bytes - offset);
-    sum.add(data + offset, n, offset);
-    while (k < count && width * indices[k] < offset + n) ++k;
+// Swaps the sorted changes in and sums the blocks they touch before (old_sum) and after
+// (new_sum, when hash), a window of touched blocks at a time: the swap and the second sum find
+// the window's blocks in cache, where over a whole segment each pass read them from memory.
+void swap_and_sum(std::byte* data, std::uint64_t bytes, unsigned width, const std::uint64_t* indices,
+                  std::uint8_t* values, std::size_t count, bool hash, BlockDigest& old_sum, BlockDigest& new_sum) {
+  // The touched blocks' numbers, ascending, listed (and allocated) before anything is swapped.
+  thread_local std::vector<std::uint64_t> blocks;
+  blocks.clear();
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::uint64_t b = width * indices[k] / kDigestBlockBytes;
+    if (blocks.empty() || blocks.back() != b) blocks.push_back(b);
   }
-  return sum;
+  constexpr std::size_t kWindowBlocks = 256;  // 32 KiB: within the first-level cache
+  std::size_t k = 0;                          // the window's first change
+  for (std::size_t first = 0; first < blocks.size(); first += kWindowBlocks) {
+    const std::size_t n = std::min(kWindowBlocks, blocks.size() - first);
+    const std::uint64_t end_byte = (blocks[first + n - 1] + 1) * kDigestBlockBytes;
+    std::size_t end = k;
+    while (end < count && width * indices[end] < end_byte) ++end;
+    old_sum.add_blocks(data, bytes, blocks.data() + first, n);
+    swap_values(data, width, indices + k, values + width * k, end - k);
+    if (hash) new_sum.add_blocks(data, bytes, blocks.data() + first, n);
+    k = end;
+  }
 }
 
 // The digest of a tensor's bytes with sorted changes written, without writing them: ranges of
@@ -332,10 +345,8 @@ std::vector<DecodedEntry> PatchDecoder::decode_all_in_place(std::vector<MutableT
         MutableTensor& t = state[w.tensor];
         std::uint64_t* indices = w.indices.data() + seg.first_change;
         std::uint8_t* values = w.values.data() + w.width * seg.first_change;
-        old_sums[s] = touched_blocks(t.data, t.bytes, w.width, indices, seg.count);
-        swap_values(t.data, w.width, indices, values, seg.count);
+        swap_and_sum(t.data, t.bytes, w.width, indices, values, seg.count, hash_targets_, old_sums[s], new_sums[s]);
         swapped[s] = 1;
-        if (hash_targets_) new_sums[s] = touched_blocks(t.data, t.bytes, w.width, indices, seg.count);
       }
     });
   } catch (...) {

@@ -94,7 +94,9 @@ using Scan = std::function<void(const SegmentPlan&, ScannedSegment&)>;
 
 // Bit j set where byte j of the 64 at a and b differ.
 inline std::uint64_t differing_bytes(const std::byte* a, const std::byte* b) {
-#if defined(__AVX2__)
+#if defined(__AVX512BW__)
+  return _cvtmask64_u64(_mm512_cmpneq_epi8_mask(_mm512_loadu_si512(a), _mm512_loadu_si512(b)));
+#elif defined(__AVX2__)
   const auto* x = reinterpret_cast<const __m256i*>(a);
   const auto* y = reinterpret_cast<const __m256i*>(b);
   const std::uint32_t low = std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(x), _mm256_loadu_si256(y))));
