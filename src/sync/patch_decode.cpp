@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/element_word.hpp"
 #include "core/error.hpp"
 #include "sync/change_history.hpp"
 #include "coding/parallel.hpp"
@@ -29,27 +30,19 @@ void write_values(std::byte* data, unsigned width, const std::uint64_t* indices,
   }
 }
 
-// Swaps `count` values with the elements at their indices: values then hold the old ones.
-// Width W known: copies of a constant size are moves, not calls.
-template <unsigned W>
-void swap_values(std::byte* data, const std::uint64_t* indices, std::uint8_t* values, std::size_t count) {
-  for (std::size_t k = 0; k < count; ++k) {
-    std::uint8_t old[W];
-    std::byte* element = data + W * indices[k];
-    std::memcpy(old, element, W);
-    std::memcpy(element, values + W * k, W);
-    std::memcpy(values + W * k, old, W);
-  }
-}
-
+// Swaps `count` values (width bytes each) with the elements at their indices: values then hold
+// the old ones. The width known as a type: copies of a constant size are moves, not calls.
 void swap_values(std::byte* data, unsigned width, const std::uint64_t* indices, std::uint8_t* values,
                  std::size_t count) {
-  switch (width) {
-    case 1: return swap_values<1>(data, indices, values, count);
-    case 2: return swap_values<2>(data, indices, values, count);
-    case 4: return swap_values<4>(data, indices, values, count);
-    default: return swap_values<8>(data, indices, values, count);
-  }
+  with_element_word(width, "patch values", [&](auto word) {
+    constexpr std::size_t W = sizeof(word);
+    for (std::size_t k = 0; k < count; ++k) {
+      std::byte* element = data + W * indices[k];
+      std::memcpy(&word, element, W);
+      std::memcpy(element, values + W * k, W);
+      std::memcpy(values + W * k, &word, W);
+    }
+  });
 }
 
 // Swaps the sorted changes in and sums the blocks they touch before (old_sum) and after
