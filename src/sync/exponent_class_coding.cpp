@@ -472,19 +472,23 @@ void ExponentClassEncoder::add(const SparseFormat& f, const std::uint64_t* ranks
     steps[at[k]++] = std::int64_t(f.key(new_bits[j])) - std::int64_t(f.key(old_bits[j]));
     next_rank[k] = ranks[j] + 1;
   }
-  std::uint64_t remaining = count, previous = 0;
-  for (unsigned k = 0; k < classes && remaining > 0; ++k) {
-    ExponentClassModel& m = models_.classes[k];
-    indices_.encode(m.any[previous > 0], per_class[k] > 0);
-    if (per_class[k] > 0) indices_.encode_integer(models_.counts[count_context(previous)], per_class[k] - 1);
-    previous = per_class[k];
-    for (std::uint64_t c = first[k]; c < first[k] + per_class[k]; ++c) {
-      indices_.encode_integer(m.gap, gaps[c]);
-      const std::int64_t d = steps[c];
-      if (!history) values_.encode_even(d < 0, 1);
-      values_.encode_integer(m.step, std::uint64_t(d < 0 ? -d : d) - 1);
+  {
+    // Both coders' states in registers for the whole loop; their decisions interleave.
+    RangeEncoder::Run ix(indices_), vx(values_);
+    std::uint64_t remaining = count, previous = 0;
+    for (unsigned k = 0; k < classes && remaining > 0; ++k) {
+      ExponentClassModel& m = models_.classes[k];
+      ix.bit(m.any[previous > 0], per_class[k] > 0);
+      if (per_class[k] > 0) ix.integer(models_.counts[count_context(previous)], per_class[k] - 1);
+      previous = per_class[k];
+      for (std::uint64_t c = first[k]; c < first[k] + per_class[k]; ++c) {
+        ix.integer(m.gap, gaps[c]);
+        const std::int64_t d = steps[c];
+        if (!history) vx.even(d < 0, 1);
+        vx.integer(m.step, std::uint64_t(d < 0 ? -d : d) - 1);
+      }
+      remaining -= per_class[k];
     }
-    remaining -= per_class[k];
   }
   // History variant: the signs follow, in index order (as the receiver's pass finds the changes).
   if (history)
@@ -525,24 +529,28 @@ void ExponentClassDecoder::decode(const SparseFormat& f, const std::byte* old_da
   thread_local std::vector<ClassChange> changes;
   changes.resize(count + classes);
   std::uint64_t coded = 0, previous = 0, at = 0;
-  for (unsigned k = 0; k < classes; ++k) {
-    c.first[k] = at;
-    if (coded < count) {
-      ExponentClassModel& m = models_.classes[k];
-      const bool any = ix.decode(m.any[previous > 0]);
-      previous = any ? ix.decode_integer(models_.counts[count_context(previous)], count - coded - 1) + 1 : 0;
-      coded += previous;
-      std::uint64_t next_rank = 0;  // ranks are below n
-      for (const std::uint64_t end = at + previous; at < end; ++at) {
-        PULSE_CHECK(next_rank < n, "patch index out of range" + context);
-        changes[at].gap = ix.decode_integer(m.gap, n - 1 - next_rank);
-        next_rank += changes[at].gap + 1;
-        const bool negative = !history && vx.decode_even(1);  // history variant: signs come later
-        const std::uint64_t step = vx.decode_integer(m.step, f.mask() - 1) + 1;
-        changes[at].step = negative ? -std::int64_t(step) : std::int64_t(step);
+  {
+    // Both decoders' states in registers for the whole loop; their decisions interleave.
+    RangeDecoder::Run ir(ix), vr(vx);
+    for (unsigned k = 0; k < classes; ++k) {
+      c.first[k] = at;
+      if (coded < count) {
+        ExponentClassModel& m = models_.classes[k];
+        const bool any = ir.bit(m.any[previous > 0]);
+        previous = any ? ir.integer(models_.counts[count_context(previous)], count - coded - 1) + 1 : 0;
+        coded += previous;
+        std::uint64_t next_rank = 0;  // ranks are below n
+        for (const std::uint64_t end = at + previous; at < end; ++at) {
+          PULSE_CHECK(next_rank < n, "patch index out of range" + context);
+          const std::uint64_t gap = ir.integer(m.gap, n - 1 - next_rank);
+          next_rank += gap + 1;
+          const bool negative = !history && vr.even(1);  // history variant: signs come later
+          const std::uint64_t step = vr.integer(m.step, f.mask() - 1) + 1;
+          changes[at] = {gap, negative ? -std::int64_t(step) : std::int64_t(step)};
+        }
       }
+      changes[at++].gap = UINT64_MAX;
     }
-    changes[at++].gap = UINT64_MAX;
   }
   PULSE_CHECK(coded == count, "patch codes fewer changes than its entry declares" + context);
   c.changes = changes.data();
