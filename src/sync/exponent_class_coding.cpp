@@ -267,24 +267,23 @@ std::uint64_t locate_in_blocks(const std::byte* data, std::uint64_t begin, std::
     block.load(data + 2 * i);
     Found found[kBlock];
     unsigned num_found = 0;
-    // All masks first: one loop that keeps in_hot in a register (interleaved with the count-down
-    // below, it went through memory, a chain of store-to-load forwards per block).
-    std::uint64_t masks[kMaxHot], in_hot = 0;
-    for (unsigned h = 0; h < hot.count; ++h) {
-      masks[h] = block.members(hot.k[h]);
-      in_hot |= masks[h];
-    }
     // Every hot class counted down at once, with a bit for each whose next change lies in the
     // block: one branch per block instead of one per class (most blocks hold no such change).
+    // No array of the masks: GCC vectorised the popcounts over one, loading 32 bytes that four
+    // 8-byte stores had just written (a store-forwarding stall per block); a hit class's mask
+    // is one compare again.
+    std::uint64_t in_hot = 0;
     unsigned hit = 0;
     for (unsigned h = 0; h < hot.count; ++h) {
-      const std::uint64_t in_block = std::uint64_t(__builtin_popcountll(masks[h]));
+      const std::uint64_t members = block.members(hot.k[h]);
+      const std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members));
+      in_hot |= members;
       hit |= unsigned(left[h] < in_block) << h;
       left[h] -= in_block;  // wraps for a hit, undone below
     }
     for (; hit != 0; hit &= hit - 1) {
       const unsigned h = unsigned(__builtin_ctz(hit)), k = hot.k[h];
-      std::uint64_t members = masks[h];
+      std::uint64_t members = block.members(k);
       std::uint64_t in_block = std::uint64_t(__builtin_popcountll(members)), to_next = left[h] + in_block;
       while (to_next < in_block) {
         const unsigned at = select_bit(members, unsigned(to_next));
