@@ -194,32 +194,57 @@ class BlockClasses {
 
 // The encoder's pass in blocks from element `begin`: the rank of each change is its class's
 // count before the block (`counts`, one row) plus its class's members in the block below it.
-// Blocks end at the last change. Ranks changes [j, ...) in order through rank(rank) and
-// returns the elements counted.
-template <class Rank>
+// Blocks end at the last change. Writes the ranks of changes [j, ...) to ranks[j] (one slot
+// past the last change is written too) and returns the elements counted.
+//
+// A block holds 0.6 changes and 0.75 elements outside the hot classes on average at 99%
+// sparsity, so loops over either ended in a mispredicted branch in most blocks: the first two
+// of each are done without a branch (a result that does not count is added as 0 or
+// overwritten), a loop only takes a third and more.
 std::uint64_t rank_in_blocks(const SparseFormat& f, const std::byte* data, std::uint64_t begin,
                              const std::vector<unsigned>& hot, const index_t* indices, const std::uint32_t* old_bits,
-                             std::size_t count, std::uint64_t* counts, std::size_t& j, Rank&& rank) {
+                             std::size_t count, std::uint64_t* counts, std::size_t& ranked, std::uint64_t* ranks) {
+  std::size_t j = ranked;  // in a register, not through the reference
   const std::uint64_t end = std::uint64_t(indices[count - 1]) + 1;
   const unsigned class_mask = f.classes() - 1;
   BlockClasses block(f.mantissa_bits, class_mask);
+  // The rank of change c, if it lies in the block from i (anything if not).
+  auto rank_of = [&](std::size_t c, std::uint64_t i) {
+    const unsigned k = f.exponent_class(old_bits[c]);
+    const std::uint64_t below = (std::uint64_t(1) << ((std::uint64_t(indices[c]) - i) & (kBlock - 1))) - 1;
+    return counts[k] + std::uint64_t(__builtin_popcountll(block.members(k) & below));
+  };
   std::uint64_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
     block.load(data + 2 * i);
-    for (; j < count && std::uint64_t(indices[j]) < i + kBlock; ++j) {
-      const unsigned k = f.exponent_class(old_bits[j]);
-      const std::uint64_t below = (std::uint64_t(1) << (std::uint64_t(indices[j]) - i)) - 1;
-      rank(counts[k] + std::uint64_t(__builtin_popcountll(block.members(k) & below)));
-    }
+    // j < count here: the last change lies in this block or a later one.
+    const std::size_t next = std::min(j + 1, count - 1);
+    const bool first_in = std::uint64_t(indices[j]) < i + kBlock;
+    const bool second_in = j + 1 < count && std::uint64_t(indices[next]) < i + kBlock;  // implies first_in
+    ranks[j] = rank_of(j, i);
+    ranks[j + 1] = rank_of(next, i);
+    j += std::size_t(first_in) + std::size_t(second_in);
+    if (__builtin_expect(second_in, 0))
+      for (; j < count && std::uint64_t(indices[j]) < i + kBlock; ++j) ranks[j] = rank_of(j, i);
     std::uint64_t in_hot = 0;
     for (unsigned k : hot) {
       const std::uint64_t members = block.members(k);
       in_hot |= members;
       counts[k] += std::uint64_t(__builtin_popcountll(members));
     }
-    for (std::uint64_t others = ~in_hot; others != 0; others &= others - 1)
-      ++counts[(load<std::uint16_t>(data, i + std::uint64_t(__builtin_ctzll(others))) >> f.mantissa_bits) & class_mask];
+    // The others: the bit at 63 makes each place lie in the block when there are fewer.
+    std::uint64_t others = ~in_hot;
+    auto class_at = [&](std::uint64_t bits) {
+      return (load<std::uint16_t>(data, i + std::uint64_t(__builtin_ctzll(bits | std::uint64_t(1) << 63))) >>
+              f.mantissa_bits) & class_mask;
+    };
+    const std::uint64_t second = others & (others - 1);
+    counts[class_at(others)] += others != 0;
+    counts[class_at(second)] += second != 0;
+    if (__builtin_expect(second != 0, 0))
+      for (others = second & (second - 1); others != 0; others &= others - 1) ++counts[class_at(others)];
   }
+  ranked = j;
   return i;
 }
 
@@ -422,10 +447,11 @@ void ExponentClassRanker::rank(const index_t* indices, const std::uint32_t* old_
   if (count == 0) return;
   const SparseFormat& f = format_;
   std::size_t j = 0;
+  const std::size_t before = ranks.size();
+  ranks.resize(before + count + 1);  // a slot of slack for rank_in_blocks
+  std::uint64_t* out = ranks.data() + before;
 #if defined(__AVX2__)
-  if (!hot_.empty())
-    counted_ = rank_in_blocks(f, data_, counted_, hot_, indices, old_bits, count, counts_.data(), j,
-                              [&](std::uint64_t r) { ranks.push_back(r); });
+  if (!hot_.empty()) counted_ = rank_in_blocks(f, data_, counted_, hot_, indices, old_bits, count, counts_.data(), j, out);
 #endif
   // Class counts of the elements between changes.
   for (; j < count; ++j) {
@@ -434,9 +460,10 @@ void ExponentClassRanker::rank(const index_t* indices, const std::uint32_t* old_
     std::uint64_t r = 0;
     for (unsigned lane = 0; lane < kLanes; ++lane) r += counts_[lane * kMaxClasses + k];
     ++counts_[k];
-    ranks.push_back(r);
+    out[j] = r;
     counted_ = std::uint64_t(indices[j]) + 1;
   }
+  ranks.resize(before + count);
   // The next block pass reads one row: fold the other lanes into it.
   if (!hot_.empty())
     for (unsigned lane = 1; lane < kLanes; ++lane)
