@@ -293,69 +293,109 @@ TEST(ExponentClassCoding, EncodesTheBytesRecordedBeforeItsSpeedWork) {
   }
 }
 
+namespace {
+
+// The ranker against ranks counted element by element, with the changes handed over in pieces
+// of random size (empty ones too, and pieces that cross the blocks and chunks of the fast
+// paths); then the decoder against the encoder's changes, its progress reports checked against
+// the sorted indices.
+void check_ranks_and_round_trip(const SparseFormat& f, const std::vector<std::uint8_t>& base,
+                                const std::vector<std::uint8_t>& target, std::size_t n, std::mt19937_64& rng,
+                                const std::string& label) {
+  const auto* old_data = reinterpret_cast<const std::byte*>(base.data());
+  std::vector<index_t> indices;
+  std::vector<std::uint32_t> new_bits, old_bits;
+  std::vector<std::uint64_t> expected, seen(f.classes(), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto before = load_value(old_data, i, f.bytes);
+    const auto after = load_value(reinterpret_cast<const std::byte*>(target.data()), i, f.bytes);
+    const unsigned k = f.exponent_class(before);
+    if (before != after) {
+      indices.push_back(index_t(i));
+      new_bits.push_back(std::uint32_t(after));
+      old_bits.push_back(std::uint32_t(before));
+      expected.push_back(seen[k]);
+    }
+    ++seen[k];
+  }
+  ASSERT_GT(indices.size(), 10u) << label;
+  ExponentClassRanker ranker(f, old_data, n);
+  std::vector<std::uint64_t> ranks;
+  for (std::size_t j = 0; j < indices.size();) {
+    const std::size_t piece = std::min<std::size_t>(indices.size() - j, rng() % 4 == 0 ? 0 : rng() % 2000);
+    ranker.rank(indices.data() + j, old_bits.data() + j, piece, ranks);
+    j += piece;
+  }
+  ASSERT_EQ(ranks, expected) << label;
+
+  ExponentClassEncoder encoder;
+  encoder.add(f, ranks.data(), new_bits.data(), old_bits.data(), indices.size());
+  const auto index_stream = encoder.finish_indices(), value_stream = encoder.finish_values();
+  ExponentClassDecoder decoder(index_stream.data(), index_stream.size(), value_stream.data(), value_stream.size(),
+                               indices.size());
+  std::vector<std::uint64_t> decoded(indices.size());
+  std::vector<std::uint8_t> values(indices.size() * f.bytes);
+  std::uint64_t last_end = 0, calls = 0;
+  decoder.decode(f, old_data, n, indices.size(), decoded.data(), values.data(), "",
+                 [&](std::uint64_t end, std::uint64_t found) {
+                   ++calls;
+                   EXPECT_GT(end, last_end);
+                   EXPECT_TRUE(end == n || end - last_end <= ExponentClassDecoder::kPassChunk) << end;
+                   last_end = end;
+                   // Every change below `end` is among the first `found`, which are all below it.
+                   const auto below = std::lower_bound(indices.begin(), indices.end(), index_t(end)) - indices.begin();
+                   EXPECT_EQ(std::uint64_t(below), found) << label << " end " << end;
+                 });
+  decoder.check_consumed();
+  EXPECT_EQ(last_end, n);
+  EXPECT_GE(calls, 1u);
+  for (std::size_t j = 0; j < indices.size(); ++j) {
+    ASSERT_EQ(decoded[j], std::uint64_t(indices[j])) << label << " change " << j;
+    ASSERT_EQ(load_value(reinterpret_cast<const std::byte*>(values.data()), j, f.bytes), new_bits[j]);
+  }
+}
+
+}  // namespace
+
 TEST(ExponentClassCoding, RanksInPiecesAndDecoderProgressMatchAReference) {
-  // The ranker against ranks counted element by element, with the changes handed over in pieces
-  // of random size (empty ones too, and pieces that cross the blocks and chunks of the fast
-  // paths); then the decoder against the encoder's changes, its progress reports checked
-  // against the sorted indices. Concentrated classes take the block paths for 16-bit dtypes,
-  // uniform bits (and 8-, 32-bit dtypes) the element-by-element ones.
+  // Concentrated classes take the block paths for 16-bit dtypes, uniform bits (and 8-, 32-bit
+  // dtypes) the element-by-element ones.
   std::mt19937_64 rng(21);
   for (const RecordedCase c : {RecordedCase{"BF16", 300007, 10, false}, RecordedCase{"BF16", 70001, 30, true},
                                RecordedCase{"F16", 140003, 10, false}, RecordedCase{"F32", 70001, 20, false},
                                RecordedCase{"F8_E4M3", 9001, 50, false}, RecordedCase{"BF16", 130, 300, false}}) {
-    const SparseFormat f = *sparse_format(c.dtype);
     std::vector<std::uint8_t> base, target;
     weight_like_pair(c, rng(), base, target);
-    const auto* old_data = reinterpret_cast<const std::byte*>(base.data());
-    std::vector<index_t> indices;
-    std::vector<std::uint32_t> new_bits, old_bits;
-    std::vector<std::uint64_t> expected, seen(f.classes(), 0);
-    for (std::size_t i = 0; i < c.n; ++i) {
-      const auto before = load_value(old_data, i, f.bytes);
-      const auto after = load_value(reinterpret_cast<const std::byte*>(target.data()), i, f.bytes);
-      const unsigned k = f.exponent_class(before);
-      if (before != after) {
-        indices.push_back(index_t(i));
-        new_bits.push_back(std::uint32_t(after));
-        old_bits.push_back(std::uint32_t(before));
-        expected.push_back(seen[k]);
-      }
-      ++seen[k];
-    }
-    ASSERT_GT(indices.size(), 10u) << c.dtype;
-    ExponentClassRanker ranker(f, old_data, c.n);
-    std::vector<std::uint64_t> ranks;
-    for (std::size_t j = 0; j < indices.size();) {
-      const std::size_t piece = std::min<std::size_t>(indices.size() - j, rng() % 4 == 0 ? 0 : rng() % 2000);
-      ranker.rank(indices.data() + j, old_bits.data() + j, piece, ranks);
-      j += piece;
-    }
-    ASSERT_EQ(ranks, expected) << c.dtype << " " << c.n;
-
-    ExponentClassEncoder encoder;
-    encoder.add(f, ranks.data(), new_bits.data(), old_bits.data(), indices.size());
-    const auto index_stream = encoder.finish_indices(), value_stream = encoder.finish_values();
-    ExponentClassDecoder decoder(index_stream.data(), index_stream.size(), value_stream.data(), value_stream.size(),
-                                 indices.size());
-    std::vector<std::uint64_t> decoded(indices.size());
-    std::vector<std::uint8_t> values(indices.size() * f.bytes);
-    std::uint64_t last_end = 0, calls = 0;
-    decoder.decode(f, old_data, c.n, indices.size(), decoded.data(), values.data(), "",
-                   [&](std::uint64_t end, std::uint64_t found) {
-                     ++calls;
-                     EXPECT_GT(end, last_end);
-                     EXPECT_TRUE(end == c.n || end - last_end <= ExponentClassDecoder::kPassChunk) << end;
-                     last_end = end;
-                     // Every change below `end` is among the first `found`, which are all below it.
-                     const auto below = std::lower_bound(indices.begin(), indices.end(), index_t(end)) - indices.begin();
-                     EXPECT_EQ(std::uint64_t(below), found) << c.dtype << " end " << end;
-                   });
-    decoder.check_consumed();
-    EXPECT_EQ(last_end, c.n);
-    EXPECT_GE(calls, 1u);
-    for (std::size_t j = 0; j < indices.size(); ++j) {
-      ASSERT_EQ(decoded[j], std::uint64_t(indices[j])) << c.dtype << " change " << j;
-      ASSERT_EQ(load_value(reinterpret_cast<const std::byte*>(values.data()), j, f.bytes), new_bits[j]);
-    }
+    check_ranks_and_round_trip(*sparse_format(c.dtype), base, target, c.n, rng, std::string(c.dtype) + " " + std::to_string(c.n));
   }
+}
+
+TEST(ExponentClassCoding, BlocksWithEachCountOfChangesAndOtherClassesMatchAReference) {
+  // Hand-made BF16 blocks of 64 elements: six common ("hot") exponent classes, and in block b
+  // b % 6 elements of rare classes (two of one class where there are several) and (b / 6) % 5
+  // changes, on rare and common elements alike; block 60 changes every element. Each count of
+  // changes and of rare elements the block paths handle without a loop (0, 1, 2) and with one
+  // (3 and more) is met, beside each other.
+  std::mt19937_64 rng(5);
+  const std::size_t blocks = 64, n = 64 * blocks + 37;  // a tail the block paths leave
+  std::vector<std::uint16_t> base(n), target;
+  for (std::size_t i = 0; i < n; ++i) base[i] = std::uint16_t((118 + rng() % 6) << 7 | rng() % 128);
+  for (std::size_t b = 0; b < blocks; ++b)
+    for (std::size_t r = 0; r < b % 6; ++r) base[64 * b + rng() % 64] = std::uint16_t((100 + b % 3 + (r > 1)) << 7 | rng() % 128);
+  target = base;
+  for (std::size_t b = 0; b < blocks; ++b)
+    for (std::size_t r = 0; r < (b / 6) % 5; ++r) {
+      std::size_t i = 64 * b + rng() % 64;
+      // Every other change on a rare element where the block holds one.
+      if (r % 2 == 1)
+        for (std::size_t e = 64 * b; e < 64 * b + 64; ++e)
+          if (base[e] >> 7 < 118 && target[e] == base[e]) i = e;
+      target[i] = std::uint16_t(base[i] ^ 1);
+    }
+  for (std::size_t i = 64 * 60; i < 64 * 61; ++i) target[i] = std::uint16_t(base[i] ^ 2);
+  target[n - 1] = std::uint16_t(base[n - 1] ^ 1);
+  std::vector<std::uint8_t> base_bytes(2 * n), target_bytes(2 * n);
+  std::memcpy(base_bytes.data(), base.data(), 2 * n);
+  std::memcpy(target_bytes.data(), target.data(), 2 * n);
+  check_ranks_and_round_trip(*sparse_format("BF16"), base_bytes, target_bytes, n, rng, "hand-made blocks");
 }
