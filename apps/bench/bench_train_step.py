@@ -155,6 +155,8 @@ def main():
                              "then reused), so that GRPO's weights change from the first step; 0: GPT-2 init")
     parser.add_argument("--mpiexec", default="mpirun --oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else ""))
     args = parser.parse_args()
+    if args.steps < args.warmup + 3:  # the medians need rows after the warm-up and their next rows
+        parser.error(f"--steps {args.steps}: at least --warmup + 3 = {args.warmup + 3}")
     os.makedirs(args.out, exist_ok=True)
     cores = os.cpu_count()
     peak = sgemm_peak(args.build, cores)
