@@ -85,6 +85,13 @@ void BlockDigest::add_hash(std::uint64_t high, std::uint64_t low) {
 
 namespace {
 
+// Whether this build hashes whole blocks eight at a time in AVX-512 lanes (F and DQ).
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define PULSE_BLOCK_LANES 1
+#else
+#define PULSE_BLOCK_LANES 0
+#endif
+
 BlockDigest sum_blocks_scalar(const std::uint8_t* p, std::size_t blocks, std::uint64_t seed) {
   // XXH3_128bits_withSeed's own path for 17-128 bytes, called with the length known, so that no
   // branch on it is left and consecutive blocks overlap (1.5-2x faster).
@@ -117,7 +124,7 @@ BlockDigest sum_listed_blocks_scalar(const std::uint8_t* tensor, const std::uint
   return sum;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if PULSE_BLOCK_LANES
 // XXH3_len_17to128_128b for 128 bytes (the xxHash specification's 128-bit XXH3 of 17-128 bytes),
 // evaluated for eight blocks at once: lane i of every vector belongs to block i.
 
@@ -265,17 +272,11 @@ BlockDigest sum_listed_blocks_avx512(const std::uint8_t* tensor, const std::uint
 
 }  // namespace
 
-BlockLanes block_lanes() {
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-  return BlockLanes::avx512;
-#else
-  return BlockLanes::scalar;
-#endif
-}
+BlockLanes block_lanes() { return PULSE_BLOCK_LANES ? BlockLanes::avx512 : BlockLanes::scalar; }
 
 BlockDigest sum_whole_blocks(const void* data, std::size_t blocks, std::uint64_t first_seed, BlockLanes lanes) {
   const auto* p = static_cast<const std::uint8_t*>(data);
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if PULSE_BLOCK_LANES
   if (lanes == BlockLanes::avx512) return sum_blocks_avx512(p, blocks, first_seed);
 #endif
   PULSE_CHECK(lanes == BlockLanes::scalar, "internal: this build has no AVX-512 block digest");
@@ -284,7 +285,7 @@ BlockDigest sum_whole_blocks(const void* data, std::size_t blocks, std::uint64_t
 
 BlockDigest sum_listed_blocks(const void* tensor, const std::uint64_t* numbers, std::size_t count, BlockLanes lanes) {
   const auto* p = static_cast<const std::uint8_t*>(tensor);
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if PULSE_BLOCK_LANES
   if (lanes == BlockLanes::avx512) return sum_listed_blocks_avx512(p, numbers, count);
 #endif
   PULSE_CHECK(lanes == BlockLanes::scalar, "internal: this build has no AVX-512 block digest");
