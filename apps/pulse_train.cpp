@@ -558,15 +558,9 @@ double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed) {
   row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
   row.set_int("/steps/tensor_changed", std::vector<std::int64_t>(sp.per_tensor.begin(), sp.per_tensor.end()));
   row.set("/kstep/sparsity", sp.kstep);
-  // The ratios AdamW sampled in its own pass when it listed the changes (mixed precision), else
-  // sampled here from the moments.
-  if (const auto sample = params.adam_ratio_sample()) {
-    row.set("/steps/adam_ratio", sample_quantiles(*sample, adam_quantiles));
-  } else {
-    const ParameterStore::Moments moments = params.moments_fp32();
-    const AdamWHyper adam;  // the betas and eps the trainer steps with
-    row.set("/steps/adam_ratio", adam_ratio_quantiles(moments.m, moments.v, adam.beta1, adam.beta2, adam.eps, t, adam_quantiles));
-  }
+  const ParameterStore::Moments moments = params.moments_fp32();
+  const AdamWHyper adam;  // the betas and eps the trainer steps with
+  row.set("/steps/adam_ratio", adam_ratio_quantiles(moments.m, moments.v, adam.beta1, adam.beta2, adam.eps, t, adam_quantiles));
   copies_.downloaded(adam_quantiles.size() * sizeof(double));
   return timer.seconds();
 }

@@ -321,33 +321,6 @@ index_t adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, cons
   return changed;
 }
 
-// ---- the Adam-ratio sample, taken in the step's own pass ----
-
-// The Adam ratio |m_hat| / (sqrt(v_hat) + eps) of one element after a step, in double, with the
-// bias corrections c1 = 1 - beta1^t and c2 = 1 - beta2^t (the meter's statistic).
-KOKKOS_INLINE_FUNCTION double adam_ratio(const double c1, const double c2, const double eps, const float m,
-                                         const float v) {
-  const double m_hat = double(m) / c1, v_hat = double(v) / c2;
-  return (m_hat < 0 ? -m_hat : m_hat) / (::sqrt(v_hat) + eps);  // ::sqrt: host and device
-}
-
-// The stride of an evenly strided sample of at most max_sample of n elements (at least 1), and
-// the sample's size.
-KOKKOS_INLINE_FUNCTION index_t adam_ratio_stride(const index_t n, const index_t max_sample) {
-  const index_t stride = n / max_sample;
-  return stride > 1 ? stride : 1;
-}
-KOKKOS_INLINE_FUNCTION index_t adam_ratio_count(const index_t n, const index_t stride) { return (n + stride - 1) / stride; }
-
-// The Adam ratios of elements 0, stride, 2 stride, ... after a step: a staged mixed step writes
-// them from its own new m and v (stride 0: none), so that no later pass reads m and v again.
-template <class Mem = DefaultMem>
-struct AdamRatioSample {
-  index_t stride = 0;
-  double c1 = 1, c2 = 1, eps = 0;   // adam_ratio's
-  Kokkos::View<double*, Mem> ratios;  // adam_ratio_count(num_elements, stride)
-};
-
 // ---- the changed list, written by the step's own pass ----
 
 // The elements whose BF16 bits an AdamW step changed, staged per segment during the step's pass:
@@ -424,12 +397,11 @@ inline index_t stage_block(const index_t b, const index_t length, const bf16_bit
 // Runs update(i, write, bits) for every element of the segment; it returns whether element i's
 // BF16 bits change (bits: the new ones) and writes the optimizer state only when `write` is set
 // (a device team scan calls it twice per element, writing on the second call). Stages the
-// changed elements in order and stores their count. Calls written(begin, end) once the state of
-// [begin, end) is written (host: per block, while it is in cache; device: per element).
-template <class ExecSpace, class Team, class Update, class Written, class IndexView, class ValueView, class CountView>
+// changed elements in order and stores their count.
+template <class ExecSpace, class Team, class Update, class IndexView, class ValueView, class CountView>
 KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, [[maybe_unused]] const bool host_path,
-                                          const Update& update, const Written& written, const IndexView& indices,
-                                          const ValueView& values, const CountView& counts) {
+                                          const Update& update, const IndexView& indices, const ValueView& values,
+                                          const CountView& counts) {
   if constexpr (is_host_space<ExecSpace>) {
     if (host_path) {
       // Blocks: the update loop vectorises when nothing else is in it, then stage_block lists the
@@ -443,7 +415,6 @@ KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, 
         const index_t length = b + block < seg.end ? block : seg.end - b;
         if (length < block) std::memset(changed + length, 0, std::size_t(block - length));
         for (index_t j = 0; j < length; ++j) changed[j] = update(b + j, true, bits[j]) ? 1 : 0;
-        written(b, b + length);
         k = stage_block(b, length, bits, changed, indices.data(), values.data(), k);
       }
       counts(team.league_rank()) = k - seg.begin;
@@ -454,7 +425,6 @@ KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, 
                         [&](const index_t i, index_t& offset, const bool final) {
                           bf16_bits bits = 0;
                           const bool changed = update(i, final, bits);
-                          if (final) written(i, i + 1);
                           if (final && changed) indices(seg.begin + offset) = i, values(seg.begin + offset) = bits;
                           offset += changed ? 1 : 0;
                           if (final && i == seg.end - 1) counts(team.league_rank()) = offset;
@@ -464,24 +434,16 @@ KOKKOS_INLINE_FUNCTION void segment_stage(const Team& team, const Segment& seg, 
 }  // namespace detail
 
 // Mixed precision, as adamw_mixed, and the changed elements staged in the same pass (weights_bf16
-// must hold the previous BF16 copy). staging: make_change_staging(segs). With sample.stride > 0
-// the Adam ratios of the new m and v are sampled in the same pass.
+// must hold the previous BF16 copy). staging: make_change_staging(segs).
 template <class ExecSpace, class Mem, class MaskView, class MasterView, class GradView, class MomentView,
           class Bf16View>
 void adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const MaskView& decay_mask,
                  const AdamWScalars& s, const MasterView& master, const GradView& grad, const MomentView& m,
-                 const MomentView& v, const Bf16View& weights_bf16, const ChangeStaging<Mem>& staging,
-                 const AdamRatioSample<Mem>& sample = {}) {
+                 const MomentView& v, const Bf16View& weights_bf16, const ChangeStaging<Mem>& staging) {
   PULSE_CHECK(staging.indices.extent(0) == std::size_t(segs.num_elements) &&
                   staging.counts.extent(0) == segs.segments.extent(0),
               "adamw_mixed: the change staging does not match the segments");
   detail::check_mixed_buffers(segs, decay_mask, master, grad, m, v, weights_bf16);
-  PULSE_CHECK(sample.stride == 0 ||
-                  sample.ratios.extent(0) == std::size_t(adam_ratio_count(segs.num_elements, sample.stride)),
-              "adamw_mixed: the Adam-ratio sample does not match its stride");
-  const index_t stride = sample.stride;
-  const double c1 = sample.c1, c2 = sample.c2, eps = sample.eps;
-  const auto ratios = sample.ratios;
   using Team = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   const auto segments = segs.segments;
   const bool host_path = takes_host_path(space);
@@ -502,14 +464,7 @@ void adamw_mixed(const ExecSpace& space, const TensorSegments<Mem>& segs, const 
           if (write) master(i) = w, m(i) = mi, v(i) = vi, weights_bf16(i) = bits;
           return changed;
         };
-        // The sampled elements of [begin, end): j * stride for j in [ceil(begin / stride), ceil(end / stride)).
-        const auto written = [&](const index_t begin, const index_t end) {
-          if (stride == 0) return;
-          const index_t last = (end + stride - 1) / stride;
-          for (index_t j = (begin + stride - 1) / stride; j < last; ++j)
-            ratios(j) = adam_ratio(c1, c2, eps, m(j * stride), v(j * stride));
-        };
-        detail::segment_stage<ExecSpace>(team, seg, host_path, update, written, indices, values, counts);
+        detail::segment_stage<ExecSpace>(team, seg, host_path, update, indices, values, counts);
       });
 }
 
@@ -545,8 +500,7 @@ void adamw_bf16(const ExecSpace& space, const TensorSegments<Mem>& segs, const M
             if (write) weights(i) = bits, m(i) = mi, v(i) = vi;
             return bits != old;
           };
-          const auto written = [](index_t, index_t) {};
-          detail::segment_stage<ExecSpace>(team, seg, host_path, update, written, indices, values, counts);
+          detail::segment_stage<ExecSpace>(team, seg, host_path, update, indices, values, counts);
         });
       });
 }

@@ -1,7 +1,6 @@
 #pragma once
 // The points every pulse-train run measures at, apart from its settings so that the statistics
 // schema (stats_schema, which the Kokkos-free Python module links) needs no trainer modes.
-#include <cstdint>
 #include <vector>
 
 namespace pulse {
@@ -10,7 +9,5 @@ namespace pulse {
 inline const std::vector<int> kstep_values = {1, 2, 4, 8, 16, 32};
 inline const std::vector<float> grad_thresholds = {0.0f, 1e-10f, 1e-8f, 1e-6f};
 inline const std::vector<double> adam_quantiles = {0.5, 0.9, 0.99, 0.999};
-// The most Adam ratios (an evenly strided sample) those quantiles are taken from.
-inline constexpr std::int64_t adam_ratio_max_sample = std::int64_t(1) << 16;
 
 }  // namespace pulse

@@ -25,38 +25,23 @@ ParameterStore::ParameterStore(const TensorTable& table, Precision precision, co
     m16_ = Kokkos::View<bf16_bits*>("adam_m", n), v16_ = Kokkos::View<bf16_bits*>("adam_v", n);
     grad_bf16_ = Kokkos::View<bf16_bits*>("grad_bf16", n);
   }
-  if (list_changes) {
-    staging_ = make_change_staging(segs_);
-    if (precision_ == Precision::mixed) {
-      sample_.stride = adam_ratio_stride(n, adam_ratio_max_sample);
-      sample_.ratios = Kokkos::View<double*>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "adam_ratio_sample"),
-                                             adam_ratio_count(n, sample_.stride));
-    }
-  }
+  if (list_changes) staging_ = make_change_staging(segs_);
 }
 
 float ParameterStore::step(std::int64_t t, const Kokkos::View<const float*>& grad, const AdamWHyper& hyper,
-                           double grad_clip, bool list, const std::vector<float>& small_thresholds) {
+                           double grad_clip, bool list) {
   PULSE_CHECK(!list || staging_.indices.extent(0) > 0, "ParameterStore: step lists changes but was made without staging");
   const bool mixed = precision_ == Precision::mixed;
-  PULSE_CHECK(mixed || small_thresholds.empty(), "ParameterStore: gradient thresholds in mixed precision only");
   // Pure BF16 clips and steps with the gradient as a BF16 model holds it.
   if (!mixed) cast_to_bf16(DefaultExec(), grad, grad_bf16_);
-  GradNorm norm = mixed ? grad_norm(DefaultExec(), segs_, grad, precision_, small_thresholds)
-                        : grad_norm(DefaultExec(), segs_, grad_bf16_, precision_);
-  small_ = std::move(norm.small);
+  const GradNorm norm = mixed ? grad_norm(DefaultExec(), segs_, grad, precision_)
+                              : grad_norm(DefaultExec(), segs_, grad_bf16_, precision_);
   const float clip = grad_clip > 0 ? clip_coefficient(norm.total, grad_clip, precision_) : 1.0f;
   PULSE_CHECK(std::isfinite(clip), "training diverged at step " + std::to_string(t) +
                                        (mixed ? " (gradient norm " + std::to_string(norm.total) + ")" : ""));
   const AdamWScalars scalars = adamw_scalars(hyper, t, clip, precision_);
-  sampled_ = list && sample_.stride > 0;
-  if (sampled_) {
-    const double step = static_cast<double>(t);
-    sample_.c1 = 1.0 - std::pow(hyper.beta1, step), sample_.c2 = 1.0 - std::pow(hyper.beta2, step);
-    sample_.eps = hyper.eps;
-  }
   if (mixed) {
-    if (list) adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, grad, m_, v_, weights_, staging_, sample_);
+    if (list) adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, grad, m_, v_, weights_, staging_);
     else adamw_mixed(DefaultExec(), segs_, decay_mask_, scalars, master_, grad, m_, v_, weights_, false);
   } else {
     if (list) adamw_bf16(DefaultExec(), segs_, decay_mask_, scalars, weights_, grad_bf16_, m16_, v16_, staging_);
@@ -72,11 +57,6 @@ const sync::ChangeSet& ParameterStore::gather_changes(TransferCounter& copies) {
 }
 
 void ParameterStore::weights_from_master() { cast_to_bf16(DefaultExec(), master_, weights_); }
-
-std::optional<Kokkos::View<double*>> ParameterStore::adam_ratio_sample() const {
-  if (!sampled_) return std::nullopt;
-  return sample_.ratios;
-}
 
 ParameterStore::Moments ParameterStore::moments_fp32() const {
   if (precision_ == Precision::mixed) return {m_, v_};

@@ -4,7 +4,6 @@
 // pass reads, AdamW's change staging and the step's change set on the host. One place owns them,
 // so the optimizer step and the list of checkpointed buffers cannot drift apart.
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "core/tensor_table.hpp"
@@ -13,7 +12,6 @@
 #include "kernels/types.hpp"
 #include "sync/change_set.hpp"
 #include "train/changed_list.hpp"
-#include "train/measured_points.hpp"
 #include "train/transfer_counter.hpp"
 
 namespace pulse {
@@ -27,14 +25,9 @@ class ParameterStore {
 
   // Optimizer step t (1-based) on the FP32 gradient `grad`: its norm (in the step's precision),
   // clipping to grad_clip (0: none), AdamW. With `list`, the changed BF16 weights are staged in
-  // the same pass (staging()), and in mixed precision the Adam ratios sampled from the new
-  // moments (adam_ratio_sample()). small_thresholds (mixed precision only): also count the
-  // gradient's elements with |g| <= tau in the norm's pass (small_gradients()). Returns the norm
-  // before clipping; throws when it is not finite.
+  // the same pass (staging()). Returns the norm before clipping; throws when it is not finite.
   float step(std::int64_t t, const Kokkos::View<const float*>& grad, const AdamWHyper& hyper, double grad_clip,
-             bool list, const std::vector<float>& small_thresholds = {});
-  // The last step's counts of |g| <= tau, one per threshold it was given.
-  const std::vector<index_t>& small_gradients() const { return small_; }
+             bool list);
 
   // The BF16 weights the forward pass reads.
   Kokkos::View<const bf16_bits*> weights() const { return weights_; }
@@ -47,9 +40,6 @@ class ParameterStore {
     Kokkos::View<const float*> m, v;
   };
   Moments moments_fp32() const;
-  // The Adam ratios the last step sampled in its own pass (adam_ratio_quantiles' sample of at
-  // most adam_ratio_max_sample, with the step's betas and eps), or none.
-  std::optional<Kokkos::View<double*>> adam_ratio_sample() const;
 
   Precision precision() const { return precision_; }
   const TensorSegments<DefaultMem>& segments() const { return segs_; }
@@ -76,9 +66,6 @@ class ParameterStore {
   Kokkos::View<float*> master_, m_, v_;                  // mixed
   Kokkos::View<bf16_bits*> weights_, grad_bf16_, m16_, v16_;  // weights_: bf16(master) in mixed
   ChangeStaging<DefaultMem> staging_;
-  AdamRatioSample<DefaultMem> sample_;  // stride 0 unless the store lists changes
-  bool sampled_ = false;                // the last step wrote sample_
-  std::vector<index_t> small_;          // the last step's small_gradients()
   ChangeCompactor compactor_;
   sync::ChangeSet changes_;
 };

@@ -175,12 +175,9 @@ bool select_non_negative(const double* values, index_t count, const std::vector<
 }  // namespace
 
 std::vector<double> gradient_sparsity(const Kokkos::View<const float*>& grads, const std::vector<float>& thresholds) {
-  return gradient_sparsity(count_small(DefaultExec(), grads, thresholds), grads.extent(0));
-}
-
-std::vector<double> gradient_sparsity(const std::vector<index_t>& small, const std::size_t n) {
+  const std::vector<index_t> small = count_small(DefaultExec(), grads, thresholds);
   std::vector<double> out;
-  for (const index_t c : small) out.push_back(n ? double(c) / n : 0.0);
+  for (const index_t c : small) out.push_back(grads.extent(0) ? double(c) / grads.extent(0) : 0.0);
   return out;
 }
 
@@ -189,19 +186,16 @@ std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, co
                                          const std::vector<double>& quantiles, index_t max_sample) {
   const index_t n = static_cast<index_t>(m.extent(0));
   if (n == 0) return std::vector<double>(quantiles.size(), std::numeric_limits<double>::quiet_NaN());
-  const index_t stride = adam_ratio_stride(n, max_sample);
+  const index_t stride = std::max<index_t>(1, n / max_sample);
+  const index_t count = (n + stride - 1) / stride;
   const double c1 = 1.0 - std::pow(beta1, double(step)), c2 = 1.0 - std::pow(beta2, double(step));
-  Kokkos::View<double*> sample(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::adam_ratio_sample"),
-                               adam_ratio_count(n, stride));
+  Kokkos::View<double*> sample(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pulse::adam_ratio_sample"), count);
   Kokkos::parallel_for(
-      "pulse::adam_ratio", FlatPolicy<DefaultExec>(DefaultExec(), 0, sample.extent(0)),
-      KOKKOS_LAMBDA(const index_t j) { sample(j) = adam_ratio(c1, c2, eps, m(j * stride), v(j * stride)); });
-  return sample_quantiles(sample, quantiles);
-}
-
-std::vector<double> sample_quantiles(const Kokkos::View<double*>& sample, const std::vector<double>& quantiles) {
-  const index_t count = static_cast<index_t>(sample.extent(0));
-  if (count == 0) return std::vector<double>(quantiles.size(), std::numeric_limits<double>::quiet_NaN());
+      "pulse::adam_ratio", FlatPolicy<DefaultExec>(DefaultExec(), 0, count), KOKKOS_LAMBDA(const index_t j) {
+        const index_t i = j * stride;
+        const double m_hat = double(m(i)) / c1, v_hat = double(v(i)) / c2;
+        sample(j) = (m_hat < 0 ? -m_hat : m_hat) / (::sqrt(v_hat) + eps);  // ::sqrt: host and device
+      });
   // The order statistics are picked where the sample lives: only the quantiles leave the device.
   std::vector<index_t> ranks;
   for (const double q : quantiles) ranks.push_back(std::min<index_t>(count - 1, index_t(q * double(count - 1) + 0.5)));

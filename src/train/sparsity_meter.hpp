@@ -6,13 +6,11 @@
 #include <vector>
 
 #include "core/tensor_table.hpp"
-#include "kernels/adamw.hpp"
 #include "kernels/segments.hpp"
 #include "kernels/sparsity.hpp"
 #include "kernels/types.hpp"
 #include "sync/change_set.hpp"
 #include "train/changed_list.hpp"
-#include "train/measured_points.hpp"
 #include "train/transfer_counter.hpp"
 
 namespace pulse {
@@ -55,17 +53,11 @@ class SparsityMeter {
 
 // Fraction of |g| <= tau for each threshold.
 std::vector<double> gradient_sparsity(const Kokkos::View<const float*>& grads, const std::vector<float>& thresholds);
-// The same from the counts of |g| <= tau among n elements (grad_norm's).
-std::vector<double> gradient_sparsity(const std::vector<index_t>& small, std::size_t n);
 
 // Quantiles of the Adam ratio |m_hat| / (sqrt(v_hat) + eps) after a step (m, v in FP32; bias
-// corrections 1 - beta^step), from an evenly strided sample of at most max_sample elements
-// (adam_ratio, adam_ratio_stride: kernels/adamw.hpp).
+// corrections 1 - beta^step), from an evenly strided sample of at most max_sample elements.
 std::vector<double> adam_ratio_quantiles(const Kokkos::View<const float*>& m, const Kokkos::View<const float*>& v,
                                          double beta1, double beta2, double eps, std::int64_t step,
-                                         const std::vector<double>& quantiles,
-                                         index_t max_sample = adam_ratio_max_sample);
-// The same from a sample already taken (AdamW's own, AdamRatioSample), which it reorders.
-std::vector<double> sample_quantiles(const Kokkos::View<double*>& sample, const std::vector<double>& quantiles);
+                                         const std::vector<double>& quantiles, index_t max_sample = 1 << 16);
 
 }  // namespace pulse

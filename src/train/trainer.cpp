@@ -66,12 +66,12 @@ TrainStepResult Trainer::step(std::int64_t t, bool keep_master_before, TransferC
   r.loss = allreduce_value(trainers_, r.grpo.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers);
   r.comm_s += timer.seconds();
 
-  // Gradient sparsity is measured on the summed, unclipped gradient: in mixed precision by the
-  // norm's pass over it (ParameterStore::step), else by a pass of its own.
-  const bool counted_in_norm = first && params_->precision() == Precision::mixed;
+  // Gradient sparsity is measured on the summed, unclipped gradient.
   Kokkos::Timer measure_timer;
-  if (first && !counted_in_norm) r.grad_sparsity = gradient_sparsity(model_->grads(), grad_thresholds);
-  if (first) copies.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
+  if (first) {
+    r.grad_sparsity = gradient_sparsity(model_->grads(), grad_thresholds);
+    copies.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
+  }
   r.measure_s += measure_timer.seconds();
   AdamWHyper h;
   h.lr = r.lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
@@ -83,9 +83,7 @@ TrainStepResult Trainer::step(std::int64_t t, bool keep_master_before, TransferC
   // Trainer 0 has AdamW list what it changed, unless an outer step changes the weights again.
   r.outer_step = outer_ && t % c_.inner_steps == 0;
   r.listed = first && !r.outer_step;
-  r.grad_norm = params_->step(t, model_->grads(), h, c_.grad_clip, r.listed,
-                              counted_in_norm ? grad_thresholds : std::vector<float>{});
-  if (counted_in_norm) r.grad_sparsity = gradient_sparsity(params_->small_gradients(), model_->grads().extent(0));
+  r.grad_norm = params_->step(t, model_->grads(), h, c_.grad_clip, r.listed);
   // DiLoCo/PULSELoCo: every H steps the trainers agree on new global weights and restart there.
   if (r.outer_step) {
     r.outer = outer_->outer_step(params_->master());

@@ -9,7 +9,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/grad_norm.hpp"
 #include "kernels/sparsity.hpp"
 #include "kernels/host_copy.hpp"
 #include "support/backends.hpp"
@@ -362,44 +361,6 @@ TYPED_TEST(CountSmall, CountsBlocksInWhichEveryGradientIsSmall) {
   grad[n - 1] = 1.0f;
   EXPECT_EQ(pulse::count_small(space, pulse::to_device<Mem>(grad), {0.0f, 2.0f}),
             (std::vector<index_t>{n - 1, n}));
-}
-
-// grad_norm's counts of small gradients, taken in its pass over the gradient, are count_small's,
-// and the norm is the one without them, across tensors split into several segments.
-TYPED_TEST(CountSmall, GradNormCountsAsCountSmall) {
-  using Mem = typename TypeParam::Mem;
-  const typename TypeParam::ExecSpace space;
-  std::mt19937_64 rng(8);
-  const std::vector<float> taus = {0.0f, 1e-10f, 1e-8f, 1e-6f};
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::uniform_real_distribution<double> log_mag(-12, 0);
-  const std::vector<index_t> offsets = {0, 7, 7, 2500, 2501, 9000, 40000};
-  const auto segs = pulse::make_segments<Mem>(offsets, 1000);
-  std::vector<float> grad(offsets.back());
-  for (auto& g : grad) {
-    switch (rng() % 6) {
-      case 0: g = (rng() % 2) ? 0.0f : -0.0f; break;
-      case 1: g = taus[rng() % taus.size()] * ((rng() % 2) ? 1.0f : -1.0f); break;  // exactly at tau
-      default: g = static_cast<float>(std::pow(10.0, log_mag(rng))) * ((rng() % 2) ? 1.0f : -1.0f);
-    }
-  }
-  for (const bool with_nan : {false, true}) {
-    grad[3000] = with_nan ? nan : 1.0f;  // a NaN counts below no threshold
-    const auto g = pulse::to_device<Mem>(grad);
-    for (std::size_t k = 0; k <= taus.size(); ++k) {
-      const std::vector<float> some(taus.begin(), taus.begin() + k);
-      const pulse::GradNorm counted = pulse::grad_norm(space, segs, g, pulse::Precision::mixed, some);
-      const pulse::GradNorm plain = pulse::grad_norm(space, segs, g, pulse::Precision::mixed);
-      EXPECT_EQ(counted.small, pulse::count_small(space, g, some)) << k << " thresholds";
-      EXPECT_EQ(std::memcmp(&counted.total, &plain.total, sizeof(float)), 0);
-      ASSERT_EQ(counted.per_tensor.size(), plain.per_tensor.size());
-      EXPECT_EQ(std::memcmp(counted.per_tensor.data(), plain.per_tensor.data(), plain.per_tensor.size() * sizeof(float)), 0);
-    }
-    EXPECT_TRUE(pulse::grad_norm(space, segs, g, pulse::Precision::mixed).small.empty());
-  }
-  const auto g = pulse::to_device<Mem>(grad);
-  EXPECT_THROW(pulse::grad_norm(space, segs, g, pulse::Precision::mixed, {0.0f, 1.0f, 2.0f, 3.0f, 4.0f}), std::exception);
-  EXPECT_THROW(pulse::grad_norm(space, segs, g, pulse::Precision::mixed, {nan}), std::exception);
 }
 
 // Every kernel here on every backend, on the host code paths (blocked loops, flag words) and on

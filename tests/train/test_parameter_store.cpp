@@ -14,9 +14,7 @@
 #include "kernels/adamw.hpp"
 #include "kernels/grad_norm.hpp"
 #include "kernels/host_copy.hpp"
-#include "kernels/sparsity.hpp"
 #include "train/parameter_store.hpp"
-#include "train/sparsity_meter.hpp"
 
 using namespace pulse;
 
@@ -123,42 +121,6 @@ TEST(ParameterStore, MixedStepEqualsTheKernels) {
     EXPECT_FALSE(changed.empty());
     EXPECT_EQ(staged_indices(listing), changed) << "step " << t;
   }
-}
-
-// A listed mixed step samples the Adam ratios in AdamW's pass: their quantiles are those the meter
-// takes from the moments after the step; with thresholds it counts the small gradients in the
-// norm's pass as count_small does. An unlisted or pure-BF16 step samples nothing.
-TEST(ParameterStore, ListedMixedStepSamplesAdamRatiosAndCountsSmallGradients) {
-  std::mt19937_64 rng(7);
-  const TensorTable table = small_table();
-  const index_t n = table.num_elements();
-  const std::vector<float> initial = normal(n, 0.02f, rng);
-  ParameterStore listing(table, Precision::mixed, initial, true), plain(table, Precision::mixed, initial, false);
-  const std::vector<float> thresholds = {0.0f, 1e-4f, 1e-3f, 1e-2f};
-  for (int t = 1; t <= 3; ++t) {
-    std::vector<float> g = normal(n, 0.01f, rng);
-    g[3] = 0.0f, g[5] = -1e-3f;
-    const Kokkos::View<float*> grad = to_device(g);
-    listing.step(t, grad, hyper(), 0.05, true, thresholds);
-    plain.step(t, grad, hyper(), 0.05, false);
-    EXPECT_EQ(listing.small_gradients(), count_small(DefaultExec(), grad, thresholds)) << "step " << t;
-    EXPECT_TRUE(plain.small_gradients().empty());
-    ASSERT_TRUE(listing.adam_ratio_sample().has_value());
-    EXPECT_FALSE(plain.adam_ratio_sample().has_value());
-    const ParameterStore::Moments moments = listing.moments_fp32();
-    const std::vector<double> expected =
-        adam_ratio_quantiles(moments.m, moments.v, hyper().beta1, hyper().beta2, hyper().eps, t, adam_quantiles);
-    const std::vector<double> got = sample_quantiles(*listing.adam_ratio_sample(), adam_quantiles);
-    ASSERT_EQ(got.size(), expected.size());
-    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(double)), 0) << "step " << t;
-    EXPECT_GT(got.back(), 0.0);
-    listing.step(t + 10, grad, hyper(), 0.05, false);  // an unlisted step: the sample is stale
-    EXPECT_FALSE(listing.adam_ratio_sample().has_value());
-  }
-  ParameterStore bf16(table, Precision::bf16, initial, true);
-  bf16.step(1, to_device(normal(n, 0.01f, rng)), hyper(), 0.05, true);
-  EXPECT_FALSE(bf16.adam_ratio_sample().has_value());
-  EXPECT_THROW(bf16.step(2, to_device(normal(n, 0.01f, rng)), hyper(), 0.05, true, thresholds), Error);
 }
 
 TEST(ParameterStore, Bf16StepEqualsTheKernels) {
