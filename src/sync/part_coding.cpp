@@ -76,15 +76,27 @@ void PartDecoder::decode(const SparseFormat& format, const std::byte* old_data, 
     class_decoder_->decode(format, old_data, n, count, indices, new_values, context, nullptr, history);
     return;
   }
-  decode_gaps(indices_, int(index_width), index_stream_->data(), index_stream_->size(), index_pos_, count, 0, n,
-              indices, "patch", context);
-  const std::uint8_t* value_raw = value_stream_->data();
+  decode_indices(0, n, count, index_width, indices, context);
   if (values_ == ValueCoding::raw) {
+    const std::uint8_t* value_raw = value_stream_->data();
     PULSE_CHECK(value_stream_->size() - value_pos_ >= count * format.bytes, "patch value stream is short" + context);
     for (unsigned plane = 0; plane < format.bytes; ++plane)
       for (std::uint64_t c = 0; c < count; ++c) new_values[c * format.bytes + plane] = value_raw[value_pos_++];
     return;
   }
+  decode_values(format, old_data, count, indices, new_values, context);
+}
+
+bool PartDecoder::keydiff() const { return values_ == ValueCoding::keydiff; }
+
+void PartDecoder::decode_indices(std::uint64_t begin, std::uint64_t n, std::uint64_t count, unsigned index_width,
+                                 std::uint64_t* indices, const std::string& context) {
+  decode_gaps(indices_, int(index_width), index_stream_->data(), index_stream_->size(), index_pos_, count, begin,
+              begin + n, indices, "patch", context);
+}
+
+void PartDecoder::decode_values(const SparseFormat& format, const std::byte* old_data, std::uint64_t count,
+                                const std::uint64_t* indices, std::uint8_t* new_values, const std::string& context) {
   if (format.bytes == 1) decode_keydiff<1>(format, old_data, count, indices, new_values, context);
   if (format.bytes == 2) decode_keydiff<2>(format, old_data, count, indices, new_values, context);
   if (format.bytes == 4) decode_keydiff<4>(format, old_data, count, indices, new_values, context);

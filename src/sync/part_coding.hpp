@@ -64,6 +64,16 @@ class PartDecoder {
   void decode(const SparseFormat& format, const std::byte* old_data, std::uint64_t n, std::uint64_t count,
               unsigned index_width, const std::uint8_t* history, std::uint64_t* indices, std::uint8_t* new_values,
               const std::string& context);
+  // Keydiff only: a segment decoded in two steps, so that its values can be decoded a run of
+  // changes at a time, each run when its old elements are in cache. First its `count` indices
+  // (in [begin, begin + n): the segment's begin added), then its runs in order: new values
+  // (format.bytes each) of `count` changes at indices, against the old elements at
+  // old_data + index.
+  bool keydiff() const;
+  void decode_indices(std::uint64_t begin, std::uint64_t n, std::uint64_t count, unsigned index_width,
+                      std::uint64_t* indices, const std::string& context);
+  void decode_values(const SparseFormat& format, const std::byte* old_data, std::uint64_t count,
+                     const std::uint64_t* indices, std::uint8_t* new_values, const std::string& context);
   // Throws unless the part's streams were read to their last byte.
   void check_consumed() const;
 

@@ -45,11 +45,30 @@ void swap_values(std::byte* data, unsigned width, const std::uint64_t* indices, 
   });
 }
 
+// Asks for the lines of the window of touched blocks numbers[0, count) (ascending) when they
+// fill at least a quarter of the range they span (about half the blocks hold a change at 1%
+// of the elements changed): every line of the range in order, which the hardware's prefetch
+// follows, where the digest's prefetches of scattered blocks alone wait on the first touch.
+// Sparser windows are left to those, so as not to read the untouched blocks between.
+void prefetch_dense_window(const std::byte* data, const std::uint64_t* numbers, std::size_t count) {
+  const std::uint64_t span = numbers[count - 1] + 1 - numbers[0];
+  if (4 * count < span) return;
+  const char* line = reinterpret_cast<const char*>(data + numbers[0] * kDigestBlockBytes);
+  const char* end = line + span * kDigestBlockBytes;
+  for (; line < end; line += 64) __builtin_prefetch(line);
+}
+
 // Swaps the sorted changes in and sums the blocks they touch before (old_sum) and after
 // (new_sum, when hash), a window of touched blocks at a time: the swap and the second sum find
-// the window's blocks in cache, where over a whole segment each pass read them from memory.
+// the window's blocks in cache, where over a whole segment each pass read them from memory;
+// the next window's lines are asked for before each.
+// decode_run(k, end) writes the new values of changes [k, end) first, once the old sum has
+// brought their lines in (keydiff reads each change's old value). swapped: the changes swapped
+// so far, for the rollback when a later run throws.
+template <class DecodeRun>
 void swap_and_sum(std::byte* data, std::uint64_t bytes, unsigned width, const std::uint64_t* indices,
-                  std::uint8_t* values, std::size_t count, bool hash, BlockDigest& old_sum, BlockDigest& new_sum) {
+                  std::uint8_t* values, std::size_t count, bool hash, BlockDigest& old_sum, BlockDigest& new_sum,
+                  std::uint64_t& swapped, const DecodeRun& decode_run) {
   // The touched blocks' numbers, ascending, listed (and allocated) before anything is swapped.
   thread_local std::vector<std::uint64_t> blocks;
   blocks.clear();
@@ -64,8 +83,12 @@ void swap_and_sum(std::byte* data, std::uint64_t bytes, unsigned width, const st
     const std::uint64_t end_byte = (blocks[first + n - 1] + 1) * kDigestBlockBytes;
     std::size_t end = k;
     while (end < count && width * indices[end] < end_byte) ++end;
+    const std::size_t next = first + n;
+    if (next < blocks.size()) prefetch_dense_window(data, blocks.data() + next, std::min(kWindowBlocks, blocks.size() - next));
     old_sum.add_blocks(data, bytes, blocks.data() + first, n);
+    decode_run(k, end);
     swap_values(data, width, indices + k, values + width * k, end - k);
+    swapped = end;
     if (hash) new_sum.add_blocks(data, bytes, blocks.data() + first, n);
     k = end;
   }
@@ -324,32 +347,46 @@ std::vector<DecodedEntry> PatchDecoder::decode_all_in_place(std::vector<MutableT
   plan.reserve(targets_.size());
   for (std::size_t k = 0; k < targets_.size(); ++k) plan.push_back(start_entry(k));
   // Each part's segments on one thread: decode, take the old blocks' sums off, swap the changes
-  // in, add the new blocks' sums. Parts touch distinct blocks (segments start on block bounds).
+  // in, add the new blocks' sums (keydiff: decoding each window's values in between).
+  // Parts touch distinct blocks (segments start on block bounds).
   std::vector<BlockDigest> old_sums(segments_.size()), new_sums(segments_.size());
-  std::vector<char> swapped(segments_.size(), 0);
+  std::vector<std::uint64_t> swapped(segments_.size(), 0);  // each segment's changes swapped in
   const std::vector<std::size_t>& part_first = part_first_;
   try {
     parallel_for(threads_, parts_.size(), [&](std::size_t p) {
+      PartDecoder& part = parts_[p];
       for (std::size_t s = part_first[p]; s < part_first[p + 1]; ++s) {
         const Segment& seg = segments_[s];
         if (seg.count == 0) continue;
         DecodedEntry& w = plan[seg.entry];
-        decode_segment(seg, w);
         MutableTensor& t = state[w.tensor];
         std::uint64_t* indices = w.indices.data() + seg.first_change;
         std::uint8_t* values = w.values.data() + w.width * seg.first_change;
-        swap_and_sum(t.data, t.bytes, w.width, indices, values, seg.count, hash_targets_, old_sums[s], new_sums[s]);
-        swapped[s] = 1;
+        if (!part.keydiff()) {
+          decode_segment(seg, w);
+          swap_and_sum(t.data, t.bytes, w.width, indices, values, seg.count, hash_targets_, old_sums[s], new_sums[s],
+                       swapped[s], [](std::size_t, std::size_t) {});
+          continue;
+        }
+        // Keydiff: the indices first, then each window's values against its old blocks, which
+        // the old sum has just read: each changed line comes from memory once.
+        const SparseFormat format = *sparse_format(t.dtype);
+        const std::string context = " in tensor '" + targets_[seg.entry].layout->name + "'";
+        part.decode_indices(seg.begin, seg.elements, seg.count, patch_.entries[seg.entry].index_width, indices, context);
+        swap_and_sum(t.data, t.bytes, w.width, indices, values, seg.count, hash_targets_, old_sums[s], new_sums[s],
+                     swapped[s], [&](std::size_t k, std::size_t end) {
+                       part.decode_values(format, t.data, end - k, indices + k, values + w.width * k, context);
+                     });
       }
     });
   } catch (...) {
     // The values swapped in hold the old ones: write them back, last first.
     for (std::size_t s = segments_.size(); s-- > 0;)
-      if (swapped[s]) {
+      if (swapped[s] > 0) {
         const Segment& seg = segments_[s];
         const DecodedEntry& w = plan[seg.entry];
         write_values(state[w.tensor].data, w.width, w.indices.data() + seg.first_change,
-                     w.values.data() + w.width * seg.first_change, seg.count);
+                     w.values.data() + w.width * seg.first_change, swapped[s]);
       }
     throw;
   }

@@ -836,6 +836,51 @@ TEST(Patch, ExpclassPatchRefusedAfterWritingInPlaceLeavesEveryByteAsBefore) {
   EXPECT_GE(rejected, tried - 8);
 }
 
+TEST(Patch, KeydiffPatchRefusedInsideASegmentLeavesEveryByteAsBefore) {
+  // apply_patch decodes a keydiff segment's values a window of touched blocks at a time and
+  // swaps each window in before the next is decoded. Two tensors of about 2,200 touched blocks
+  // each (several windows of 256) in one part: a varint left open at the value stream's end (its
+  // last byte's continuation bit set) fails in the second tensor's last window, after the first
+  // tensor and the second's earlier windows were written; other corruptions of the last bytes
+  // fail there or at the target digest. Each leaves the weights exactly as they were.
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  State base;
+  for (const char* name : {"a.weight", "b.weight"}) {
+    std::vector<bf16_bits> w(300007);
+    for (auto& x : w) x = float_to_bf16(normal(rng));
+    base.push_back(bf16_tensor(name, w));
+  }
+  const State target = step(base, rng, 0.01);
+  EncodeOptions opt;
+  opt.compressor = Compressor::none;  // the value stream's bytes are the varints
+  const auto good = encode_patch(refs(base), refs(target), opt);
+  ASSERT_FALSE(rejected_and_untouched(good, base));
+  const ParsedPatch p = parse_patch(good.data(), good.size());
+  ASSERT_EQ(p.parts.size(), 1u);
+  const std::size_t value_end = std::size_t(p.whole_stream - good.data());
+
+  auto open_varint = good;
+  open_varint[value_end - 1] |= 0x80;
+  open_varint = rechecksummed(open_varint);
+  State r = base;
+  auto m = mutables(r);
+  try {
+    apply_patch(parse_patch(open_varint.data(), open_varint.size()), m);
+    ADD_FAILURE() << "a value stream ending inside a varint was applied";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("inside a varint"), std::string::npos) << e.what();
+  }
+  expect_equal_state(r, base);
+
+  for (std::size_t at = value_end - 64; at < value_end; ++at)
+    for (std::uint8_t flip : {std::uint8_t(0x80), std::uint8_t(0x41)}) {
+      auto bad = good;
+      bad[at] ^= flip;
+      EXPECT_TRUE(rejected_and_untouched(rechecksummed(bad), base)) << "byte " << at;
+    }
+}
+
 namespace {
 
 // The change from base to target as encode_changes takes it, listing besides every change the
