@@ -58,7 +58,7 @@ KeydiffBatch PartEncoder::open_batch(const SparseFormat& format, std::size_t cou
   return {index_stream_.data() + index_first, value_stream_.data() + value_first, next_index_};
 }
 
-void PartEncoder::close_batch(const KeydiffBatch& batch) {
+void PartEncoder::close_batch(KeydiffBatch batch) {
   index_stream_.resize(std::size_t(batch.index_at - index_stream_.data()));
   value_stream_.resize(std::size_t(batch.value_at - value_stream_.data()));
   next_index_ = batch.next;

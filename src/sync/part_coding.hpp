@@ -62,7 +62,7 @@ class PartEncoder {
   void start_segment() { next_index_ = 0; }
   // Room for `count` changes of indices below `end`.
   KeydiffBatch open_batch(const SparseFormat& format, std::size_t count, std::uint64_t end);
-  void close_batch(const KeydiffBatch& batch);
+  void close_batch(KeydiffBatch batch);  // by value: the scan's copy stays in registers
   // The raw streams, once every segment was added.
   void finish(std::vector<std::uint8_t>& index_stream, std::vector<std::uint8_t>& value_stream);
 

@@ -175,10 +175,14 @@ std::size_t find_changes(const SparseFormat& format, const std::byte* o, const s
     return v;
   };
   if (encoder) {
+    // Locals only (the streams' byte stores could alias anything else), the width a constant.
+    const bool sign_magnitude = format.sign_magnitude;
+    const auto key = [sign_magnitude](T bits) { return SparseFormat{W, sign_magnitude, 0, 0}.key(bits); };
+    const ChunkPosition* at = positions.data();
     KeydiffBatch batch = encoder->open_batch(format, count, begin + len);
     for (std::size_t k = 0; k < count; ++k) {
-      const std::size_t j = positions[k];
-      batch.put(begin + j, format.key(value(o, j)), format.key(value(t, j)));
+      const std::size_t j = at[k];
+      batch.put(begin + j, key(value(o, j)), key(value(t, j)));
     }
     encoder->close_batch(batch);
     return count;
