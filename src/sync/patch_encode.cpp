@@ -141,7 +141,8 @@ std::size_t list_changes(const std::byte* o, const std::byte* t, std::size_t len
     const __m512i base = _mm512_add_epi16(first_32, _mm512_set1_epi16(short(std::uint16_t(kPerWindow * v))));
     for (std::size_t half = 0; half < kPerWindow; half += 32) {  // 32 positions a store
       const auto part = std::uint32_t(m >> half);
-      _mm512_storeu_si512(at + count, _mm512_maskz_compress_epi16(part, _mm512_add_epi16(base, _mm512_set1_epi16(short(half)))));
+      const __m512i positions = _mm512_add_epi16(base, _mm512_set1_epi16(short(half)));
+      _mm512_storeu_si512(at + count, _mm512_maskz_compress_epi16(part, positions));
       count += std::size_t(__builtin_popcount(part));
     }
   }
