@@ -47,6 +47,23 @@ void PartEncoder::add(const SparseFormat& format, const Changes& changes, unsign
   }
 }
 
+bool PartEncoder::takes_batches() const {
+  return values_ == ValueCoding::keydiff && indices_ == IndexCoding::gap_varint;
+}
+
+KeydiffBatch PartEncoder::open_batch(const SparseFormat& format, std::size_t count, std::uint64_t end) {
+  const std::size_t index_first = index_stream_.size(), value_first = value_stream_.size();
+  index_stream_.resize(index_first + varint_bytes(end) * count + kVarintSlack);
+  value_stream_.resize(value_first + format.max_varint_bytes() * count + kVarintSlack);
+  return {index_stream_.data() + index_first, value_stream_.data() + value_first, next_index_};
+}
+
+void PartEncoder::close_batch(KeydiffBatch batch) {
+  index_stream_.resize(std::size_t(batch.index_at - index_stream_.data()));
+  value_stream_.resize(std::size_t(batch.value_at - value_stream_.data()));
+  next_index_ = batch.next;
+}
+
 void PartEncoder::finish(std::vector<std::uint8_t>& index_stream, std::vector<std::uint8_t>& value_stream) {
   if (class_encoder_) {
     index_stream = class_encoder_->finish_indices();

@@ -12,6 +12,7 @@
 #include "core/index.hpp"
 #include "coding/compress.hpp"
 #include "coding/index_coding.hpp"
+#include "coding/varint.hpp"
 #include "sync/sparse_format.hpp"
 
 namespace pulse::sync {
@@ -34,6 +35,20 @@ struct Changes {
   }
 };
 
+// Room in a keydiff part's streams (gap-varint indices) for a known number of changes, which a
+// scan fills as it finds them: put is inlined in its loop, and no list of changes is kept.
+struct KeydiffBatch {
+  std::uint8_t* index_at;
+  std::uint8_t* value_at;
+  std::uint64_t next;  // the smallest index the next change may take: its gap counts from it
+  // A change at `index` (in index order, from the segment's begin), as the keys of its bits.
+  void put(std::uint64_t index, std::uint64_t old_key, std::uint64_t new_key) {
+    put_varint(index_at, index - next);
+    put_varint(value_at, zigzag(std::int64_t(new_key) - std::int64_t(old_key)));
+    next = index + 1;
+  }
+};
+
 class PartEncoder {
  public:
   PartEncoder(ValueCoding values, IndexCoding indices);
@@ -41,6 +56,13 @@ class PartEncoder {
   // One segment's changes; index_width: the entry's gap width (gap-fixed); history: the
   // change history's bytes of the segment's elements (expclass-history), else null.
   void add(const SparseFormat& format, const Changes& changes, unsigned index_width, const std::uint8_t* history);
+  // Keydiff values with gap-varint indices may be coded as found instead (the same bytes as
+  // add): start_segment, then per batch of its changes open_batch, put each, close_batch.
+  bool takes_batches() const;
+  void start_segment() { next_index_ = 0; }
+  // Room for `count` changes of indices below `end`.
+  KeydiffBatch open_batch(const SparseFormat& format, std::size_t count, std::uint64_t end);
+  void close_batch(KeydiffBatch batch);  // by value: the scan's copy stays in registers
   // The raw streams, once every segment was added.
   void finish(std::vector<std::uint8_t>& index_stream, std::vector<std::uint8_t>& value_stream);
 
@@ -48,6 +70,7 @@ class PartEncoder {
   ValueCoding values_;
   IndexCoding indices_;
   std::vector<std::uint8_t> index_stream_, value_stream_;
+  std::uint64_t next_index_ = 0;  // of the segment coded in batches
   std::unique_ptr<ExponentClassEncoder> class_encoder_;
 };
 

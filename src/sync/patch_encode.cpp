@@ -2,6 +2,7 @@
 // segments and parts, each part coded on its own on the threads.
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 #include <type_traits>
@@ -85,12 +86,21 @@ std::vector<std::vector<SegmentPlan>> plan_parts(const std::vector<Range>& range
   return parts;
 }
 
-// What a part's scan found in one segment.
+// What a part's scan found in one segment: its changes, listed, or (where code_parts offers an
+// encoder that takes batches) coded into that encoder as found and counted.
 struct ScannedSegment {
   Changes changes;
   BlockDigest old_sum, new_sum;  // the segment's blocks, or (changes given) the difference
+  PartEncoder* encoder = nullptr;
+  bool coded = false;
+  std::uint64_t coded_count = 0;
 };
 using Scan = std::function<void(const SegmentPlan&, ScannedSegment&)>;
+
+// A scan's chunk: its inputs (2 x 128 KiB of BF16) stay in the second-level cache until hashed.
+constexpr std::size_t kScanChunk = std::size_t(1) << 16;
+using ChunkPosition = std::uint16_t;
+static_assert(kScanChunk - 1 <= std::numeric_limits<ChunkPosition>::max());
 
 // Bit j set where byte j of the 64 at a and b differ.
 inline std::uint64_t differing_bytes(const std::byte* a, const std::byte* b) {
@@ -110,31 +120,74 @@ inline std::uint64_t differing_bytes(const std::byte* a, const std::byte* b) {
 #endif
 }
 
-// The changes of elements [0, len) (len <= kScanChunk) of W bytes, appended with indices from
-// `begin`: a mask of the differing elements per 64 bytes first (bit W * j for element j), then
-// the changes written straight to their places, the vectors grown once by their count.
-constexpr std::size_t kScanChunk = std::size_t(1) << 16;
-
+// Writes the positions of the differing elements of [0, len) (len <= kScanChunk, elements of W
+// bytes) in order to `at` (room for len + 64 positions) and returns their count.
 template <unsigned W>
-void find_changes(const std::byte* o, const std::byte* t, std::size_t len, std::uint64_t begin, Changes& changes) {
-  using T = std::conditional_t<W == 1, std::uint8_t, std::conditional_t<W == 2, std::uint16_t, std::uint32_t>>;
-  constexpr std::uint64_t kFirstBytes = W == 1 ? ~std::uint64_t(0) : W == 2 ? 0x5555555555555555u : 0x1111111111111111u;
+std::size_t list_changes(const std::byte* o, const std::byte* t, std::size_t len, ChunkPosition* at) {
   constexpr std::size_t kPerWindow = 64 / W;
-  thread_local std::vector<std::uint64_t> masks(kScanChunk / kPerWindow);
   const std::size_t windows = len / kPerWindow;
   std::size_t count = 0;
+#if defined(__AVX512BW__) && defined(__AVX512VBMI2__) && defined(__AVX512VL__)
+  // Each window's positions compressed into place, whether or not it holds one: no branch on
+  // which windows do, which at a few changes per 1,000 elements would be mispredicted.
+  const __m512i first_32 = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
+                                            12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (std::size_t v = 0; v < windows; ++v) {
+    const __m512i a = _mm512_loadu_si512(o + 64 * v), b = _mm512_loadu_si512(t + 64 * v);
+    std::uint64_t m;  // bit j: element j of the window differs
+    if constexpr (W == 4) m = _mm512_cmpneq_epi32_mask(a, b);
+    if constexpr (W == 2) m = _cvtmask32_u32(_mm512_cmpneq_epi16_mask(a, b));
+    if constexpr (W == 1) m = _cvtmask64_u64(_mm512_cmpneq_epi8_mask(a, b));
+    const __m512i base = _mm512_add_epi16(first_32, _mm512_set1_epi16(short(std::uint16_t(kPerWindow * v))));
+    for (std::size_t half = 0; half < kPerWindow; half += 32) {  // 32 positions a store
+      const auto part = std::uint32_t(m >> half);
+      const __m512i positions = _mm512_add_epi16(base, _mm512_set1_epi16(short(half)));
+      _mm512_storeu_si512(at + count, _mm512_maskz_compress_epi16(part, positions));
+      count += std::size_t(__builtin_popcount(part));
+    }
+  }
+#else
+  constexpr std::uint64_t kFirstBytes = W == 1 ? ~std::uint64_t(0) : W == 2 ? 0x5555555555555555u : 0x1111111111111111u;
   for (std::size_t v = 0; v < windows; ++v) {
     std::uint64_t m = differing_bytes(o + 64 * v, t + 64 * v);
     if (W >= 2) m |= m >> 1;  // an element differs where any of its bytes does
     if (W == 4) m |= m >> 2;
-    masks[v] = m & kFirstBytes;
-    count += std::size_t(__builtin_popcountll(masks[v]));
+    for (m &= kFirstBytes; m != 0; m &= m - 1)
+      at[count++] = ChunkPosition(kPerWindow * v + std::size_t(__builtin_ctzll(m)) / W);
   }
-  std::uint64_t tail = 0;  // the last elements, fewer than a window
-  for (std::size_t j = windows * kPerWindow; j < len; ++j)
-    tail |= std::uint64_t(std::memcmp(o + W * j, t + W * j, W) != 0) << (W * (j - windows * kPerWindow));
-  count += std::size_t(__builtin_popcountll(tail));
-  if (count == 0) return;
+#endif
+  for (std::size_t j = windows * kPerWindow; j < len; ++j)  // the last elements, fewer than a window
+    if (std::memcmp(o + W * j, t + W * j, W) != 0) at[count++] = ChunkPosition(j);
+  return count;
+}
+
+// The changes of a chunk of elements [0, len) of W bytes, their indices from `begin`: coded into
+// `encoder` as found where it is given, else appended to `changes`; returns their count.
+template <unsigned W>
+std::size_t find_changes(const SparseFormat& format, const std::byte* o, const std::byte* t, std::size_t len,
+                         std::uint64_t begin, PartEncoder* encoder, Changes& changes) {
+  using T = std::conditional_t<W == 1, std::uint8_t, std::conditional_t<W == 2, std::uint16_t, std::uint32_t>>;
+  thread_local std::vector<ChunkPosition> positions(kScanChunk + 64);
+  const std::size_t count = list_changes<W>(o, t, len, positions.data());
+  if (count == 0) return 0;
+  const auto value = [](const std::byte* data, std::size_t j) {
+    T v;
+    std::memcpy(&v, data + W * j, W);
+    return v;
+  };
+  if (encoder) {
+    // Locals only (the streams' byte stores could alias anything else), the width a constant.
+    const bool sign_magnitude = format.sign_magnitude;
+    const auto key = [sign_magnitude](T bits) { return SparseFormat{W, sign_magnitude, 0, 0}.key(bits); };
+    const ChunkPosition* at = positions.data();
+    KeydiffBatch batch = encoder->open_batch(format, count, begin + len);
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t j = at[k];
+      batch.put(begin + j, key(value(o, j)), key(value(t, j)));
+    }
+    encoder->close_batch(batch);
+    return count;
+  }
   const std::size_t first = changes.indices.size();
   changes.indices.resize(first + count);
   changes.values.resize(first + count);
@@ -142,45 +195,44 @@ void find_changes(const std::byte* o, const std::byte* t, std::size_t len, std::
   index_t* indices = changes.indices.data() + first;
   std::uint32_t* values = changes.values.data() + first;
   std::uint32_t* old_values = changes.old_values.data() + first;
-  std::size_t k = 0;
-  auto take = [&](std::size_t window, std::uint64_t m) {
-    for (; m != 0; m &= m - 1, ++k) {
-      const std::size_t j = window * kPerWindow + std::size_t(__builtin_ctzll(m)) / W;
-      T a, b;
-      std::memcpy(&a, o + W * j, W);
-      std::memcpy(&b, t + W * j, W);
-      indices[k] = index_t(begin + j);
-      values[k] = b;
-      old_values[k] = a;
-    }
-  };
-  for (std::size_t v = 0; v < windows; ++v)
-    if (masks[v] != 0) take(v, masks[v]);
-  take(windows, tail);
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t j = positions[k];
+    indices[k] = index_t(begin + j);
+    values[k] = value(t, j);
+    old_values[k] = value(o, j);
+  }
+  return count;
 }
 
 // Appends the changes of the n elements of a segment from its element `from` on (indices from
 // the segment's start; ranked with `rank`, which needs the whole segment: from 0), hashing each
-// chunk while in cache; byte_offset: element from's in its tensor.
+// chunk while in cache; byte_offset: element from's in its tensor. Codes them into out.encoder
+// instead where it is given (and rank is not).
 void scan_changes(const SparseFormat& format, const std::byte* old_data, const std::byte* new_data, std::uint64_t from,
                   std::uint64_t n, std::uint64_t byte_offset, bool hash_old, bool rank, ScannedSegment& out) {
   Changes& changes = out.changes;
   std::optional<ExponentClassRanker> ranker;
   if (rank) ranker.emplace(format, old_data, n);
+  PartEncoder* encoder = rank ? nullptr : out.encoder;
+  std::uint64_t found = 0;
   const unsigned w = format.bytes;
   for (std::size_t begin = 0; begin < n; begin += kScanChunk) {
     const std::size_t first = changes.indices.size();
     const std::size_t len = std::min<std::uint64_t>(kScanChunk, n - begin);
     const std::byte* o = old_data + w * begin;
     const std::byte* t = new_data + w * begin;
-    if (w == 1) find_changes<1>(o, t, len, from + begin, changes);
-    if (w == 2) find_changes<2>(o, t, len, from + begin, changes);
-    if (w == 4) find_changes<4>(o, t, len, from + begin, changes);
+    if (w == 1) found += find_changes<1>(format, o, t, len, from + begin, encoder, changes);
+    if (w == 2) found += find_changes<2>(format, o, t, len, from + begin, encoder, changes);
+    if (w == 4) found += find_changes<4>(format, o, t, len, from + begin, encoder, changes);
     if (ranker)
       ranker->rank(changes.indices.data() + first, changes.old_values.data() + first, changes.indices.size() - first,
                    changes.ranks);
     if (hash_old) out.old_sum.add(o, w * len, byte_offset + w * begin);
     out.new_sum.add(t, w * len, byte_offset + w * begin);
+  }
+  if (encoder) {
+    out.coded = true;
+    out.coded_count += found;
   }
 }
 
@@ -194,15 +246,15 @@ std::vector<std::vector<ScannedSegment>> code_parts(const std::vector<Range>& ra
   coded.assign(plan.size(), {});
   const bool fixed = options.indices == IndexCoding::gap_fixed;
   widths.assign(ranges.size(), 1);  // gap-fixed: per range, the widest segment's
-  auto code = [&](std::size_t p) {
-    PartEncoder encoder(options.values, options.indices);
+  auto code = [&](std::size_t p, PartEncoder& encoder) {
     EncodedPart& out = coded[p];
     for (std::size_t s = 0; s < plan[p].size(); ++s) {
       const SegmentPlan& seg = plan[p][s];
       const Range& r = ranges[seg.range];
       ScannedSegment& sc = scanned[p][s];
-      encoder.add(r.format, sc.changes, widths[seg.range], r.history ? r.history + (seg.begin - r.begin) : nullptr);
-      out.part.segments.push_back({seg.elements, sc.changes.indices.size()});
+      if (!sc.coded)
+        encoder.add(r.format, sc.changes, widths[seg.range], r.history ? r.history + (seg.begin - r.begin) : nullptr);
+      out.part.segments.push_back({seg.elements, sc.coded ? sc.coded_count : sc.changes.indices.size()});
       sc.changes = Changes{};
     }
     std::vector<std::uint8_t> index, value;
@@ -214,8 +266,18 @@ std::vector<std::vector<ScannedSegment>> code_parts(const std::vector<Range>& ra
   };
   parallel_for(threads, plan.size(), [&](std::size_t p) {
     scanned[p].resize(plan[p].size());
-    for (std::size_t s = 0; s < plan[p].size(); ++s) scan(plan[p][s], scanned[p][s]);
-    if (!fixed) code(p);
+    PartEncoder encoder(options.values, options.indices);
+    for (std::size_t s = 0; s < plan[p].size(); ++s) {
+      // A scan may code the segment's changes as it finds them, in the part's order.
+      ScannedSegment& sc = scanned[p][s];
+      if (encoder.takes_batches()) {
+        encoder.start_segment();
+        sc.encoder = &encoder;
+      }
+      scan(plan[p][s], sc);
+      sc.encoder = nullptr;
+    }
+    if (!fixed) code(p, encoder);
   });
   if (fixed) {
     for (std::size_t p = 0; p < plan.size(); ++p)
@@ -224,7 +286,10 @@ std::vector<std::vector<ScannedSegment>> code_parts(const std::vector<Range>& ra
         unsigned& w = widths[plan[p][s].range];
         w = std::max(w, unsigned(fixed_gap_width(c.indices.data(), c.indices.size(), 0)));
       }
-    parallel_for(threads, plan.size(), code);
+    parallel_for(threads, plan.size(), [&](std::size_t p) {
+      PartEncoder encoder(options.values, options.indices);
+      code(p, encoder);
+    });
   }
   return scanned;
 }

@@ -2,7 +2,8 @@
 // against a direct sum of XXH3_128bits_withSeed per block; round trips of every coding with
 // many parts; identical bytes at any thread count; corrupt part tables refused in one line; and
 // patches assembled from the parts of tensor slices (as sharded senders make them), which decode
-// to the unsharded patch's changes and target digest.
+// to the unsharded patch's changes and target digest; and the scan's edges (its 64-byte windows
+// and chunks), against the bytes encode_changes writes from the same changes listed.
 #include <gtest/gtest.h>
 
 #include <xxhash.h>
@@ -306,4 +307,67 @@ TEST(PatchParts, PartsOfSlicesAssembleIntoThePatchOfTheWholeState) {
       if (ranks == 1 && options.part_elements >= 256) EXPECT_LE(assembled.size(), whole.size() + 64);
     }
   }
+}
+
+// The scan compares 64 bytes at a time in chunks of 65536 elements and codes some codings'
+// changes as it finds them: changes at the edges of both, of any one byte of an element, in a
+// dense run across a chunk's end, and tensors that end inside a window or a chunk give the
+// bytes encode_changes writes from the same changes listed, in memory or read by loaders (in
+// pieces of 1 MiB: tensor a).
+TEST(PatchParts, TheScanFindsEveryChangeAtTheEdgesOfItsWindowsAndChunks) {
+  std::mt19937_64 rng(17);
+  constexpr std::size_t kChunk = 65536;
+  const State base{random_tensor(rng, "a", "BF16", 9 * kChunk + 77), random_tensor(rng, "b", "F32", kChunk + 5),
+                   random_tensor(rng, "c", "F8_E4M3", 3 * kChunk + 1), random_tensor(rng, "d", "BF16", 31),
+                   random_tensor(rng, "e", "BF16", 4 * kChunk)};
+  State target = base;
+  std::vector<TensorChanges> listed;
+  for (std::size_t i = 0; i + 1 < target.size(); ++i) {  // the last tensor stays equal
+    const std::size_t w = element_width(target[i].dtype), n = target[i].bytes.size() / w;
+    TensorChanges c{target[i].name, {}, {}};
+    for (std::size_t e = 0; e < n; ++e) {
+      const std::size_t in_window = e * w % 64, in_chunk = e % kChunk;
+      const bool edge = in_window == 0 || in_window + w == 64 || in_chunk == 0 || in_chunk + 1 == kChunk || e + 1 == n;
+      const bool run = e + 300 >= kChunk && e < kChunk + 300;
+      if (!edge && !run && rng() % 50 != 0) continue;
+      target[i].bytes[e * w + e / 3 % w] ^= std::byte(1 + rng() % 255);  // one byte: low, high or between
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, target[i].bytes.data() + e * w, w);
+      c.indices.push_back(index_t(e));
+      c.new_bits.push_back(bits);
+    }
+    listed.push_back(c);
+  }
+  const auto loader = [](const State& s) {
+    return TensorLoader([&s](std::size_t i, std::uint64_t offset, std::size_t bytes, std::byte* out) {
+      std::memcpy(out, s[i].bytes.data() + offset, bytes);
+    });
+  };
+  auto unloaded = [](const State& s) {
+    std::vector<TensorRef> out = refs(s);
+    for (TensorRef& t : out) t.data = nullptr;
+    return out;
+  };
+  std::vector<EncodeOptions> codings{EncodeOptions{}, EncodeOptions{}, EncodeOptions{}, exponent_class_options()};
+  codings[1].indices = IndexCoding::gap_fixed;
+  codings[2].values = ValueCoding::raw;
+  for (EncodeOptions options : codings)
+    for (std::uint64_t part_elements : {std::uint64_t(1) << 24, std::uint64_t(40000)}) {
+      const std::string what = std::string(value_coding_name(options.values)) + "/" + index_coding_name(options.indices) +
+                               " in parts of " + std::to_string(part_elements);
+      options.part_elements = part_elements;
+      options.threads = 2;
+      StateDigests a, b;
+      const auto from_states = encode_patch(refs(base), refs(target), options, nullptr, &a);
+      const auto from_changes = encode_changes(refs(base), listed, options, compute_digests(refs(base)), &b);
+      EXPECT_EQ(from_states, from_changes) << what;
+      EXPECT_EQ(a.state, b.state) << what;
+      EXPECT_EQ(encode_patch(unloaded(base), unloaded(target), options, nullptr, nullptr, {}, {}, loader(base), loader(target)),
+                from_states)
+          << what;
+      State receiver = base;
+      auto m = mutables(receiver);
+      apply_patch(parse_patch(from_states.data(), from_states.size()), m);
+      for (std::size_t i = 0; i < base.size(); ++i) EXPECT_EQ(receiver[i].bytes, target[i].bytes) << what << " " << base[i].name;
+    }
 }
