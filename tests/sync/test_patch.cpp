@@ -792,13 +792,10 @@ TEST(Patch, ExpclassDecodesOnlyAgainstTheOldWeightsItWasMadeFor) {
   EXPECT_EQ(round_trip(base, target, expclass(Compressor::zstd)) > 0, true);
 }
 
-TEST(Patch, ExpclassPatchRefusedAfterWritingInPlaceLeavesEveryByteAsBefore) {
-  // apply_patch writes sparse changes in place as its pass decodes them and writes the old
-  // values back when the patch is then refused. Two tensors of several pass chunks (2^16
-  // elements each): a wrong target digest is found once both are written; a corruption of the
-  // last bytes of either stream (the second tensor's part) fails while decoding the second
-  // tensor or at a digest, after the first tensor was written.
-  std::mt19937 rng(23);
+namespace {
+
+// Two BF16 tensors of weights ~ N(0, 0.02), several pass chunks (2^16 elements) each.
+State two_weight_tensors(std::mt19937& rng) {
   std::normal_distribution<float> normal(0.0f, 0.02f);
   State base;
   for (const char* name : {"a.weight", "b.weight"}) {
@@ -806,6 +803,19 @@ TEST(Patch, ExpclassPatchRefusedAfterWritingInPlaceLeavesEveryByteAsBefore) {
     for (auto& x : w) x = float_to_bf16(normal(rng));
     base.push_back(bf16_tensor(name, w));
   }
+  return base;
+}
+
+}  // namespace
+
+TEST(Patch, ExpclassPatchRefusedAfterWritingInPlaceLeavesEveryByteAsBefore) {
+  // apply_patch writes sparse changes in place as its pass decodes them and writes the old
+  // values back when the patch is then refused. Two tensors of several pass chunks (2^16
+  // elements each): a wrong target digest is found once both are written; a corruption of the
+  // last bytes of either stream (the second tensor's part) fails while decoding the second
+  // tensor or at a digest, after the first tensor was written.
+  std::mt19937 rng(23);
+  const State base = two_weight_tensors(rng);
   const State target = step(base, rng, 0.01);
   const auto good = encode_patch(refs(base), refs(target), expclass());
   ASSERT_FALSE(rejected_and_untouched(good, base));
@@ -844,13 +854,7 @@ TEST(Patch, KeydiffPatchRefusedInsideASegmentLeavesEveryByteAsBefore) {
   // tensor and the second's earlier windows were written; other corruptions of the last bytes
   // fail there or at the target digest. Each leaves the weights exactly as they were.
   std::mt19937 rng(31);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  State base;
-  for (const char* name : {"a.weight", "b.weight"}) {
-    std::vector<bf16_bits> w(300007);
-    for (auto& x : w) x = float_to_bf16(normal(rng));
-    base.push_back(bf16_tensor(name, w));
-  }
+  const State base = two_weight_tensors(rng);
   const State target = step(base, rng, 0.01);
   EncodeOptions opt;
   opt.compressor = Compressor::none;  // the value stream's bytes are the varints
