@@ -17,6 +17,12 @@
 #include "kernels/segments.hpp"
 #include "kernels/types.hpp"
 
+// Host code with AVX-512 BW compares 32 BF16 elements at once for the one-thread compaction.
+#if defined(__AVX512BW__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#include <immintrin.h>
+#define PULSE_COMPACT_BY_MASK 1
+#endif
+
 namespace pulse {
 
 namespace detail {
@@ -294,6 +300,41 @@ index_t compact_changed(const ExecSpace& space, const OldView& old_bits, const N
                         const IndexView& indices_out, const ValueView& values_out) {
   detail::check_bf16_pair(old_bits, new_bits);
   static_assert(std::is_same_v<typename ValueView::value_type, bf16_bits>);
+#if defined(PULSE_COMPACT_BY_MASK)
+  // One host thread: a mask of the changed elements per 64 bytes from one compare, where
+  // compact_if's generic keep flags (a byte per element, then read back) run at half the read
+  // bound on CPUs whose one core reads faster (Zen 4). Unequal capacities: compact_if refuses them.
+  if constexpr (is_host_space<ExecSpace>) {
+    if (takes_host_path(space) && space.concurrency() == 1 && old_bits.span_is_contiguous() &&
+        new_bits.span_is_contiguous() && indices_out.extent(0) == values_out.extent(0)) {
+      const index_t n = static_cast<index_t>(old_bits.extent(0));
+      const index_t capacity = static_cast<index_t>(indices_out.extent(0));
+      const bf16_bits* o = old_bits.data();
+      const bf16_bits* t = new_bits.data();
+      constexpr index_t window = 32, prefetch_distance = 4096;
+      index_t kept = 0;
+      const auto take = [&](index_t first, std::uint32_t mask) {
+        for (; mask != 0; mask &= mask - 1, ++kept) {
+          if (kept >= capacity) continue;
+          const index_t i = first + __builtin_ctz(mask);
+          indices_out(kept) = i;
+          values_out(kept) = t[i];
+        }
+      };
+      const index_t whole = n - n % window;
+      for (index_t first = 0; first < whole; first += window) {
+        __builtin_prefetch(o + first + prefetch_distance);  // past the end: a hint, never a fault
+        __builtin_prefetch(t + first + prefetch_distance);
+        const __m512i a = _mm512_loadu_si512(o + first), b = _mm512_loadu_si512(t + first);
+        take(first, _cvtmask32_u32(_mm512_cmpneq_epi16_mask(a, b)));
+      }
+      std::uint32_t tail = 0;
+      for (index_t i = whole; i < n; ++i) tail |= std::uint32_t(o[i] != t[i]) << (i - whole);
+      take(whole, tail);
+      return kept;
+    }
+  }
+#endif
   return compact_if(
       space, "pulse::sparsity::compact", static_cast<index_t>(old_bits.extent(0)),
       KOKKOS_LAMBDA(const index_t i) { return old_bits(i) != new_bits(i); },
