@@ -20,4 +20,10 @@ constexpr std::size_t kMaxFindElements = std::size_t(1) << 16;
 std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
                            std::vector<std::uint16_t>& positions);
 
+// The same positions written to at, which has room for n + kFindSlack of them (the vector
+// stores may write past the last one); returns their number.
+constexpr std::size_t kFindSlack = 32;
+std::size_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
+                         std::uint16_t* at);
+
 }  // namespace pulse

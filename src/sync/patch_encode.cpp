@@ -2,15 +2,11 @@
 // segments and parts, each part coded on its own on the threads.
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <optional>
 #include <type_traits>
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
+#include "core/element_compare.hpp"
 #include "core/error.hpp"
 #include "sync/change_history.hpp"
 #include "sync/change_set.hpp"
@@ -99,67 +95,7 @@ using Scan = std::function<void(const SegmentPlan&, ScannedSegment&)>;
 
 // A scan's chunk: its inputs (2 x 128 KiB of BF16) stay in the second-level cache until hashed.
 constexpr std::size_t kScanChunk = std::size_t(1) << 16;
-using ChunkPosition = std::uint16_t;
-static_assert(kScanChunk - 1 <= std::numeric_limits<ChunkPosition>::max());
-
-// Bit j set where byte j of the 64 at a and b differ.
-inline std::uint64_t differing_bytes(const std::byte* a, const std::byte* b) {
-#if defined(__AVX512BW__)
-  return _cvtmask64_u64(_mm512_cmpneq_epi8_mask(_mm512_loadu_si512(a), _mm512_loadu_si512(b)));
-#elif defined(__AVX2__)
-  const auto* x = reinterpret_cast<const __m256i*>(a);
-  const auto* y = reinterpret_cast<const __m256i*>(b);
-  const std::uint32_t low = std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(x), _mm256_loadu_si256(y))));
-  const std::uint32_t high =
-      std::uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(x + 1), _mm256_loadu_si256(y + 1))));
-  return ~(std::uint64_t(high) << 32 | low);
-#else
-  std::uint64_t mask = 0;
-  for (unsigned j = 0; j < 64; ++j) mask |= std::uint64_t(a[j] != b[j]) << j;
-  return mask;
-#endif
-}
-
-// Writes the positions of the differing elements of [0, len) (len <= kScanChunk, elements of W
-// bytes) in order to `at` (room for len + 64 positions) and returns their count.
-template <unsigned W>
-std::size_t list_changes(const std::byte* o, const std::byte* t, std::size_t len, ChunkPosition* at) {
-  constexpr std::size_t kPerWindow = 64 / W;
-  const std::size_t windows = len / kPerWindow;
-  std::size_t count = 0;
-#if defined(__AVX512BW__) && defined(__AVX512VBMI2__) && defined(__AVX512VL__)
-  // Each window's positions compressed into place, whether or not it holds one: no branch on
-  // which windows do, which at a few changes per 1,000 elements would be mispredicted.
-  const __m512i first_32 = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
-                                            12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (std::size_t v = 0; v < windows; ++v) {
-    const __m512i a = _mm512_loadu_si512(o + 64 * v), b = _mm512_loadu_si512(t + 64 * v);
-    std::uint64_t m;  // bit j: element j of the window differs
-    if constexpr (W == 4) m = _mm512_cmpneq_epi32_mask(a, b);
-    if constexpr (W == 2) m = _cvtmask32_u32(_mm512_cmpneq_epi16_mask(a, b));
-    if constexpr (W == 1) m = _cvtmask64_u64(_mm512_cmpneq_epi8_mask(a, b));
-    const __m512i base = _mm512_add_epi16(first_32, _mm512_set1_epi16(short(std::uint16_t(kPerWindow * v))));
-    for (std::size_t half = 0; half < kPerWindow; half += 32) {  // 32 positions a store
-      const auto part = std::uint32_t(m >> half);
-      const __m512i positions = _mm512_add_epi16(base, _mm512_set1_epi16(short(half)));
-      _mm512_storeu_si512(at + count, _mm512_maskz_compress_epi16(part, positions));
-      count += std::size_t(__builtin_popcount(part));
-    }
-  }
-#else
-  constexpr std::uint64_t kFirstBytes = W == 1 ? ~std::uint64_t(0) : W == 2 ? 0x5555555555555555u : 0x1111111111111111u;
-  for (std::size_t v = 0; v < windows; ++v) {
-    std::uint64_t m = differing_bytes(o + 64 * v, t + 64 * v);
-    if (W >= 2) m |= m >> 1;  // an element differs where any of its bytes does
-    if (W == 4) m |= m >> 2;
-    for (m &= kFirstBytes; m != 0; m &= m - 1)
-      at[count++] = ChunkPosition(kPerWindow * v + std::size_t(__builtin_ctzll(m)) / W);
-  }
-#endif
-  for (std::size_t j = windows * kPerWindow; j < len; ++j)  // the last elements, fewer than a window
-    if (std::memcmp(o + W * j, t + W * j, W) != 0) at[count++] = ChunkPosition(j);
-  return count;
-}
+static_assert(kScanChunk <= kMaxFindElements);
 
 // The changes of a chunk of elements [0, len) of W bytes, their indices from `begin`: coded into
 // `encoder` as found where it is given, else appended to `changes`; returns their count.
@@ -167,8 +103,8 @@ template <unsigned W>
 std::size_t find_changes(const SparseFormat& format, const std::byte* o, const std::byte* t, std::size_t len,
                          std::uint64_t begin, PartEncoder* encoder, Changes& changes) {
   using T = std::conditional_t<W == 1, std::uint8_t, std::conditional_t<W == 2, std::uint16_t, std::uint32_t>>;
-  thread_local std::vector<ChunkPosition> positions(kScanChunk + 64);
-  const std::size_t count = list_changes<W>(o, t, len, positions.data());
+  thread_local std::vector<std::uint16_t> positions(kScanChunk + kFindSlack);
+  const std::size_t count = pulse::find_changes(t, o, len, W, positions.data());
   if (count == 0) return 0;
   const auto value = [](const std::byte* data, std::size_t j) {
     T v;
@@ -179,7 +115,7 @@ std::size_t find_changes(const SparseFormat& format, const std::byte* o, const s
     // Locals only (the streams' byte stores could alias anything else), the width a constant.
     const bool sign_magnitude = format.sign_magnitude;
     const auto key = [sign_magnitude](T bits) { return SparseFormat{W, sign_magnitude, 0, 0}.key(bits); };
-    const ChunkPosition* at = positions.data();
+    const std::uint16_t* at = positions.data();
     KeydiffBatch batch = encoder->open_batch(format, count, begin + len);
     for (std::size_t k = 0; k < count; ++k) {
       const std::size_t j = at[k];
