@@ -16,12 +16,7 @@
 #include "kernels/host_copy.hpp"
 #include "kernels/segments.hpp"
 #include "kernels/types.hpp"
-
-// Host code with AVX-512 BW compares 32 BF16 elements at once for the one-thread compaction.
-#if defined(__AVX512BW__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
-#include <immintrin.h>
-#define PULSE_COMPACT_BY_MASK 1
-#endif
+#include "core/element_compare.hpp"
 
 namespace pulse {
 
@@ -300,37 +295,31 @@ index_t compact_changed(const ExecSpace& space, const OldView& old_bits, const N
                         const IndexView& indices_out, const ValueView& values_out) {
   detail::check_bf16_pair(old_bits, new_bits);
   static_assert(std::is_same_v<typename ValueView::value_type, bf16_bits>);
-#if defined(PULSE_COMPACT_BY_MASK)
-  // One host thread: a mask of the changed elements per 64 bytes from one compare, where
-  // compact_if's generic keep flags (a byte per element, then read back) run at half the read
-  // bound on CPUs whose one core reads faster (Zen 4). Unequal capacities: compact_if refuses them.
+#if defined(__AVX512BW__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+  // One host thread: the changed elements' positions from core's find_changes (a mask per 64
+  // bytes from one compare), where compact_if's generic keep flags (a byte per element, then
+  // read back) run at half the read bound on CPUs whose one core reads faster (Zen 4). Unequal
+  // capacities: compact_if refuses them.
   if constexpr (is_host_space<ExecSpace>) {
     if (takes_host_path(space) && space.concurrency() == 1 && old_bits.span_is_contiguous() &&
         new_bits.span_is_contiguous() && indices_out.extent(0) == values_out.extent(0)) {
       const index_t n = static_cast<index_t>(old_bits.extent(0));
       const index_t capacity = static_cast<index_t>(indices_out.extent(0));
-      const bf16_bits* o = old_bits.data();
-      const bf16_bits* t = new_bits.data();
-      constexpr index_t window = 32, prefetch_distance = 4096;
+      const auto* o = reinterpret_cast<const std::byte*>(old_bits.data());
+      const auto* t = reinterpret_cast<const std::byte*>(new_bits.data());
+      thread_local std::vector<std::uint16_t> positions(kMaxFindElements + kFindSlack);
+      constexpr index_t chunk = static_cast<index_t>(kMaxFindElements);
       index_t kept = 0;
-      const auto take = [&](index_t first, std::uint32_t mask) {
-        for (; mask != 0; mask &= mask - 1, ++kept) {
+      for (index_t first = 0; first < n; first += chunk) {
+        const std::size_t length = static_cast<std::size_t>(std::min(chunk, n - first));
+        const std::size_t count = find_changes(t + 2 * first, o + 2 * first, length, 2, positions.data());
+        for (std::size_t k = 0; k < count; ++k, ++kept) {
           if (kept >= capacity) continue;
-          const index_t i = first + __builtin_ctz(mask);
+          const index_t i = first + positions[k];
           indices_out(kept) = i;
-          values_out(kept) = t[i];
+          values_out(kept) = new_bits.data()[i];
         }
-      };
-      const index_t whole = n - n % window;
-      for (index_t first = 0; first < whole; first += window) {
-        __builtin_prefetch(o + first + prefetch_distance);  // past the end: a hint, never a fault
-        __builtin_prefetch(t + first + prefetch_distance);
-        const __m512i a = _mm512_loadu_si512(o + first), b = _mm512_loadu_si512(t + first);
-        take(first, _cvtmask32_u32(_mm512_cmpneq_epi16_mask(a, b)));
       }
-      std::uint32_t tail = 0;
-      for (index_t i = whole; i < n; ++i) tail |= std::uint32_t(o[i] != t[i]) << (i - whole);
-      take(whole, tail);
       return kept;
     }
   }
