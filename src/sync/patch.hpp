@@ -410,6 +410,8 @@ class PatchDecoder {
   // Decodes a segment's changes into the entry's lists, against old, the segment's old
   // elements (by default the base's).
   void decode_segment(const Segment& s, DecodedEntry& w, const std::byte* old = nullptr);
+  // What a decode error in segment s names: " in tensor 'NAME'".
+  std::string error_context(const Segment& s) const;
   std::vector<std::size_t> part_first_;  // per part: its first segment (parts + 1)
   std::atomic<std::size_t> parts_decoded_{0};
   const ParsedPatch& patch_;

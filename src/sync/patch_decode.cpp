@@ -269,6 +269,10 @@ DecodedEntry PatchDecoder::start_entry(std::size_t k) const {
   return w;
 }
 
+std::string PatchDecoder::error_context(const Segment& s) const {
+  return " in tensor '" + targets_[s.entry].layout->name + "'";
+}
+
 void PatchDecoder::decode_segment(const Segment& s, DecodedEntry& w, const std::byte* old) {
   if (s.count == 0) return;
   const TensorRef& t = base_[w.tensor];
@@ -283,7 +287,7 @@ void PatchDecoder::decode_segment(const Segment& s, DecodedEntry& w, const std::
   std::uint64_t* indices = w.indices.data() + s.first_change;
   parts_[s.part].decode(format, old ? old : t.data + format.bytes * s.begin, s.elements, s.count,
                         patch_.entries[s.entry].index_width, history, indices,
-                        w.values.data() + format.bytes * s.first_change, " in tensor '" + name + "'");
+                        w.values.data() + format.bytes * s.first_change, error_context(s));
   for (std::uint64_t c = 0; c < s.count; ++c) indices[c] += s.begin;
 }
 
@@ -371,7 +375,7 @@ std::vector<DecodedEntry> PatchDecoder::decode_all_in_place(std::vector<MutableT
         // Keydiff: the indices first, then each window's values against its old blocks, which
         // the old sum has just read: each changed line comes from memory once.
         const SparseFormat format = *sparse_format(t.dtype);
-        const std::string context = " in tensor '" + targets_[seg.entry].layout->name + "'";
+        const std::string context = error_context(seg);
         part.decode_indices(seg.begin, seg.elements, seg.count, patch_.entries[seg.entry].index_width, indices, context);
         swap_and_sum(t.data, t.bytes, w.width, indices, values, seg.count, hash_targets_, old_sums[s], new_sums[s],
                      swapped[s], [&](std::size_t k, std::size_t end) {
