@@ -357,10 +357,11 @@ inline constexpr index_t stage_block_elements = 512;
 inline index_t stage_block(const index_t b, const index_t length, const bf16_bits* bits, const std::uint8_t* changed,
                            index_t* indices, bf16_bits* values, index_t k) {
 #if defined(PULSE_STAGE_BY_COMPRESS)
-  // 32 flags at a time, without a branch per change: the changed lanes' positions in the block
-  // and bits are packed to the front of a register (vpcompressw) and stored under a mask of as
-  // many lanes as there are changes, so nothing past them is written; the indices follow from
-  // the positions in one loop the compiler vectorises.
+  // 32 flags at a time, without a branch per change: the changed lanes' positions in the block are
+  // packed to the front of a register (vpcompressw) and stored whole after the ones listed so far
+  // (count <= j, so the 32 lanes fit; those past the changes are overwritten next or ignored); the
+  // indices and values follow from the positions in one short loop. Compressing the bits too, and
+  // storing both under a mask of the changed lanes, took longer.
   alignas(64) std::uint16_t positions[stage_block_elements];
   const __m512i lanes = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
                                          12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
@@ -368,15 +369,14 @@ inline index_t stage_block(const index_t b, const index_t length, const bf16_bit
   for (index_t j = 0; j < length; j += 32) {
     const __m256i flags = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(changed + j));
     const __mmask32 mask = _mm256_test_epi8_mask(flags, flags);
-    const int n = __builtin_popcount(mask);
-    const __mmask32 first_n = __mmask32((std::uint64_t(1) << n) - 1);
     const __m512i position = _mm512_add_epi16(_mm512_set1_epi16(static_cast<short>(j)), lanes);
-    _mm512_mask_storeu_epi16(positions + count, first_n, _mm512_maskz_compress_epi16(mask, position));
-    _mm512_mask_storeu_epi16(values + k + count, first_n,
-                             _mm512_maskz_compress_epi16(mask, _mm512_loadu_si512(bits + j)));
-    count += n;
+    _mm512_storeu_si512(positions + count, _mm512_maskz_compress_epi16(mask, position));
+    count += __builtin_popcount(mask);
   }
-  for (index_t c = 0; c < count; ++c) indices[k + c] = b + positions[c];
+  for (index_t c = 0; c < count; ++c) {
+    const index_t at = positions[c];
+    indices[k + c] = b + at, values[k + c] = bits[at];
+  }
   k += count;
 #else
   // The flags eight bytes at a time: at a weight update's sparsity most words are 0, and a set

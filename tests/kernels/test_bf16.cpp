@@ -145,6 +145,19 @@ TEST(Bf16Round, AgreesWithTheCastForAllFloatBitPatterns) {
   EXPECT_EQ(mismatches, 0u);
 }
 
+// The rounding ORs the kept bit into bit 0 (bf16.hpp): the same bits as adding it, for every float
+// bit pattern, NaNs included (the BF16 AdamW step's host rounding keeps their payloads).
+TEST(Bf16Round, KeptBitOredIsTheSameAsAddedForAllFloatBitPatterns) {
+  std::uint64_t mismatches = 0;
+  for (std::uint64_t u = 0; u < (std::uint64_t(1) << 32); ++u) {
+    const std::uint32_t bits = static_cast<std::uint32_t>(u);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    mismatches += pulse::rounded_bf16_bits_keeping_nan(x) != ((bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u);
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
 // Every BF16 bit pattern, in order. A free function: nvcc does not allow a device lambda in
 // TEST's body (a private member function).
 template <class Space, class Mem = typename Space::memory_space>
