@@ -307,15 +307,14 @@ index_t compact_changed(const ExecSpace& space, const OldView& old_bits, const N
       const index_t capacity = static_cast<index_t>(indices_out.extent(0));
       const auto* o = reinterpret_cast<const std::byte*>(old_bits.data());
       const auto* t = reinterpret_cast<const std::byte*>(new_bits.data());
-      thread_local std::vector<std::uint16_t> positions(kMaxFindElements + kFindSlack);
       constexpr index_t chunk = static_cast<index_t>(kMaxFindElements);
       index_t kept = 0;
       for (index_t first = 0; first < n; first += chunk) {
         const std::size_t length = static_cast<std::size_t>(std::min(chunk, n - first));
-        const std::size_t count = find_changes(t + 2 * first, o + 2 * first, length, 2, positions.data());
-        for (std::size_t k = 0; k < count; ++k, ++kept) {
+        const FoundChanges found = find_changes(t + 2 * first, o + 2 * first, length, 2);
+        for (std::size_t k = 0; k < found.count; ++k, ++kept) {
           if (kept >= capacity) continue;
-          const index_t i = first + positions[k];
+          const index_t i = first + found.positions[k];
           indices_out(kept) = i;
           values_out(kept) = new_bits.data()[i];
         }

@@ -274,8 +274,9 @@ void BM_AdamWBf16(benchmark::State& state) {
 
 // A staging whose every page has been written, so that no timed step faults one in (in a run that
 // happens only while the lists still grow): each segment's list starts a page of its own, and a
-// step that lists more changes than any before it first touches a new page there (at 256M, 8192 segments: a page fault each, about 100 ms of this VM's
-// time in the first timed step when the pages were left to the kernel).
+// step that lists more changes than any before it first touches a new page there (at 256M, 8192
+// segments: a page fault each, about 100 ms of this VM's time in the first timed step when the
+// pages were left to the kernel).
 ChangeStaging<DefaultMem> written_staging(const TensorSegments<DefaultMem>& segs) {
   const auto staging = make_change_staging(segs);
   Kokkos::deep_copy(staging.indices, index_t(0));

@@ -109,20 +109,21 @@ std::uint64_t count_differing(const std::byte* a, const std::byte* b, std::size_
                            [&](auto word) { return count_differing_of<decltype(word)>(a, b, n); });
 }
 
-std::size_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
-                         std::uint16_t* at) {
+FoundChanges find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes) {
   PULSE_CHECK(n <= kMaxFindElements,
               "find_changes: " + std::to_string(n) + " elements, more than 16-bit positions hold");
-  return with_element_word(element_bytes, "find_changes",
-                           [&](auto word) { return find_changes_of<decltype(word)>(now, before, n, at); });
+  // Room for the most positions and the 32 the last vector store may write past them.
+  thread_local std::vector<std::uint16_t> found(kMaxFindElements + 32);
+  const std::size_t count = with_element_word(
+      element_bytes, "find_changes", [&](auto word) { return find_changes_of<decltype(word)>(now, before, n, found.data()); });
+  return {found.data(), count};
 }
 
 std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
                            std::vector<std::uint16_t>& positions) {
-  thread_local std::vector<std::uint16_t> found(kMaxFindElements + kFindSlack);
-  const std::size_t count = find_changes(now, before, n, element_bytes, found.data());
-  positions.insert(positions.end(), found.begin(), found.begin() + std::ptrdiff_t(count));
-  return count;
+  const FoundChanges found = find_changes(now, before, n, element_bytes);
+  positions.insert(positions.end(), found.positions, found.positions + found.count);
+  return found.count;
 }
 
 }  // namespace pulse

@@ -20,10 +20,12 @@ constexpr std::size_t kMaxFindElements = std::size_t(1) << 16;
 std::uint64_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
                            std::vector<std::uint16_t>& positions);
 
-// The same positions written to at, which has room for n + kFindSlack of them (the vector
-// stores may write past the last one); returns their number.
-constexpr std::size_t kFindSlack = 32;
-std::size_t find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes,
-                         std::uint16_t* at);
+// The same positions in this thread's own buffer, valid until its next find_changes: for the hot
+// loops, which would otherwise copy them.
+struct FoundChanges {
+  const std::uint16_t* positions;
+  std::size_t count;
+};
+FoundChanges find_changes(const std::byte* now, const std::byte* before, std::size_t n, std::size_t element_bytes);
 
 }  // namespace pulse

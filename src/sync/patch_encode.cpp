@@ -103,8 +103,7 @@ template <unsigned W>
 std::size_t find_changes(const SparseFormat& format, const std::byte* o, const std::byte* t, std::size_t len,
                          std::uint64_t begin, PartEncoder* encoder, Changes& changes) {
   using T = std::conditional_t<W == 1, std::uint8_t, std::conditional_t<W == 2, std::uint16_t, std::uint32_t>>;
-  thread_local std::vector<std::uint16_t> positions(kScanChunk + kFindSlack);
-  const std::size_t count = pulse::find_changes(t, o, len, W, positions.data());
+  const auto [at, count] = pulse::find_changes(t, o, len, W);
   if (count == 0) return 0;
   const auto value = [](const std::byte* data, std::size_t j) {
     T v;
@@ -115,7 +114,6 @@ std::size_t find_changes(const SparseFormat& format, const std::byte* o, const s
     // Locals only (the streams' byte stores could alias anything else), the width a constant.
     const bool sign_magnitude = format.sign_magnitude;
     const auto key = [sign_magnitude](T bits) { return SparseFormat{W, sign_magnitude, 0, 0}.key(bits); };
-    const std::uint16_t* at = positions.data();
     KeydiffBatch batch = encoder->open_batch(format, count, begin + len);
     for (std::size_t k = 0; k < count; ++k) {
       const std::size_t j = at[k];
@@ -132,7 +130,7 @@ std::size_t find_changes(const SparseFormat& format, const std::byte* o, const s
   std::uint32_t* values = changes.values.data() + first;
   std::uint32_t* old_values = changes.old_values.data() + first;
   for (std::size_t k = 0; k < count; ++k) {
-    const std::size_t j = positions[k];
+    const std::size_t j = at[k];
     indices[k] = index_t(begin + j);
     values[k] = value(t, j);
     old_values[k] = value(o, j);
