@@ -5,9 +5,10 @@
 // Ranks 0..T-1 train (data parallel: gradients summed with MPI_Allreduce), ranks T..N-1 only
 // generate rollouts from BF16 weights that reach them as PULSESync patches. Each role is a class
 // (src/train): Generator, Trainer, Publisher, StepRecorder. One step reads top to bottom in
-// Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> measurement -> patch ->
-// statistics row; the loop in Run::train() checkpoints. With an async lag the inference ranks
-// sample the next step's rollouts while the trainers train (Generator::sample_ahead).
+// Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> patch -> measurement ->
+// statistics row; the loop in Run::train() checkpoints. The inference ranks sample the next
+// step's rollouts as soon as its version is theirs (Generator::sample_ahead): with an async lag
+// while the trainers train, without one while trainer 0 measures.
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -149,7 +150,7 @@ Kokkos::View<float*> weight_update(const Kokkos::View<const float*>& after, cons
 struct StepOutcome {
   TrainStepResult train;
   Publication published;
-  double apply_s = 0, measure_s = 0, pass1 = 0, step_s = 0, elapsed_s = 0;
+  double changes_s = 0, apply_s = 0, measure_s = 0, pass1 = 0, step_s = 0, elapsed_s = 0;
   std::uint64_t version = 0, rollout_version = 0;
 };
 
@@ -164,7 +165,6 @@ void set_step_columns(io::StatsRow& row, std::int64_t t, const StepOutcome& s, i
   row.set("/steps/loss", train.loss);
   row.set("/steps/reward", train.reward);
   row.set("/steps/grad_norm", train.grad_norm);
-  row.set("/steps/grad_sparsity", train.grad_sparsity);
   row.set("/steps/clip_fraction", train.grpo.clip_fraction);
   row.set("/steps/mean_ratio", train.grpo.mean_ratio);
   row.set_int("/steps/tokens", train.tokens);
@@ -182,7 +182,7 @@ void set_step_columns(io::StatsRow& row, std::int64_t t, const StepOutcome& s, i
   row.set_int("/steps/rollout_version", std::int64_t(s.rollout_version));
   row.set("/steps/step_s", s.step_s);
   row.set("/steps/measure_s", s.measure_s);
-  row.set("/steps/sync_s", s.published.seconds - s.published.wait_seconds);
+  row.set("/steps/sync_s", s.changes_s + s.published.seconds - s.published.wait_seconds);
   row.set("/steps/eval_pass1", s.pass1);
   row.set_int("/steps/d2h_bytes", std::int64_t(copies.d2h_bytes));
   row.set_int("/steps/h2d_bytes", std::int64_t(copies.h2d_bytes));
@@ -209,7 +209,8 @@ class Run {
   // Every role of this rank, from the initial weights or the resumed checkpoint.
   void start_roles();
   void step(std::int64_t t);
-  double measure_step(std::int64_t t, io::StatsRow& row, bool listed);
+  double gather_step_changes(bool listed);
+  double measure_step(std::int64_t t, io::StatsRow& row);
   double evaluate(std::int64_t t);
   void write_absorption(std::int64_t t, const Kokkos::View<const float*>& before);
   void count_totals(std::int64_t t, const StepOutcome& s);
@@ -543,16 +544,28 @@ void Run::write_final_weights() const {
   std::printf("pulse-train: done, wrote %s and %s\n", c_.out.c_str(), path.c_str());
 }
 
-// 4. Trainer 0: what changed in the BF16 weights the forward pass sees (the parameter store's
-// change set, the only weight data that leaves the device: AdamW's own when it listed it, else
-// compacted against the previous version), and the Adam ratios. Returns the seconds it took.
-double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed) {
+// 4. Trainer 0: what changed in the BF16 weights the forward pass sees, as the change set that
+// PULSESync codes (the only weight data that leaves the device): AdamW's own when it listed it,
+// else compacted against the previous version. Returns the seconds it took.
+double Run::gather_step_changes(bool listed) {
   Kokkos::Timer timer;
   ParameterStore& params = trainer_->params();
-  sync::ChangeSet& changes = params.changes();
   if (listed) params.gather_changes(copies_);
-  const Kokkos::View<const bf16_bits*> weights = params.weights();
-  const StepSparsity sp = listed ? meter_->measure(weights, changes) : meter_->measure(weights, changes, copies_);
+  else meter_->compact(params.weights(), params.changes(), copies_);
+  return timer.seconds();
+}
+
+// 6. Trainer 0's statistics of step t, after its patch is out: with inference ranks and no lag
+// they sample the next rollouts meanwhile (Generator::sample_ahead). The gradient, the weights,
+// the change set and the Adam moments stay as step t left them until the next step. Returns the
+// seconds it took.
+double Run::measure_step(std::int64_t t, io::StatsRow& row) {
+  Kokkos::Timer timer;
+  // Gradient sparsity is measured on the summed, unclipped gradient.
+  row.set("/steps/grad_sparsity", gradient_sparsity(trainer_->grads(), grad_thresholds));
+  copies_.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
+  ParameterStore& params = trainer_->params();
+  const StepSparsity sp = meter_->measure(params.weights(), params.changes());
   copies_.downloaded(kstep_values.size() * sizeof(index_t));  // the k-step counts
   row.set_int("/steps/changed", sp.changed);
   row.set("/steps/sparsity", 1.0 - double(sp.changed) / double(n_));
@@ -565,7 +578,7 @@ double Run::measure_step(std::int64_t t, io::StatsRow& row, bool listed) {
   return timer.seconds();
 }
 
-// 6. Held-out greedy pass@1 on trainer 0 when due, else NaN.
+// 7. Held-out greedy pass@1 on trainer 0 when due, else NaN.
 double Run::evaluate(std::int64_t t) {
   if (rank_ != 0 || c_.eval_every <= 0 || (t % c_.eval_every != 0 && t != c_.steps)) return std::nan("");
   eval_decoder_->set_weights(trainer_->weights());
@@ -593,9 +606,8 @@ void Run::step(std::int64_t t) {
   const bool absorb = c_.precision == Precision::mixed && c_.absorption_every > 0 && t % c_.absorption_every == 0;
   if (trainer_) s.train = trainer_->step(t, rank_ == 0 && absorb, copies_);
   comm_s += s.train.comm_s;
-  s.measure_s = s.train.measure_s;
-  // 4. Measurement on trainer 0; the absorption histograms are written collectively.
-  if (rank_ == 0) s.measure_s += measure_step(t, row, s.train.listed);
+  // 4. Trainer 0's change set; the absorption histograms are written collectively.
+  if (rank_ == 0) s.changes_s = gather_step_changes(s.train.listed);
   if (absorb) {
     Kokkos::Timer absorb_timer;
     write_absorption(t, s.train.master_before);
@@ -609,10 +621,14 @@ void Run::step(std::int64_t t) {
   if (!trainer_) comm_s += s.published.seconds;
   s.apply_s = allreduce_value(world_, s.published.sync.apply_seconds, ReduceOp::max);
   s.version = publisher_->version();
-  // 6. Held-out greedy pass@1.
+  // 6. Without a lag the inference ranks sample the next rollouts from the version just
+  // published, while trainer 0 measures this step and (7) evaluates when due.
+  generator_->sample_ahead(t, c_.steps, *publisher_, copies_);
+  if (rank_ == 0) s.measure_s += measure_step(t, row);
+  // 7. Held-out greedy pass@1.
   s.pass1 = evaluate(t);
 
-  // 7. The statistics row (rank 0's values for /steps, every rank's own for /ranks).
+  // 8. The statistics row (rank 0's values for /steps, every rank's own for /ranks).
   s.step_s = step_timer.seconds();
   s.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
   if (rank_ == 0) {

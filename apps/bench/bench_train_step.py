@@ -7,9 +7,11 @@ CPU's flags allow). Every figure comes from the statistics file's columns.
 Each preset runs under `mpirun -n 2` (one trainer, one inference rank) from an SFT warm start (--sft-steps,
 made once per preset into --out; 0: GPT-2 init, where GRPO earns no reward for many steps), with
 the embedded default's batch (jobs/configs/default.toml), in three settings:
-  before    async-lag 0, MPI waits spin (PULSE_MPI_WAIT=spin): the trainer and the inference
-            rank in lock-step, each spinning while the other computes (last round's step)
-  lockstep  async-lag 0, waits sleep: the same algorithm and weights, the waiting core freed
+  before    async-lag 0, MPI waits spin (PULSE_MPI_WAIT=spin), PULSE_GENERATE_AHEAD=0: the trainer
+            and the inference rank strictly in turn, each spinning while the other computes
+  lockstep  async-lag 0, waits sleep: the same algorithm and weights, the waiting core freed, and
+            the inference rank sampling the next rollouts as soon as the step's patch is in,
+            while trainer 0 measures the step
   overlap   async-lag 1, waits sleep: the inference rank samples step t+1's rollouts while the
             trainer trains step t (another algorithm: rollouts one version older)
 Per setting, over the steps after --warmup (medians of per-step values: robust to a loaded
@@ -20,7 +22,12 @@ machine's preemptions; the flushes every 100 rows or 10 s show in the JSON's wri
   measure   /steps/measure_s; sync: /steps/encode_s (the send is in wait); sync_s: /steps/sync_s,
             trainer 0's PULSESync outside collective calls (waiting for the inference rank is in wait)
   stats     /steps/write_s of the next row (the append once every rank is there)
-  overhead  (measure_s + sync_s + write_s) / step: the measurement, PULSESync and statistics share;
+  overhead  (measure_s + sync_s + write_s) / step: the measurement, PULSESync and statistics share
+            of trainer 0's time;
+  path      the same without measure_s where it runs while the inference rank samples the next
+            rollouts (lockstep: trainer 0 waits for them after it; before: it has no such wait,
+            overlap: those rollouts were sampled during the training), the share that lengthens
+            the step;
             ovh_sum: the same over the sums of all those steps (the median step of a run whose
             weights change only in its later steps, as tiny's from GPT-2 init, codes no change)
   mfu       training model FLOPs (6 P tokens + 12 L C T tokens, PaLM appendix B; every position
@@ -42,6 +49,8 @@ import tomllib
 import h5py
 import numpy as np
 
+# Settings in which trainer 0 measures while the inference rank samples the next rollouts.
+MEASURE_BEHIND_SAMPLING = {"lockstep"}
 SETTINGS = {
     "before": ({"PULSE_MPI_WAIT": "spin", "PULSE_GENERATE_AHEAD": "0"}, ["--async-lag", "0"]),
     "lockstep": ({"PULSE_MPI_WAIT": "sleep"}, ["--async-lag", "0"]),
@@ -108,7 +117,7 @@ def model_flops(f):
     return 6.0 * float(f.attrs["num_parameters"]) * tokens + 12.0 * layers * channels * T * tokens
 
 
-def summarise(path, warmup, peak):
+def summarise(path, warmup, peak, measure_behind):
     with h5py.File(path, "r") as f:
         s, r = f["steps"], f["ranks"]
         time_s = s["time_s"][:]
@@ -133,6 +142,7 @@ def summarise(path, warmup, peak):
                       "sync": med(encode) / T, "stats": med(write) / T},
             "overhead": med(measure + sync + write) / T,
             "overhead_of_sums": float((measure + sync + write).sum() / step.sum()),
+            "overhead_on_path": med((0 if measure_behind else measure) + sync + write) / T,
             "write_max_s": float(write.max()),
             "mfu": flops / T / peak, "mfu_gen": flops * 4 / 3 / T / peak,
             "cpu_share": (cpu.sum(axis=0) / step.sum()).tolist(),
@@ -163,7 +173,7 @@ def main():
     peak_one = sgemm_peak(args.build, 1)
     print(f"\npulse-train step: SGEMM 1024^3 {peak / 1e9:.1f} GFLOP/s on {cores} cores, {peak_one / 1e9:.1f} on one")
     print(f"{'preset':<7}{'setting':<10}{'load':>6}{'step ms':>9}{'compute':>8}{'wait':>6}{'measure':>8}{'sync':>6}"
-          f"{'stats':>6}{'overhd':>7}{'ovh_sum':>8}{'mfu':>7}{'mfu_gen':>8}   cpu/step (busy, held) trainer; inference")
+          f"{'stats':>6}{'overhd':>7}{'ovh_sum':>8}{'path':>6}{'mfu':>7}{'mfu_gen':>8}   cpu/step (busy, held) trainer; inference")
     results = {"sgemm_flops_per_second": peak, "sgemm_one_core_flops_per_second": peak_one, "cores": cores, "runs": []}
     for preset in args.presets.split(","):
         for setting in args.settings.split(","):
@@ -171,13 +181,13 @@ def main():
             init = os.path.abspath(os.path.join(args.out, f"sft-{preset}-{args.sft_steps}.safetensors")) if args.sft_steps else ""
             load, command = run_train(args.build, shlex.split(args.mpiexec), preset, setting, args.steps, path, init,
                                       args.sft_steps)
-            r = dict(summarise(path, args.warmup, peak), preset=preset, setting=setting, load=load, command=command)
+            r = dict(summarise(path, args.warmup, peak, setting in MEASURE_BEHIND_SAMPLING), preset=preset, setting=setting, load=load, command=command)
             results["runs"].append(r)
             sh = r["share"]
             ranks = "; ".join(f"{c:.2f} ({b:.2f}, {h:.2f})"
                               for c, b, h in zip(r["cpu_share"], r["busy_wait"], r["wait_cpu_per_wait_s"]))
             print(f"{preset:<7}{setting:<10}{load:>6.1f}{r['step_s'] * 1e3:>9.1f}{sh['compute']:>8.3f}{sh['wait']:>6.3f}"
-                  f"{sh['measure']:>8.3f}{sh['sync']:>6.3f}{sh['stats']:>6.3f}{r['overhead']:>7.3f}{r['overhead_of_sums']:>8.3f}{r['mfu']:>7.3f}"
+                  f"{sh['measure']:>8.3f}{sh['sync']:>6.3f}{sh['stats']:>6.3f}{r['overhead']:>7.3f}{r['overhead_of_sums']:>8.3f}{r['overhead_on_path']:>6.3f}{r['mfu']:>7.3f}"
                   f"{r['mfu_gen']:>8.3f}   {ranks}", flush=True)
     with open(os.path.join(args.out, "train_step.json"), "w") as fh:
         json.dump(results, fh, indent=1)

@@ -68,7 +68,7 @@ RolloutBatch Generator::sample_share(std::int64_t t, int part, int parts, const 
 
 void Generator::sample_ahead(std::int64_t t, std::int64_t last_step, const Publisher& versions,
                              TransferCounter& copies) {
-  if (!samples_ || trainer_ || !ahead_enabled_ || c_.async_lag == 0) return;
+  if (!samples_ || trainer_ || !ahead_enabled_) return;
   const std::int64_t next = t + c_.num_iterations - (t - 1) % c_.num_iterations;  // next step with new rollouts
   if (next > last_step || ahead_step_ == next || rollout_version(next) > versions.version()) return;
   ahead_ = sample_share(next, rank_ - num_trainers_, c_.inference_ranks, versions, {}, copies);

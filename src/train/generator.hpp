@@ -3,10 +3,11 @@
 // ranks, or the trainers when there are none) split the step's prompts evenly and sample their
 // share from BF16 weights of version t-1-async_lag; each inference rank sends its share to the
 // trainers over its own route, and each trainer takes its rows of the concatenation.
-// With an async lag the inference ranks sample ahead: the next batch's version is already theirs
-// while the trainers train on this one, so sampling and training overlap, one on each core. The
-// batch is the one sampled later would be (its draws depend on the generation and the version
-// only); PULSE_GENERATE_AHEAD=0 in an inference rank's environment turns this off.
+// The inference ranks sample ahead, as soon as the next batch's version is theirs: with an async
+// lag while the trainers train on this batch, so sampling and training overlap, one on each core;
+// without one once this step's patch is in, while trainer 0 measures the step. The batch is the
+// one sampled later would be (its draws depend on the generation and the version only);
+// PULSE_GENERATE_AHEAD=0 in an inference rank's environment turns this off.
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
@@ -42,9 +43,10 @@ class Generator {
                                  const Kokkos::View<const bf16_bits*>& trainer_weights, TransferCounter& copies,
                                  double& comm_seconds);
 
-  // Inference ranks, after the rollouts of step t are sent: samples the share of the next step
-  // that takes new rollouts (up to the last step) when the version it needs is here already, for
-  // rollouts_for_step to send then. A no-op elsewhere, without an async lag, or turned off.
+  // Inference ranks, after the rollouts of step t are sent and again after its version is
+  // published: samples the share of the next step that takes new rollouts (up to the last step)
+  // when the version it needs is here already, for rollouts_for_step to send then. A no-op
+  // elsewhere, when that share is sampled already, or turned off.
   void sample_ahead(std::int64_t t, std::int64_t last_step, const Publisher& versions, TransferCounter& copies);
 
   // The rollouts of `generation` for prompts [first_prompt, first_prompt + num_prompts) of its

@@ -28,10 +28,9 @@ StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weight
   return s;
 }
 
-StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes,
-                                    TransferCounter& copies) {
+void SparsityMeter::compact(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes,
+                            TransferCounter& copies) const {
   compactor_.compact(ring_.snapshot(1), weights, offsets_, copies, changes);
-  return measure(weights, changes);
 }
 
 StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weights, const sync::ChangeSet& changes) {

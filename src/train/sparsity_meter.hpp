@@ -29,11 +29,13 @@ class SparsityMeter {
   void start(const Kokkos::View<const bf16_bits*>& weights);
   // Compares weights with the versions before it, then remembers it.
   StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights);
-  // The same, and the changed elements as a change set (compacted once on the device; per-tensor
-  // counts and the k = 1 sparsity come from it), which is all that crosses to the host.
-  StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes, TransferCounter& copies);
-  // The same from a set made elsewhere (AdamW's own, kernels/adamw.hpp): changes must be what
-  // changed between the last version remembered and weights.
+  // The elements of weights that differ from the last version remembered, as a change set
+  // (compacted once on the device), which is all that crosses to the host. Remembers nothing:
+  // measure(weights, changes) follows, once the set has been used.
+  void compact(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes, TransferCounter& copies) const;
+  // The same as measure(weights) from a change set (compact's, or AdamW's own listing,
+  // kernels/adamw.hpp): changes must be what changed between the last version remembered and
+  // weights; per-tensor counts and the k = 1 sparsity come from it.
   StepSparsity measure(const Kokkos::View<const bf16_bits*>& weights, const sync::ChangeSet& changes);
 
   // The ring for a checkpoint, oldest first, and its restoration.
@@ -48,7 +50,7 @@ class SparsityMeter {
   std::vector<index_t> offsets_;
   TensorSegments<DefaultMem> segments_;
   SnapshotRing<DefaultMem> ring_;
-  ChangeCompactor compactor_;
+  mutable ChangeCompactor compactor_;  // its buffers only
 };
 
 // Fraction of |g| <= tau for each threshold.

@@ -32,10 +32,12 @@ std::vector<StatsColumn> make_schema() {
       {"/steps/apply_s", f64, step, one, "s",
        "patch apply time with the check of the target digest, slowest inference rank"},
       {"/steps/step_s", f64, step, one, "s", "wall time of the step"},
-      {"/steps/measure_s", f64, step, one, "s", "sparsity, gradient and Adam statistics time on trainer 0"},
+      {"/steps/measure_s", f64, step, one, "s",
+       "sparsity, gradient and Adam statistics time on trainer 0 (after the patch is out; with inference ranks and "
+       "no async lag, while they sample the next rollouts)"},
       {"/steps/sync_s", f64, step, one, "s",
-       "PULSESync time on trainer 0 outside collective calls (encode, its own copy's update; the patch's send and "
-       "the waits for the other ranks are in /ranks/wait_s)"},
+       "PULSESync time on trainer 0 outside collective calls (the step's change set, encode, its own copy's update; "
+       "the patch's send and the waits for the other ranks are in /ranks/wait_s)"},
       {"/steps/write_s", f64, step, one, "s",
        "time the previous step's statistics append took once every rank was there (gather to rank 0, flush when "
        "due; on rank 0, which holds the file)"},

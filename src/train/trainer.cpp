@@ -5,7 +5,6 @@
 
 #include "comm/collectives.hpp"
 #include "kernels/host_copy.hpp"
-#include "train/sparsity_meter.hpp"
 
 namespace pulse {
 
@@ -66,13 +65,6 @@ TrainStepResult Trainer::step(std::int64_t t, bool keep_master_before, TransferC
   r.loss = allreduce_value(trainers_, r.grpo.loss, ReduceOp::sum) / (ddp ? 1.0 : num_trainers);
   r.comm_s += timer.seconds();
 
-  // Gradient sparsity is measured on the summed, unclipped gradient.
-  Kokkos::Timer measure_timer;
-  if (first) {
-    r.grad_sparsity = gradient_sparsity(model_->grads(), grad_thresholds);
-    copies.downloaded(grad_thresholds.size() * sizeof(index_t));  // the counts
-  }
-  r.measure_s += measure_timer.seconds();
   AdamWHyper h;
   h.lr = r.lr = c_.warmup_steps > 0 && t <= c_.warmup_steps ? c_.lr * double(t) / c_.warmup_steps : c_.lr;
   h.weight_decay = c_.weight_decay;  // betas and eps: AdamWHyper's defaults

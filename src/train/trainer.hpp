@@ -29,11 +29,10 @@ struct TrainStepResult {
   GrpoLossStats grpo{};
   float grad_norm = 0;
   bool listed = false;                // AdamW staged the changed list (trainer 0, no outer step after it)
-  std::vector<double> grad_sparsity;  // trainer 0: of the summed, unclipped gradient at grad_thresholds
   bool outer_step = false;            // DiLoCo/PULSELoCo: the trainers agreed on new global weights
   loco::OuterStats outer{};           // of that outer step
   Kokkos::View<float*> master_before; // the master weights before the step, when asked for
-  double comm_s = 0, measure_s = 0;
+  double comm_s = 0;
 };
 
 class Trainer {
@@ -53,6 +52,9 @@ class Trainer {
   const ParameterStore& params() const { return *params_; }
   ParameterStore& params() { return *params_; }
   Kokkos::View<const bf16_bits*> weights() const { return params_->weights(); }
+  // The last step's gradient, summed over the trainers and unclipped (AdamW clips by a factor):
+  // kept until the next step, so trainer 0 can measure it after the step's patch is out.
+  Kokkos::View<const float*> grads() const { return model_->grads(); }
 
   // Adds every checkpointed buffer (the store's, the outer loop's, the batch) to state.
   void save(RankCheckpoint& state);
