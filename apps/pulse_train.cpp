@@ -6,9 +6,9 @@
 // generate rollouts from BF16 weights that reach them as PULSESync patches. Each role is a class
 // (src/train): Generator, Trainer, Publisher, StepRecorder. One step reads top to bottom in
 // Run::step(): rollouts -> GRPO gradients -> allreduce -> AdamW -> patch -> measurement ->
-// statistics row; the loop in Run::train() checkpoints. The inference ranks sample the next
-// step's rollouts as soon as its version is theirs (Generator::sample_ahead): with an async lag
-// while the trainers train, without one while trainer 0 measures.
+// statistics row; the loop in Run::train() checkpoints. Trainer 0 measures while the inference
+// ranks apply the patch, and they sample the next step's rollouts as soon as its version is
+// theirs (Generator::sample_ahead): with an async lag while the trainers train.
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -555,10 +555,9 @@ double Run::gather_step_changes(bool listed) {
   return timer.seconds();
 }
 
-// 6. Trainer 0's statistics of step t, after its patch is out: with inference ranks and no lag
-// they sample the next rollouts meanwhile (Generator::sample_ahead). The gradient, the weights,
-// the change set and the Adam moments stay as step t left them until the next step. Returns the
-// seconds it took.
+// 6. Trainer 0's statistics of step t, once its patch is sent: the inference ranks apply it
+// meanwhile. The gradient, the weights, the change set and the Adam moments stay as step t left
+// them until the next step. Returns the seconds it took.
 double Run::measure_step(std::int64_t t, io::StatsRow& row) {
   Kokkos::Timer timer;
   // Gradient sparsity is measured on the summed, unclipped gradient.
@@ -616,15 +615,18 @@ void Run::step(std::int64_t t) {
   // 5. PULSESync, every rank agreeing that the inference ranks hold the new version.
   // An inference rank whose patch does not reach the target digest fails here (apply_patch and
   // the relay's pull check it), and so every rank.
+  // 6. Trainer 0 measures the step once its patch is sent, while the inference ranks apply it.
   sync::ChangeSet* changes = rank_ == 0 ? &trainer_->params().changes() : nullptr;
-  agree_on_error(world_.raw(), [&] { s.published = publisher_->publish(changes, trainer_weights(), copies_); });
+  agree_on_error(world_.raw(), [&] {
+    s.published = publisher_->publish(changes, trainer_weights(), copies_);
+    if (rank_ == 0) s.measure_s += measure_step(t, row);
+  });
   if (!trainer_) comm_s += s.published.seconds;
   s.apply_s = allreduce_value(world_, s.published.sync.apply_seconds, ReduceOp::max);
   s.version = publisher_->version();
-  // 6. Without a lag the inference ranks sample the next rollouts from the version just
-  // published, while trainer 0 measures this step and (7) evaluates when due.
+  // Without a lag the inference ranks sample the next rollouts from the version just published,
+  // while trainer 0 evaluates when due.
   generator_->sample_ahead(t, c_.steps, *publisher_, copies_);
-  if (rank_ == 0) s.measure_s += measure_step(t, row);
   // 7. Held-out greedy pass@1.
   s.pass1 = evaluate(t);
 

@@ -10,8 +10,7 @@ the embedded default's batch (jobs/configs/default.toml), in three settings:
   before    async-lag 0, MPI waits spin (PULSE_MPI_WAIT=spin), PULSE_GENERATE_AHEAD=0: the trainer
             and the inference rank strictly in turn, each spinning while the other computes
   lockstep  async-lag 0, waits sleep: the same algorithm and weights, the waiting core freed, and
-            the inference rank sampling the next rollouts as soon as the step's patch is in,
-            while trainer 0 measures the step
+            the inference rank sampling the next rollouts as soon as the step's patch is in
   overlap   async-lag 1, waits sleep: the inference rank samples step t+1's rollouts while the
             trainer trains step t (another algorithm: rollouts one version older)
 Per setting, over the steps after --warmup (medians of per-step values: robust to a loaded
@@ -24,10 +23,8 @@ machine's preemptions; the flushes every 100 rows or 10 s show in the JSON's wri
   stats     /steps/write_s of the next row (the append once every rank is there)
   overhead  (measure_s + sync_s + write_s) / step: the measurement, PULSESync and statistics share
             of trainer 0's time;
-  path      the same without measure_s where it runs while the inference rank samples the next
-            rollouts (lockstep: trainer 0 waits for them after it; before: it has no such wait,
-            overlap: those rollouts were sampled during the training), the share that lengthens
-            the step;
+  path      the same with only the part of measure_s that outlasts the inference rank's apply
+            (/steps/apply_s), during which trainer 0 measures: the share that lengthens the step;
             ovh_sum: the same over the sums of all those steps (the median step of a run whose
             weights change only in its later steps, as tiny's from GPT-2 init, codes no change)
   mfu       training model FLOPs (6 P tokens + 12 L C T tokens, PaLM appendix B; every position
@@ -49,8 +46,6 @@ import tomllib
 import h5py
 import numpy as np
 
-# Settings in which trainer 0 measures while the inference rank samples the next rollouts.
-MEASURE_BEHIND_SAMPLING = {"lockstep"}
 SETTINGS = {
     "before": ({"PULSE_MPI_WAIT": "spin", "PULSE_GENERATE_AHEAD": "0"}, ["--async-lag", "0"]),
     "lockstep": ({"PULSE_MPI_WAIT": "sleep"}, ["--async-lag", "0"]),
@@ -117,7 +112,7 @@ def model_flops(f):
     return 6.0 * float(f.attrs["num_parameters"]) * tokens + 12.0 * layers * channels * T * tokens
 
 
-def summarise(path, warmup, peak, measure_behind):
+def summarise(path, warmup, peak):
     with h5py.File(path, "r") as f:
         s, r = f["steps"], f["ranks"]
         time_s = s["time_s"][:]
@@ -129,6 +124,7 @@ def summarise(path, warmup, peak, measure_behind):
         step, write = step[:n], write[:n]
         wait = pick(r["wait_s"][:, 0])[:n]
         measure, encode, sync = pick(s["measure_s"][:])[:n], pick(s["encode_s"][:])[:n], pick(s["sync_s"][:])[:n]
+        apply = pick(s["apply_s"][:])[:n]
         compute = step - wait - measure - encode - write
         flops = model_flops(f)
         cpu = r["cpu_s"][rows][:n]
@@ -142,7 +138,7 @@ def summarise(path, warmup, peak, measure_behind):
                       "sync": med(encode) / T, "stats": med(write) / T},
             "overhead": med(measure + sync + write) / T,
             "overhead_of_sums": float((measure + sync + write).sum() / step.sum()),
-            "overhead_on_path": med((0 if measure_behind else measure) + sync + write) / T,
+            "overhead_on_path": med(np.maximum(measure - apply, 0) + sync + write) / T,
             "write_max_s": float(write.max()),
             "mfu": flops / T / peak, "mfu_gen": flops * 4 / 3 / T / peak,
             "cpu_share": (cpu.sum(axis=0) / step.sum()).tolist(),
@@ -181,7 +177,7 @@ def main():
             init = os.path.abspath(os.path.join(args.out, f"sft-{preset}-{args.sft_steps}.safetensors")) if args.sft_steps else ""
             load, command = run_train(args.build, shlex.split(args.mpiexec), preset, setting, args.steps, path, init,
                                       args.sft_steps)
-            r = dict(summarise(path, args.warmup, peak, setting in MEASURE_BEHIND_SAMPLING), preset=preset, setting=setting, load=load, command=command)
+            r = dict(summarise(path, args.warmup, peak), preset=preset, setting=setting, load=load, command=command)
             results["runs"].append(r)
             sh = r["share"]
             ranks = "; ".join(f"{c:.2f} ({b:.2f}, {h:.2f})"

@@ -5,7 +5,7 @@
 // trainers over its own route, and each trainer takes its rows of the concatenation.
 // The inference ranks sample ahead, as soon as the next batch's version is theirs: with an async
 // lag while the trainers train on this batch, so sampling and training overlap, one on each core;
-// without one once this step's patch is in, while trainer 0 measures the step. The batch is the
+// without one once this step's patch is in, while trainer 0 evaluates. The batch is the
 // one sampled later would be (its draws depend on the generation and the version only);
 // PULSE_GENERATE_AHEAD=0 in an inference rank's environment turns this off.
 #include <Kokkos_Core.hpp>

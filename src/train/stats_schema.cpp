@@ -33,8 +33,8 @@ std::vector<StatsColumn> make_schema() {
        "patch apply time with the check of the target digest, slowest inference rank"},
       {"/steps/step_s", f64, step, one, "s", "wall time of the step"},
       {"/steps/measure_s", f64, step, one, "s",
-       "sparsity, gradient and Adam statistics time on trainer 0 (after the patch is out; with inference ranks and "
-       "no async lag, while they sample the next rollouts)"},
+       "sparsity, gradient and Adam statistics time on trainer 0 (once the step's patch is sent, while the inference "
+       "ranks apply it)"},
       {"/steps/sync_s", f64, step, one, "s",
        "PULSESync time on trainer 0 outside collective calls (the step's change set, encode, its own copy's update; "
        "the patch's send and the waits for the other ranks are in /ranks/wait_s)"},
