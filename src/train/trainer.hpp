@@ -37,8 +37,8 @@ struct TrainStepResult {
 
 class Trainer {
  public:
-  // trainers: the trainer ranks; trainer 0 measures the gradients and has AdamW list what it
-  // changed. Starts from `initial` (FP32, table order), or from `resumed`, this rank's checkpoint.
+  // trainers: the trainer ranks; trainer 0 has AdamW list what it changed. Starts from `initial`
+  // (FP32, table order), or from `resumed`, this rank's checkpoint.
   Trainer(const TrainConfig& c, const Communicator& trainers, const GPTConfig& config, const TensorTable& table,
           int rows, int seq_len, const std::vector<float>& initial, const RankCheckpoint* resumed);
 
