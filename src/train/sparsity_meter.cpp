@@ -29,7 +29,7 @@ StepSparsity SparsityMeter::measure(const Kokkos::View<const bf16_bits*>& weight
 }
 
 void SparsityMeter::compact(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes,
-                            TransferCounter& copies) const {
+                            TransferCounter& copies) {
   compactor_.compact(ring_.snapshot(1), weights, offsets_, copies, changes);
 }
 

@@ -32,7 +32,7 @@ class SparsityMeter {
   // The elements of weights that differ from the last version remembered, as a change set
   // (compacted once on the device), which is all that crosses to the host. Remembers nothing:
   // measure(weights, changes) follows, once the set has been used.
-  void compact(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes, TransferCounter& copies) const;
+  void compact(const Kokkos::View<const bf16_bits*>& weights, sync::ChangeSet& changes, TransferCounter& copies);
   // The same as measure(weights) from a change set (compact's, or AdamW's own listing,
   // kernels/adamw.hpp): changes must be what changed between the last version remembered and
   // weights; per-tensor counts and the k = 1 sparsity come from it.
@@ -50,7 +50,7 @@ class SparsityMeter {
   std::vector<index_t> offsets_;
   TensorSegments<DefaultMem> segments_;
   SnapshotRing<DefaultMem> ring_;
-  mutable ChangeCompactor compactor_;  // its buffers only
+  ChangeCompactor compactor_;
 };
 
 // Fraction of |g| <= tau for each threshold.

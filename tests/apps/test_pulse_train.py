@@ -230,8 +230,8 @@ def check_ddp_matches_single_rank(app, mpi, tmp):
 
 
 def check_overlap_changes_nothing(app, mpi, tmp):
-    """Sampling ahead (with a lag while the trainers train; without one while trainer 0 measures)
-    and sleeping waits change when the ranks work, never what they compute."""
+    """Sampling ahead (with a lag while the trainers train; without one as soon as the step's
+    patch is in) and sleeping waits change when the ranks work, never what they compute."""
     for np_, iterations, lag in ((2, 1, 1), (4, 2, 1), (2, 1, 0), (4, 2, 0)):
         inference, prompts = layouts(np_)
         common = BASE + ["--steps", "5", "--prompts-per-step", str(prompts), "--inference-ranks", str(inference),
